@@ -1,0 +1,149 @@
+/* A small blocking MCP client of the daemon's socket, for the CLI verbs. */
+#define _GNU_SOURCE
+#include "client.h"
+
+#include <poll.h>
+#include <signal.h>
+
+static int send_msg(sbx_client *c, json_t *msg) {
+  char *s = json_dumps(msg, JSON_COMPACT);
+  json_decref(msg);
+  if (!s) return -ENOMEM;
+  size_t n = strlen(s);
+  s[n] = '\n';
+  int r = sbx_write_all(c->fd, s, n + 1);
+  free(s);
+  return r;
+}
+
+/* Next message from the daemon; NULL at EOF or on error. */
+static json_t *recv_msg(sbx_client *c, volatile sig_atomic_t *interrupted, bool *was_interrupted) {
+  for (;;) {
+    char *nl = c->in.data ? memchr(c->in.data, '\n', c->in.len) : NULL;
+    if (nl) {
+      size_t len = nl - c->in.data;
+      json_t *m = json_loadb(c->in.data, len, 0, NULL);
+      memmove(c->in.data, nl + 1, c->in.len - len - 1);
+      c->in.len -= len + 1;
+      if (m) return m;
+      continue;
+    }
+    struct pollfd pf = {.fd = c->fd, .events = POLLIN};
+    int r = poll(&pf, 1, -1);
+    if (r < 0 && errno == EINTR) {
+      if (interrupted && *interrupted) {
+        *was_interrupted = true;
+        return NULL;
+      }
+      continue;
+    }
+    char buf[65536];
+    ssize_t n = read(c->fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return NULL;
+    sbx_buf_append(&c->in, buf, n);
+  }
+}
+
+int sbx_client_open(sbx_client *c, const char *default_sandbox, char *err, size_t errlen) {
+  *c = (sbx_client){.fd = -1, .next_id = 1};
+  sbx_paths p;
+  if (sbx_paths_init(&p, err, errlen) < 0) return -1;
+  c->fd = sbx_connect(&p, true, err, errlen);
+  if (c->fd < 0) return -1;
+  char id[64];
+  if (default_sandbox) {
+    snprintf(id, sizeof id, "%s", default_sandbox);
+  } else {
+    char cwd[4096];
+    sbx_default_id(getcwd(cwd, sizeof cwd) ? cwd : "/", id);
+  }
+  snprintf(c->default_sandbox, sizeof c->default_sandbox, "%s", id);
+  send_msg(c, json_pack("{s:s, s:s, s:{s:s}}", "jsonrpc", "2.0", "method", "notifications/sbx/hello", "params",
+                        "defaultSandboxId", id));
+  json_t *r = sbx_client_request(c, "initialize",
+                                 json_pack("{s:s, s:{}, s:{s:s, s:s}}", "protocolVersion", "2025-11-25",
+                                           "capabilities", "clientInfo", "name", "sbx-cli", "version", "0.1.0"),
+                                 err, errlen);
+  if (!r) return -1;
+  json_decref(r);
+  send_msg(c, json_pack("{s:s, s:s}", "jsonrpc", "2.0", "method", "notifications/initialized"));
+  return 0;
+}
+
+json_t *sbx_client_request(sbx_client *c, const char *method, json_t *params, char *err, size_t errlen) {
+  int id = c->next_id++;
+  if (send_msg(c, json_pack("{s:s, s:i, s:s, s:o}", "jsonrpc", "2.0", "id", id, "method", method, "params",
+                            params ? params : json_object())) < 0) {
+    snprintf(err, errlen, "the daemon went away");
+    return NULL;
+  }
+  for (;;) {
+    bool intr = false;
+    json_t *m = recv_msg(c, NULL, &intr);
+    if (!m) {
+      snprintf(err, errlen, "the daemon closed the connection");
+      return NULL;
+    }
+    if (json_integer_value(json_object_get(m, "id")) == id && !json_object_get(m, "method")) {
+      json_t *e = json_object_get(m, "error");
+      if (e) {
+        snprintf(err, errlen, "%s (%lld)", json_string_value(json_object_get(e, "message")),
+                 (long long)json_integer_value(json_object_get(e, "code")));
+        json_decref(m);
+        return NULL;
+      }
+      json_t *res = json_incref(json_object_get(m, "result"));
+      json_decref(m);
+      return res;
+    }
+    json_decref(m);
+  }
+}
+
+json_t *sbx_client_call(sbx_client *c, const char *tool, json_t *args, sbx_progress_fn progress, void *ud,
+                        volatile sig_atomic_t *interrupted, char *err, size_t errlen) {
+  int id = c->next_id++;
+  json_t *params = json_pack("{s:s, s:o}", "name", tool, "arguments", args);
+  if (progress) json_object_set_new(params, "_meta", json_pack("{s:i}", "progressToken", id));
+  if (send_msg(c, json_pack("{s:s, s:i, s:s, s:o}", "jsonrpc", "2.0", "id", id, "method", "tools/call", "params",
+                            params)) < 0) {
+    snprintf(err, errlen, "the daemon went away");
+    return NULL;
+  }
+  for (;;) {
+    bool intr = false;
+    json_t *m = recv_msg(c, interrupted, &intr);
+    if (intr) {
+      send_msg(c, json_pack("{s:s, s:s, s:{s:i, s:s}}", "jsonrpc", "2.0", "method", "notifications/cancelled",
+                            "params", "requestId", id, "reason", "interrupted"));
+      snprintf(err, errlen, "interrupted");
+      return NULL;
+    }
+    if (!m) {
+      snprintf(err, errlen, "the daemon closed the connection");
+      return NULL;
+    }
+    const char *method = json_string_value(json_object_get(m, "method"));
+    if (method && !strcmp(method, "notifications/progress") && progress) {
+      progress(ud, json_object_get(m, "params"));
+    } else if (!method && json_integer_value(json_object_get(m, "id")) == id) {
+      json_t *e = json_object_get(m, "error");
+      if (e) {
+        snprintf(err, errlen, "%s", json_string_value(json_object_get(e, "message")));
+        json_decref(m);
+        return NULL;
+      }
+      json_t *res = json_incref(json_object_get(m, "result"));
+      json_decref(m);
+      return res;
+    }
+    json_decref(m);
+  }
+}
+
+void sbx_client_close(sbx_client *c) {
+  if (c->fd >= 0) close(c->fd);
+  sbx_buf_free(&c->in);
+  c->fd = -1;
+}

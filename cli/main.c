@@ -1,0 +1,344 @@
+/* main(): the `sbx` subcommands. Everything but `daemon` and `doctor` is an
+ * MCP client of the daemon's socket. */
+#define _GNU_SOURCE
+#include "client.h"
+#include "../mcp-server/server.h"
+#include "../sandbox-core/doctor.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <sys/stat.h>
+
+static volatile sig_atomic_t interrupted;
+static void on_sigint(int s) {
+  (void)s;
+  interrupted = 1;
+}
+
+static void usage(FILE *f) {
+  fputs("usage: sbx COMMAND ...\n"
+        "  sbx mcp [--sandbox ID]          MCP server on stdio (for agents)\n"
+        "  sbx daemon [stop]               run (or stop) the daemon\n"
+        "  sbx exec [-s ID] [--session S] [--cwd D] [--timeout MS] [-e K=V]... -- CMD...\n"
+        "  sbx ls                          list sandboxes\n"
+        "  sbx destroy ID                  destroy a sandbox\n"
+        "  sbx cp SRC DST                  copy files; ID:/path names a sandbox path\n"
+        "  sbx doctor                      what this machine offers sbx\n",
+        f);
+}
+
+static int open_client(sbx_client *c, const char *sandbox) {
+  char err[600];
+  if (sbx_client_open(c, sandbox, err, sizeof err) < 0) {
+    fprintf(stderr, "sbx: %s\n", err);
+    return -1;
+  }
+  return 0;
+}
+
+/* Calls a tool; prints a tool error; returns the result or NULL. */
+static json_t *call(sbx_client *c, const char *tool, json_t *args, sbx_progress_fn pf, void *ud) {
+  char err[600];
+  json_t *r = sbx_client_call(c, tool, args, pf, ud, &interrupted, err, sizeof err);
+  if (!r) {
+    fprintf(stderr, "sbx: %s: %s\n", tool, err);
+    return NULL;
+  }
+  if (json_is_true(json_object_get(r, "isError"))) {
+    json_t *e = json_object_get(json_object_get(r, "structuredContent"), "error");
+    fprintf(stderr, "sbx: %s: %s: %s\n", tool, json_string_value(json_object_get(e, "code")),
+            json_string_value(json_object_get(e, "message")));
+    json_decref(r);
+    return NULL;
+  }
+  return r;
+}
+
+static json_t *sc(json_t *r) { return json_object_get(r, "structuredContent"); }
+
+static void exec_progress(void *ud, json_t *params) {
+  (void)ud;
+  const char *stream = json_string_value(json_object_get(json_object_get(params, "_meta"), "sbx/stream"));
+  json_t *m = json_object_get(params, "message");
+  FILE *f = stream && !strcmp(stream, "stderr") ? stderr : stdout;
+  fwrite(json_string_value(m), 1, json_string_length(m), f);
+  fflush(f);
+}
+
+/* Words after `--` are quoted for the shell unless there is just one. */
+static char *join_command(int argc, char **argv) {
+  if (argc == 1) return strdup(argv[0]);
+  sbx_buf b = {0};
+  for (int i = 0; i < argc; i++) {
+    if (i) sbx_buf_append(&b, " ", 1);
+    sbx_buf_append(&b, "'", 1);
+    for (const char *p = argv[i]; *p; p++) {
+      if (*p == '\'') sbx_buf_append(&b, "'\\''", 4);
+      else sbx_buf_append(&b, p, 1);
+    }
+    sbx_buf_append(&b, "'", 1);
+  }
+  return b.data;
+}
+
+static int cmd_exec(int argc, char **argv) {
+  static const struct option opts[] = {{"sandbox", required_argument, 0, 's'}, {"session", required_argument, 0, 'S'},
+                                       {"cwd", required_argument, 0, 'C'},     {"timeout", required_argument, 0, 't'},
+                                       {"env", required_argument, 0, 'e'},     {0, 0, 0, 0}};
+  const char *sandbox = NULL, *session = NULL, *cwd = NULL;
+  long timeout = 0;
+  json_t *env = json_object();
+  int o;
+  optind = 1;
+  while ((o = getopt_long(argc, argv, "+s:e:", opts, NULL)) != -1) {
+    switch (o) {
+    case 's': sandbox = optarg; break;
+    case 'S': session = optarg; break;
+    case 'C': cwd = optarg; break;
+    case 't': timeout = atol(optarg); break;
+    case 'e': {
+      char *eq = strchr(optarg, '=');
+      if (!eq) {
+        fprintf(stderr, "sbx exec: -e takes KEY=VALUE\n");
+        return 2;
+      }
+      *eq = 0;
+      json_object_set_new(env, optarg, json_string(eq + 1));
+      break;
+    }
+    default: usage(stderr); return 2;
+    }
+  }
+  if (optind >= argc) {
+    fprintf(stderr, "sbx exec: no command\n");
+    return 2;
+  }
+  sbx_client c;
+  if (open_client(&c, sandbox) < 0) return 1;
+  char *cmd = join_command(argc - optind, argv + optind);
+  json_t *args = json_pack("{s:s}", "command", cmd);
+  free(cmd);
+  if (session) json_object_set_new(args, "sessionId", json_string(session));
+  if (cwd) json_object_set_new(args, "cwd", json_string(cwd));
+  if (timeout > 0) json_object_set_new(args, "timeout", json_integer(timeout));
+  if (json_object_size(env)) json_object_set(args, "env", env);
+  json_decref(env);
+  struct sigaction sa = {.sa_handler = on_sigint};
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+  json_t *r = call(&c, "exec", args, exec_progress, NULL);
+  sbx_client_close(&c);
+  if (!r) return interrupted ? 130 : 1;
+  json_t *s = sc(r);
+  if (json_is_true(json_object_get(s, "timedOut"))) fprintf(stderr, "sbx: command timed out\n");
+  if (json_is_true(json_object_get(s, "oomKilled"))) fprintf(stderr, "sbx: command killed: out of memory\n");
+  int code = (int)json_integer_value(json_object_get(s, "exitCode"));
+  json_decref(r);
+  return code;
+}
+
+static int cmd_ls(void) {
+  sbx_client c;
+  if (open_client(&c, NULL) < 0) return 1;
+  json_t *r = call(&c, "listSandboxes", json_object(), NULL, NULL);
+  sbx_client_close(&c);
+  if (!r) return 1;
+  printf("%-40s %-8s %-24s %s\n", "SANDBOX", "STATUS", "CREATED", "LAST ACTIVITY");
+  size_t i;
+  json_t *s;
+  json_array_foreach(json_object_get(sc(r), "sandboxes"), i, s) {
+    printf("%-40s %-8s %-24s %s\n", json_string_value(json_object_get(s, "sandboxId")),
+           json_string_value(json_object_get(s, "status")), json_string_value(json_object_get(s, "createdAt")),
+           json_string_value(json_object_get(s, "lastActivity")));
+  }
+  json_decref(r);
+  return 0;
+}
+
+static int cmd_destroy(int argc, char **argv) {
+  if (argc < 2) {
+    fprintf(stderr, "sbx destroy: which sandbox?\n");
+    return 2;
+  }
+  sbx_client c;
+  if (open_client(&c, NULL) < 0) return 1;
+  int rc = 0;
+  for (int i = 1; i < argc; i++) {
+    json_t *r = call(&c, "destroySandbox", json_pack("{s:s}", "sandboxId", argv[i]), NULL, NULL);
+    if (!r) rc = 1;
+    json_decref(r);
+  }
+  sbx_client_close(&c);
+  return rc;
+}
+
+/* ---- cp ---------------------------------------------------------------- */
+
+/* "ID:/path" names a sandbox path; anything else is a host path. A host
+ * path with a colon can be written ./a:b. */
+static bool split_remote(const char *arg, char id[64], const char **path) {
+  const char *colon = strchr(arg, ':');
+  if (!colon || colon == arg || (size_t)(colon - arg) >= 64 || strchr(arg, '/') < colon) return false;
+  memcpy(id, arg, colon - arg);
+  id[colon - arg] = 0;
+  if (!sbx_valid_id(id)) return false;
+  *path = colon + 1;
+  return true;
+}
+
+static int upload(sbx_client *c, const char *id, const char *host, const char *dst) {
+  struct stat st;
+  if (lstat(host, &st) < 0) {
+    fprintf(stderr, "sbx cp: %s: %s\n", host, strerror(errno));
+    return 1;
+  }
+  if (S_ISDIR(st.st_mode)) {
+    json_t *r = call(c, "mkdir", json_pack("{s:s, s:s, s:b}", "sandboxId", id, "path", dst, "recursive", 1), NULL, NULL);
+    if (!r) return 1;
+    json_decref(r);
+    DIR *d = opendir(host);
+    if (!d) return 1;
+    struct dirent *e;
+    int rc = 0;
+    while ((e = readdir(d)) && !rc) {
+      if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+      char *h = sbx_strdup_printf("%s/%s", host, e->d_name), *s = sbx_strdup_printf("%s/%s", dst, e->d_name);
+      rc = upload(c, id, h, s);
+      free(h), free(s);
+    }
+    closedir(d);
+    return rc;
+  }
+  if (!S_ISREG(st.st_mode)) return 0; /* symlinks and devices are not copied */
+  int fd = open(host, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 1;
+  sbx_buf b = {0};
+  char buf[65536];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof buf)) > 0) sbx_buf_append(&b, buf, n);
+  close(fd);
+  char *enc = sbx_base64_encode(b.data ? b.data : "", b.len, NULL);
+  sbx_buf_free(&b);
+  json_t *r = call(c, "writeFile",
+                   json_pack("{s:s, s:s, s:s, s:s}", "sandboxId", id, "path", dst, "content", enc, "encoding", "base64"),
+                   NULL, NULL);
+  free(enc);
+  if (!r) return 1;
+  json_decref(r);
+  return 0;
+}
+
+static int download_file(sbx_client *c, const char *id, const char *src, const char *host) {
+  json_t *r = call(c, "readFile", json_pack("{s:s, s:s, s:s}", "sandboxId", id, "path", src, "encoding", "base64"),
+                   NULL, NULL);
+  if (!r) return 1;
+  json_t *content = json_object_get(sc(r), "content");
+  char *data;
+  size_t len;
+  int rc = 1;
+  if (sbx_base64_decode(json_string_value(content), json_string_length(content), &data, &len) == 0) {
+    int fd = open(host, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd >= 0 && sbx_write_all(fd, data, len) == 0) rc = 0;
+    else fprintf(stderr, "sbx cp: %s: %s\n", host, strerror(errno));
+    if (fd >= 0) close(fd);
+    free(data);
+  }
+  json_decref(r);
+  return rc;
+}
+
+static int download(sbx_client *c, const char *id, const char *src, const char *host) {
+  json_t *r = call(c, "listFiles", json_pack("{s:s, s:s, s:b, s:b}", "sandboxId", id, "path", src, "recursive", 1,
+                                             "includeHidden", 1),
+                   NULL, NULL);
+  if (!r) { /* not a directory: a file */
+    return download_file(c, id, src, host);
+  }
+  if (mkdir(host, 0755) < 0 && errno != EEXIST) {
+    fprintf(stderr, "sbx cp: %s: %s\n", host, strerror(errno));
+    json_decref(r);
+    return 1;
+  }
+  const char *base = json_string_value(json_object_get(sc(r), "path"));
+  size_t bl = strlen(base);
+  size_t i;
+  json_t *f;
+  int rc = 0;
+  json_array_foreach(json_object_get(sc(r), "files"), i, f) {
+    const char *p = json_string_value(json_object_get(f, "path")), *type = json_string_value(json_object_get(f, "type"));
+    char *h = sbx_strdup_printf("%s%s", host, p + bl);
+    if (!strcmp(type, "directory")) mkdir(h, 0755);
+    else if (!strcmp(type, "file")) rc |= download_file(c, id, p, h);
+    free(h);
+  }
+  json_decref(r);
+  return rc;
+}
+
+static int cmd_cp(int argc, char **argv) {
+  if (argc != 3) {
+    fprintf(stderr, "usage: sbx cp SRC DST   (ID:/path names a sandbox path)\n");
+    return 2;
+  }
+  char ids[64], idd[64];
+  const char *ps, *pd;
+  bool rs = split_remote(argv[1], ids, &ps), rd = split_remote(argv[2], idd, &pd);
+  if (rs == rd) {
+    fprintf(stderr, "sbx cp: exactly one of SRC and DST must be ID:/path\n");
+    return 2;
+  }
+  sbx_client c;
+  if (open_client(&c, NULL) < 0) return 1;
+  int rc = rs ? download(&c, ids, ps, argv[2]) : upload(&c, idd, argv[1], pd);
+  sbx_client_close(&c);
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
+  }
+  const char *cmd = argv[1];
+  if (!strcmp(cmd, "daemon")) {
+    if (argc > 2 && !strcmp(argv[2], "stop")) {
+      sbx_paths p;
+      char err[600];
+      if (sbx_paths_init(&p, err, sizeof err) < 0 || sbx_daemon_stop(&p, err, sizeof err) < 0) {
+        fprintf(stderr, "sbx daemon stop: %s\n", err);
+        return 1;
+      }
+      return 0;
+    }
+    return sbx_daemon_main();
+  }
+  if (!strcmp(cmd, "mcp")) {
+    const char *sandbox = NULL;
+    for (int i = 2; i < argc; i++) {
+      if (!strcmp(argv[i], "--sandbox") && i + 1 < argc) sandbox = argv[++i];
+      else if (!strncmp(argv[i], "--sandbox=", 10)) sandbox = argv[i] + 10;
+      else {
+        fprintf(stderr, "sbx mcp: unknown option %s\n", argv[i]);
+        return 2;
+      }
+    }
+    if (sandbox && !sbx_valid_id(sandbox)) {
+      fprintf(stderr, "sbx mcp: --sandbox must be 1-63 of [a-z0-9-]\n");
+      return 2;
+    }
+    return sbx_relay_main(sandbox);
+  }
+  if (!strcmp(cmd, "exec")) return cmd_exec(argc - 1, argv + 1);
+  if (!strcmp(cmd, "ls")) return cmd_ls();
+  if (!strcmp(cmd, "destroy")) return cmd_destroy(argc - 1, argv + 1);
+  if (!strcmp(cmd, "cp")) return cmd_cp(argc - 1, argv + 1);
+  if (!strcmp(cmd, "doctor")) return sbx_doctor(stdout) ? 1 : 0;
+  if (!strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
+    usage(stdout);
+    return 0;
+  }
+  fprintf(stderr, "sbx: unknown command '%s'\n", cmd);
+  usage(stderr);
+  return 2;
+}

@@ -1,0 +1,182 @@
+#define _GNU_SOURCE
+#include "control.h"
+#include "../sandbox-core/util.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+
+static int ensure_private_dir(const char *dir, char *err, size_t errlen) {
+  int r = sbx_mkdir_p(dir, 0700);
+  if (r < 0) {
+    snprintf(err, errlen, "creating %s: %s", dir, strerror(-r));
+    return -1;
+  }
+  struct stat st;
+  if (lstat(dir, &st) < 0 || !S_ISDIR(st.st_mode)) {
+    snprintf(err, errlen, "%s is not a directory", dir);
+    return -1;
+  }
+  if (st.st_uid != geteuid()) {
+    snprintf(err, errlen, "%s belongs to uid %u, not to us (%u): refusing it", dir, (unsigned)st.st_uid,
+             (unsigned)geteuid());
+    return -1;
+  }
+  if ((st.st_mode & 077) && chmod(dir, 0700) < 0) {
+    snprintf(err, errlen, "chmod %s: %s", dir, strerror(errno));
+    return -1;
+  }
+  return 0;
+}
+
+int sbx_paths_init(sbx_paths *p, char *err, size_t errlen) {
+  const char *rt = getenv("SBX_RUNTIME_DIR"), *st = getenv("SBX_STATE_DIR");
+  const char *xrt = getenv("XDG_RUNTIME_DIR"), *xst = getenv("XDG_STATE_HOME"), *home = getenv("HOME");
+  bool root = geteuid() == 0;
+  if (rt && *rt) snprintf(p->runtime, sizeof p->runtime, "%s", rt);
+  else if (xrt && *xrt) snprintf(p->runtime, sizeof p->runtime, "%s/sbx", xrt);
+  else if (root) snprintf(p->runtime, sizeof p->runtime, "/run/sbx");
+  else snprintf(p->runtime, sizeof p->runtime, "/tmp/sbx-%u", (unsigned)geteuid());
+  if (st && *st) snprintf(p->state, sizeof p->state, "%s", st);
+  else if (xst && *xst) snprintf(p->state, sizeof p->state, "%s/sbx", xst);
+  else if (root) snprintf(p->state, sizeof p->state, "/var/lib/sbx");
+  else snprintf(p->state, sizeof p->state, "%s/.local/state/sbx", home ? home : "/tmp");
+  if (strlen(p->runtime) > 90) {
+    snprintf(err, errlen, "runtime dir %s is too long for a unix socket path", p->runtime);
+    return -1;
+  }
+  if (ensure_private_dir(p->runtime, err, errlen) < 0 || ensure_private_dir(p->state, err, errlen) < 0) return -1;
+  snprintf(p->sock, sizeof p->sock, "%s/sbx.sock", p->runtime);
+  snprintf(p->lock, sizeof p->lock, "%s/sbx.lock", p->runtime);
+  snprintf(p->pidfile, sizeof p->pidfile, "%s/sbx.pid", p->runtime);
+  snprintf(p->log, sizeof p->log, "%s/daemon.log", p->state);
+  return 0;
+}
+
+static int try_connect(const sbx_paths *p, char *err, size_t errlen) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    snprintf(err, errlen, "socket: %s", strerror(errno));
+    return -1;
+  }
+  struct sockaddr_un a = {.sun_family = AF_UNIX};
+  if (strlen(p->sock) >= sizeof a.sun_path) {
+    snprintf(err, errlen, "socket path %s is too long", p->sock);
+    close(fd);
+    return -1;
+  }
+  memcpy(a.sun_path, p->sock, strlen(p->sock) + 1);
+  if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0) {
+    snprintf(err, errlen, "connecting to %s: %s", p->sock, strerror(errno));
+    close(fd);
+    return -1;
+  }
+  struct ucred cred;
+  socklen_t len = sizeof cred;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 || cred.uid != geteuid()) {
+    snprintf(err, errlen, "the daemon on %s does not run as our uid: refusing it", p->sock);
+    close(fd);
+    return -2;
+  }
+  return fd;
+}
+
+/* Starts `sbx daemon` detached (setsid, cwd /, stdio on its log file) and
+ * waits for its readiness pipe. Losing the lock race to another starter is
+ * fine: the caller connects to the winner. */
+static int start_daemon(const sbx_paths *p, char *err, size_t errlen) {
+  int ready[2];
+  if (pipe2(ready, O_CLOEXEC) < 0) {
+    snprintf(err, errlen, "pipe: %s", strerror(errno));
+    return -1;
+  }
+  pid_t pid = fork();
+  if (pid < 0) {
+    snprintf(err, errlen, "fork: %s", strerror(errno));
+    return -1;
+  }
+  if (pid == 0) {
+    if (fork() != 0) _exit(0); /* the daemon is reparented, never our zombie */
+    setsid();
+    if (chdir("/") < 0) _exit(1);
+    int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+    int log = open(p->log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (null < 0 || log < 0) _exit(1);
+    dup2(null, 0);
+    dup2(log, 1);
+    dup2(log, 2);
+    int w = fcntl(ready[1], F_DUPFD, 3); /* without CLOEXEC: the daemon needs it */
+    close_range(3, w - 1, 0);
+    char num[16];
+    snprintf(num, sizeof num, "%d", w);
+    setenv("SBX_READY_FD", num, 1);
+    char *argv[] = {"sbx", "daemon", NULL};
+    execv("/proc/self/exe", argv);
+    _exit(127);
+  }
+  close(ready[1]);
+  int st;
+  waitpid(pid, &st, 0);
+  struct pollfd pf = {.fd = ready[0], .events = POLLIN};
+  int r = poll(&pf, 1, 30000);
+  char b;
+  if (r > 0) (void)!read(ready[0], &b, 1);
+  close(ready[0]);
+  if (r == 0) {
+    snprintf(err, errlen, "the daemon did not become ready in 30 s (see %s)", p->log);
+    return -1;
+  }
+  return 0;
+}
+
+int sbx_connect(const sbx_paths *p, bool autostart, char *err, size_t errlen) {
+  int fd = try_connect(p, err, errlen);
+  if (fd >= 0 || fd == -2 || !autostart) return fd < 0 ? -1 : fd;
+  for (int attempt = 0; attempt < 3; attempt++) {
+    if (start_daemon(p, err, errlen) < 0) return -1;
+    fd = try_connect(p, err, errlen);
+    if (fd >= 0) return fd;
+    if (fd == -2) return -1;
+  }
+  snprintf(err + strlen(err), errlen - strlen(err), " (daemon log: %s)", p->log);
+  return -1;
+}
+
+int sbx_daemon_stop(const sbx_paths *p, char *err, size_t errlen) {
+  FILE *f = fopen(p->pidfile, "re");
+  if (!f) return 0;
+  int pid = 0;
+  int n = fscanf(f, "%d", &pid);
+  fclose(f);
+  if (n != 1 || pid <= 1) return 0;
+  int pfd = sbx_pidfd_open(pid);
+  if (pfd < 0) return 0; /* gone already */
+  /* a stale pid file may name a reused pid: only signal an sbx daemon */
+  char path[64], comm[32] = "";
+  snprintf(path, sizeof path, "/proc/%d/comm", pid);
+  FILE *c = fopen(path, "re");
+  if (c) {
+    if (!fgets(comm, sizeof comm, c)) comm[0] = 0;
+    fclose(c);
+  }
+  if (strncmp(comm, "sbx", 3)) {
+    close(pfd);
+    return 0;
+  }
+  if (sbx_pidfd_send_signal(pfd, SIGTERM) < 0) {
+    close(pfd);
+    return 0;
+  }
+  struct pollfd pf = {.fd = pfd, .events = POLLIN};
+  int r = poll(&pf, 1, 30000);
+  close(pfd);
+  if (r <= 0) {
+    snprintf(err, errlen, "daemon %d did not stop within 30 s", pid);
+    return -1;
+  }
+  return 0;
+}

@@ -1,0 +1,28 @@
+/* The control plane shared by the daemon and its clients: where the
+ * runtime and state directories are, the socket, the lock, and starting
+ * the daemon on demand. */
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef struct sbx_paths {
+  char runtime[1024];
+  char state[1024];
+  char sock[1100];
+  char lock[1100];
+  char pidfile[1100];
+  char log[1100];
+} sbx_paths;
+
+/* Resolves the directories (SBX_RUNTIME_DIR, XDG_*, root or per-user
+ * defaults) and creates them mode 0700; refuses a runtime dir another user
+ * owns. Returns 0 or -1 with a message. */
+int sbx_paths_init(sbx_paths *p, char *err, size_t errlen);
+
+/* Connects to the daemon's socket, checking it runs as our uid. With
+ * autostart, starts the daemon when none answers and waits until it is
+ * ready. Returns the connected fd or -1 with a message. */
+int sbx_connect(const sbx_paths *p, bool autostart, char *err, size_t errlen);
+
+/* Stops the running daemon (SIGTERM) and waits for it; 0 when none runs. */
+int sbx_daemon_stop(const sbx_paths *p, char *err, size_t errlen);

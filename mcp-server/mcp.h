@@ -1,0 +1,65 @@
+/* MCP over JSON-RPC 2.0, independent of the transport: a connection takes
+ * whole messages in and hands whole messages out through `send`. */
+#pragma once
+#include <jansson.h>
+#include <stdbool.h>
+#include <uv.h>
+
+#include "../sandbox-core/exec.h"
+
+#define MCP_MAX_MESSAGE (64u * 1024 * 1024) /* one message, any transport */
+#define MCP_SERVER_NAME "sbx"
+#define MCP_SERVER_VERSION "0.1.0"
+
+typedef struct mcp_conn mcp_conn;
+/* Sends one JSON-RPC message (no trailing newline; the transport frames it). */
+typedef void (*mcp_send_fn)(void *ud, const char *data, size_t len);
+
+/* Loads the tool catalog; call once before serving. */
+int mcp_catalog_init(char *errbuf, size_t errlen);
+/* The tools/list array (borrowed). */
+json_t *mcp_catalog_tools(void);
+
+mcp_conn *mcp_conn_new(uv_loop_t *loop, mcp_send_fn send, void *ud);
+void mcp_conn_set_default_sandbox(mcp_conn *c, const char *id);
+/* One message as received: parsed, dispatched, answered. */
+void mcp_conn_handle(mcp_conn *c, const char *msg, size_t len);
+/* The transport is gone: in-flight work is cancelled; the connection is
+ * freed once its last call ends. `send` is never called again. */
+void mcp_conn_close(mcp_conn *c);
+/* Sends a JSON-RPC error for a message that could not be framed (e.g. too
+ * large). */
+void mcp_conn_send_error(mcp_conn *c, json_t *id, int code, const char *message);
+
+/* ---- for tool handlers (tools.c) --------------------------------------- */
+
+typedef struct mcp_tool mcp_tool;
+typedef struct mcp_call {
+  mcp_conn *conn; /* NULL once the client went away */
+  json_t *id;
+  json_t *progress_token;
+  double progress;
+  bool cancelled;
+  const mcp_tool *tool;
+  char sandbox_id[64];
+  sbx_exec *exec;
+  bool sandbox_created; /* this call created the sandbox */
+  struct mcp_call *next;
+} mcp_call;
+
+uv_loop_t *mcp_call_loop(mcp_call *call);
+/* Finishes the call with structured content (stolen) and a short text. */
+void mcp_call_ok(mcp_call *call, json_t *structured, const char *text);
+void mcp_call_fail(mcp_call *call, const sbx_error *err);
+/* A progress notification carrying a chunk of output. */
+void mcp_call_progress(mcp_call *call, const char *stream, const char *text, size_t len);
+
+typedef void (*mcp_tool_fn)(mcp_call *call, json_t *args, sbx_sandbox *sb);
+/* The C side of the catalog: name → handler (tools.c). */
+typedef struct mcp_handler {
+  const char *name;
+  mcp_tool_fn fn;
+  bool own_sandbox; /* handles the sandbox lookup itself (create, list) */
+} mcp_handler;
+extern const mcp_handler mcp_handlers[];
+extern const size_t mcp_handler_count;

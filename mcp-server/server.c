@@ -1,0 +1,225 @@
+/* `sbx daemon`: the engine on a libuv loop, speaking MCP on a unix socket
+ * (mode 0600, peer uid checked), one newline-framed message per line. */
+#define _GNU_SOURCE
+#include "server.h"
+#include "control.h"
+#include "mcp.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+
+#define MAX_WRITE_QUEUE (256u * 1024 * 1024) /* a client that stops reading */
+
+typedef struct client {
+  uv_pipe_t pipe;
+  mcp_conn *conn;
+  sbx_buf in;
+  bool discarding; /* skipping the rest of an oversized message */
+  bool closing;
+  struct client *next;
+} client;
+
+static struct {
+  uv_loop_t *loop;
+  uv_pipe_t server;
+  uv_signal_t sigterm, sigint;
+  client *clients;
+  sbx_paths paths;
+  bool stopping;
+} d;
+
+static void client_closed(uv_handle_t *h) {
+  client *c = h->data;
+  client **pp = &d.clients;
+  while (*pp && *pp != c) pp = &(*pp)->next;
+  if (*pp) *pp = c->next;
+  sbx_buf_free(&c->in);
+  free(c);
+}
+
+static void client_close(client *c) {
+  if (c->closing) return;
+  c->closing = true;
+  mcp_conn_close(c->conn);
+  c->conn = NULL;
+  uv_close((uv_handle_t *)&c->pipe, client_closed);
+}
+
+static void write_done(uv_write_t *req, int status) {
+  (void)status;
+  free(req->data);
+  free(req);
+}
+
+static void client_send(void *ud, const char *data, size_t len) {
+  client *c = ud;
+  if (c->closing) return;
+  if (uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe) > MAX_WRITE_QUEUE) {
+    fprintf(stderr, "sbx daemon: dropping a client that does not read its replies\n");
+    client_close(c);
+    return;
+  }
+  char *buf = malloc(len + 1);
+  uv_write_t *req = malloc(sizeof *req);
+  if (!buf || !req) {
+    free(buf);
+    free(req);
+    return;
+  }
+  memcpy(buf, data, len);
+  buf[len] = '\n';
+  req->data = buf;
+  uv_buf_t b = uv_buf_init(buf, len + 1);
+  if (uv_write(req, (uv_stream_t *)&c->pipe, &b, 1, write_done) < 0) {
+    free(buf);
+    free(req);
+  }
+}
+
+static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *b) {
+  (void)h;
+  (void)suggested;
+  b->base = malloc(65536);
+  b->len = b->base ? 65536 : 0;
+}
+
+static void handle_line(client *c, char *line, size_t len) {
+  if (len && line[len - 1] == '\r') len--;
+  size_t i = 0;
+  while (i < len && (line[i] == ' ' || line[i] == '\t')) i++;
+  if (i == len) return; /* blank lines are not messages */
+  mcp_conn_handle(c->conn, line, len);
+}
+
+static void read_cb(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
+  client *c = s->data;
+  if (n < 0) {
+    free(b->base);
+    client_close(c);
+    return;
+  }
+  char *p = b->base, *end = b->base + n;
+  while (p < end && !c->closing) {
+    char *nl = memchr(p, '\n', end - p);
+    size_t take = nl ? (size_t)(nl - p) : (size_t)(end - p);
+    if (c->discarding) {
+      if (nl) c->discarding = false;
+    } else if (c->in.len + take > MCP_MAX_MESSAGE) {
+      sbx_buf_free(&c->in);
+      c->discarding = !nl;
+      mcp_conn_send_error(c->conn, NULL, -32700, "message exceeds the 64 MiB limit");
+    } else if (nl && c->in.len == 0) {
+      handle_line(c, p, take); /* the common case: no copy */
+    } else {
+      sbx_buf_append(&c->in, p, take);
+      if (nl) {
+        handle_line(c, c->in.data, c->in.len);
+        sbx_buf_free(&c->in);
+      }
+    }
+    p += take + (nl ? 1 : 0);
+  }
+  free(b->base);
+}
+
+static void on_connection(uv_stream_t *server, int status) {
+  if (status < 0) return;
+  client *c = calloc(1, sizeof *c);
+  if (!c) return;
+  uv_pipe_init(d.loop, &c->pipe, 0);
+  c->pipe.data = c;
+  if (uv_accept(server, (uv_stream_t *)&c->pipe) < 0) {
+    uv_close((uv_handle_t *)&c->pipe, (uv_close_cb)free);
+    return;
+  }
+  uv_os_fd_t fd;
+  struct ucred cred;
+  socklen_t len = sizeof cred;
+  if (uv_fileno((uv_handle_t *)&c->pipe, &fd) < 0 || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 ||
+      cred.uid != geteuid()) {
+    uv_close((uv_handle_t *)&c->pipe, (uv_close_cb)free);
+    return;
+  }
+  c->conn = mcp_conn_new(d.loop, client_send, c);
+  c->next = d.clients;
+  d.clients = c;
+  uv_read_start((uv_stream_t *)&c->pipe, alloc_cb, read_cb);
+}
+
+static void on_signal(uv_signal_t *s, int sig) {
+  (void)s;
+  if (d.stopping) return;
+  d.stopping = true;
+  fprintf(stderr, "sbx daemon: signal %d, shutting down\n", sig);
+  uv_close((uv_handle_t *)&d.server, NULL);
+  for (client *c = d.clients; c; c = c->next) client_close(c);
+  for (sbx_sandbox *sb = sbx_sandbox_list(); sb; sb = sb->next) sbx_exec_cancel_sandbox(sb);
+  uv_signal_stop(&d.sigterm);
+  uv_signal_stop(&d.sigint);
+  uv_close((uv_handle_t *)&d.sigterm, NULL);
+  uv_close((uv_handle_t *)&d.sigint, NULL);
+  sbx_engine_shutdown();
+  unlink(d.paths.sock);
+  unlink(d.paths.pidfile);
+}
+
+int sbx_daemon_main(void) {
+  char err[512];
+  if (sbx_paths_init(&d.paths, err, sizeof err) < 0) {
+    fprintf(stderr, "sbx daemon: %s\n", err);
+    return 1;
+  }
+  int lock = open(d.paths.lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (lock < 0 || flock(lock, LOCK_EX | LOCK_NB) < 0) {
+    fprintf(stderr, "sbx daemon: another daemon holds %s\n", d.paths.lock);
+    return 3;
+  }
+  signal(SIGPIPE, SIG_IGN);
+  sbx_engine_config cfg = {.state_dir = d.paths.state, .runtime_dir = d.paths.runtime, .rootless = geteuid() != 0};
+  sbx_error e = {0};
+  if (sbx_engine_init(&cfg, &e) < 0) {
+    fprintf(stderr, "sbx daemon: %s\n", e.message);
+    sbx_engine_shutdown();
+    return 1;
+  }
+  if (mcp_catalog_init(err, sizeof err) < 0) {
+    fprintf(stderr, "sbx daemon: tool catalog: %s\n", err);
+    sbx_engine_shutdown();
+    return 1;
+  }
+  d.loop = uv_default_loop();
+  uv_pipe_init(d.loop, &d.server, 0);
+  unlink(d.paths.sock); /* stale: we hold the lock */
+  mode_t old = umask(077);
+  int r = uv_pipe_bind(&d.server, d.paths.sock);
+  umask(old);
+  if (r == 0) r = uv_listen((uv_stream_t *)&d.server, 512, on_connection);
+  if (r < 0) {
+    fprintf(stderr, "sbx daemon: listening on %s: %s\n", d.paths.sock, uv_strerror(r));
+    sbx_engine_shutdown();
+    return 1;
+  }
+  chmod(d.paths.sock, 0600);
+  char pid[32];
+  snprintf(pid, sizeof pid, "%d\n", getpid());
+  sbx_write_string_create(d.paths.pidfile, pid);
+  uv_signal_init(d.loop, &d.sigterm);
+  uv_signal_init(d.loop, &d.sigint);
+  uv_signal_start(&d.sigterm, on_signal, SIGTERM);
+  uv_signal_start(&d.sigint, on_signal, SIGINT);
+  fprintf(stderr, "sbx daemon: pid %d listening on %s (%s, cgroups %s)\n", getpid(), d.paths.sock,
+          cfg.rootless ? "rootless" : "root", sbx_cg_describe());
+  const char *ready = getenv("SBX_READY_FD");
+  if (ready) {
+    int fd = atoi(ready);
+    (void)!write(fd, "1", 1);
+    close(fd);
+    unsetenv("SBX_READY_FD");
+  }
+  uv_run(d.loop, UV_RUN_DEFAULT);
+  uv_loop_close(d.loop);
+  return 0;
+}

@@ -1,0 +1,8 @@
+/* `sbx daemon` and `sbx mcp`. */
+#pragma once
+
+/* Runs the daemon until SIGTERM; returns the process exit code. */
+int sbx_daemon_main(void);
+/* Relays MCP between stdio and the daemon's socket (starting the daemon
+ * when none runs); default_sandbox may be NULL. Returns the exit code. */
+int sbx_relay_main(const char *default_sandbox);

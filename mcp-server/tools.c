@@ -1,0 +1,392 @@
+/* The tool handlers: arguments (already validated against the catalog's
+ * inputSchema) in, engine calls, structured results out. */
+#define _GNU_SOURCE
+#include "mcp.h"
+
+#include "../sandbox-core/files.h"
+
+static const char *str(json_t *args, const char *key) { return json_string_value(json_object_get(args, key)); }
+static bool flag(json_t *args, const char *key) { return json_is_true(json_object_get(args, key)); }
+
+static int env_from_json(json_t *obj, sbx_env *env, sbx_error *err) {
+  const char *k;
+  json_t *v;
+  json_object_foreach(obj, k, v) {
+    if (!*k || strchr(k, '=') || strlen(k) > 255)
+      return sbx_err(err, "VALIDATION_FAILED", "invalid environment variable name '%.100s'", k);
+    if (strlen(json_string_value(v)) != json_string_length(v))
+      return sbx_err(err, "VALIDATION_FAILED", "environment variable '%.100s' contains a NUL byte", k);
+    if (sbx_env_set(env, k, json_string_value(v)) < 0)
+      return sbx_err(err, "VALIDATION_FAILED", "too many environment variables");
+  }
+  return 0;
+}
+
+static json_t *sandbox_json(sbx_sandbox *sb) {
+  char created[32], last[32];
+  sbx_iso_time(sb->created_wall_ms, created);
+  sbx_iso_time(sb->last_activity_wall_ms, last);
+  int sessions = 0;
+  for (sbx_session *s = sb->sessions; s; s = s->next) sessions++;
+  return json_pack("{s:s, s:s, s:s, s:s, s:i, s:i}", "sandboxId", sb->id, "status",
+                   sbx_sandbox_alive(sb) ? "running" : "failed", "createdAt", created, "lastActivity", last,
+                   "runningCommands", sb->running, "sessions", sessions);
+}
+
+/* ---- sandboxes --------------------------------------------------------- */
+
+static void h_create(mcp_call *call, json_t *args, sbx_sandbox *unused) {
+  (void)unused;
+  sbx_error err = {0};
+  sbx_sandbox_opts o;
+  sbx_sandbox_default_opts(&o);
+  const char *sleep = str(args, "sleepAfter");
+  if (sleep && (o.sleep_after_ms = sbx_parse_duration_ms(sleep)) < 0) {
+    sbx_err(&err, "VALIDATION_FAILED", "sleepAfter '%s' is not a duration like \"30s\", \"10m\", \"1h\"", sleep);
+    return mcp_call_fail(call, &err);
+  }
+  o.keep_alive = flag(args, "keepAlive");
+  json_t *lim = json_object_get(args, "limits");
+  if (lim) {
+    o.limits_explicit = true;
+    json_t *v;
+    if ((v = json_object_get(lim, "memoryMB"))) o.limits.memory_mb = json_number_value(v);
+    if ((v = json_object_get(lim, "cpus"))) o.limits.cpus = json_number_value(v);
+    if ((v = json_object_get(lim, "pids"))) o.limits.pids = json_number_value(v);
+    if ((v = json_object_get(lim, "diskMB"))) o.limits.disk_mb = json_number_value(v);
+  }
+  if (env_from_json(json_object_get(args, "env"), &o.env, &err) < 0) {
+    sbx_env_clear(&o.env);
+    return mcp_call_fail(call, &err);
+  }
+  sbx_sandbox *sb;
+  bool created;
+  int r = sbx_sandbox_create(call->sandbox_id, &o, &sb, &created, &err);
+  sbx_env_clear(&o.env);
+  if (r < 0) return mcp_call_fail(call, &err);
+  char text[160];
+  snprintf(text, sizeof text, "sandbox %s %s", sb->id, created ? "created" : "already exists");
+  mcp_call_ok(call, json_pack("{s:s, s:s, s:b}", "sandboxId", sb->id, "status", "running", "created", created), text);
+}
+
+static void h_list(mcp_call *call, json_t *args, sbx_sandbox *unused) {
+  (void)args;
+  (void)unused;
+  json_t *arr = json_array();
+  sbx_buf text = {0};
+  for (sbx_sandbox *sb = sbx_sandbox_list(); sb; sb = sb->next) {
+    json_array_append_new(arr, sandbox_json(sb));
+    sbx_buf_append(&text, sb->id, strlen(sb->id));
+    sbx_buf_append(&text, "\n", 1);
+  }
+  if (!text.data) sbx_buf_append(&text, "no sandboxes", 12);
+  mcp_call_ok(call, json_pack("{s:o}", "sandboxes", arr), text.data);
+  sbx_buf_free(&text);
+}
+
+static void h_destroy(mcp_call *call, json_t *args, sbx_sandbox *sb) {
+  (void)args;
+  sbx_error err = {0};
+  char id[64];
+  snprintf(id, sizeof id, "%s", sb->id);
+  sbx_exec_cancel_sandbox(sb);
+  if (sbx_sandbox_destroy(id, &err) < 0) return mcp_call_fail(call, &err);
+  char text[128];
+  snprintf(text, sizeof text, "sandbox %s destroyed", id);
+  mcp_call_ok(call, json_pack("{s:s, s:b}", "sandboxId", id, "destroyed", 1), text);
+}
+
+/* ---- exec -------------------------------------------------------------- */
+
+static void exec_chunk(void *ud, int stream, const char *data, size_t len) {
+  mcp_call_progress(ud, stream == 1 ? "stdout" : "stderr", data, len);
+}
+
+static void exec_done(void *ud, const sbx_exec_result *r, const sbx_error *err) {
+  mcp_call *call = ud;
+  call->exec = NULL;
+  if (err) return mcp_call_fail(call, err);
+  json_t *o = json_pack("{s:s%, s:s%, s:i, s:b, s:I}", "stdout", r->out, r->out_len, "stderr", r->err, r->err_len,
+                        "exitCode", r->exit_code, "success", r->exit_code == 0 && !r->timed_out, "duration",
+                        (json_int_t)r->duration_ms);
+  if (r->timed_out) json_object_set_new(o, "timedOut", json_true());
+  if (r->truncated) json_object_set_new(o, "truncated", json_true());
+  if (r->output_path) json_object_set_new(o, "outputPath", json_string(r->output_path));
+  if (r->oom) json_object_set_new(o, "oomKilled", json_true());
+  sbx_buf t = {0};
+  sbx_buf_append(&t, r->out, r->out_len);
+  if (r->err_len) {
+    if (t.len && t.data[t.len - 1] != '\n') sbx_buf_append(&t, "\n", 1);
+    sbx_buf_append(&t, "[stderr]\n", 9);
+    sbx_buf_append(&t, r->err, r->err_len);
+  }
+  char tail[256];
+  int n = snprintf(tail, sizeof tail, "%s[exit code %d, %llu ms%s%s%s]", t.len && t.data[t.len - 1] != '\n' ? "\n" : "",
+                   r->exit_code, (unsigned long long)r->duration_ms, r->timed_out ? ", timed out" : "",
+                   r->oom ? ", killed: out of memory" : "", r->truncated ? ", output truncated" : "");
+  sbx_buf_append(&t, tail, n);
+  if (r->output_path) {
+    n = snprintf(tail, sizeof tail, "\n[full output: %s]", r->output_path);
+    sbx_buf_append(&t, tail, n);
+  }
+  mcp_call_ok(call, o, t.data);
+  sbx_buf_free(&t);
+}
+
+static void h_exec(mcp_call *call, json_t *args, sbx_sandbox *sb) {
+  sbx_error err = {0};
+  sbx_env env = {0};
+  if (env_from_json(json_object_get(args, "env"), &env, &err) < 0) {
+    sbx_env_clear(&env);
+    return mcp_call_fail(call, &err);
+  }
+  json_t *in = json_object_get(args, "stdin");
+  sbx_exec_opts o = {
+      .command = str(args, "command"),
+      .cwd = str(args, "cwd"),
+      .env = &env,
+      .timeout_ms = json_integer_value(json_object_get(args, "timeout")),
+      .session_id = str(args, "sessionId"),
+      .stdin_data = in ? json_string_value(in) : NULL,
+      .stdin_len = in ? json_string_length(in) : 0,
+      .max_output = json_integer_value(json_object_get(args, "maxOutputBytes")),
+      .keep_session = true,
+  };
+  if (strlen(o.command) != json_string_length(json_object_get(args, "command"))) {
+    sbx_env_clear(&env);
+    sbx_err(&err, "VALIDATION_FAILED", "command contains a NUL byte");
+    return mcp_call_fail(call, &err);
+  }
+  int r = sbx_exec_start(mcp_call_loop(call), sb, &o, exec_chunk, exec_done, call, &call->exec, &err);
+  sbx_env_clear(&env);
+  if (r < 0) mcp_call_fail(call, &err);
+}
+
+/* ---- files ------------------------------------------------------------- */
+
+static bool is_base64(json_t *args) {
+  const char *e = str(args, "encoding");
+  return e && !strcmp(e, "base64");
+}
+
+static void h_write(mcp_call *call, json_t *args, sbx_sandbox *sb) {
+  sbx_error err = {0};
+  json_t *c = json_object_get(args, "content");
+  const char *data = json_string_value(c);
+  size_t len = json_string_length(c);
+  _cleanup_free_ char *decoded = NULL;
+  if (is_base64(args)) {
+    if (sbx_base64_decode(data, len, &decoded, &len) < 0) {
+      sbx_err(&err, "VALIDATION_FAILED", "content is not valid base64");
+      return mcp_call_fail(call, &err);
+    }
+    data = decoded;
+  }
+  char abs[4096];
+  if (sbx_fs_abspath(str(args, "path"), abs, &err) < 0 || sbx_fs_write(sb, abs, data, len, &err) < 0)
+    return mcp_call_fail(call, &err);
+  char text[4200];
+  snprintf(text, sizeof text, "wrote %zu bytes to %s", len, abs);
+  mcp_call_ok(call, json_pack("{s:s, s:I}", "path", abs, "size", (json_int_t)len), text);
+}
+
+static void h_read(mcp_call *call, json_t *args, sbx_sandbox *sb) {
+  sbx_error err = {0};
+  char abs[4096];
+  _cleanup_free_ char *data = NULL;
+  size_t len;
+  if (sbx_fs_abspath(str(args, "path"), abs, &err) < 0 || sbx_fs_read(sb, abs, SBX_MAX_READ, &data, &len, &err) < 0)
+    return mcp_call_fail(call, &err);
+  bool binary = memchr(data, 0, len) || !sbx_utf8_valid(data, len);
+  json_t *o;
+  const char *mime = sbx_fs_mime(abs);
+  if (binary || is_base64(args)) {
+    _cleanup_free_ char *b = sbx_base64_encode(data, len, NULL);
+    o = json_pack("{s:s, s:s, s:s, s:I, s:s, s:b}", "path", abs, "content", b, "encoding", "base64", "size",
+                  (json_int_t)len, "mimeType", mime, "isBinary", binary);
+  } else {
+    o = json_pack("{s:s, s:s%, s:s, s:I, s:s, s:b}", "path", abs, "content", data, len, "encoding", "utf-8", "size",
+                  (json_int_t)len, "mimeType", mime, "isBinary", 0);
+  }
+  if (!o) {
+    sbx_err(&err, "INTERNAL", "encoding %s", abs);
+    return mcp_call_fail(call, &err);
+  }
+  /* the text rendering is the content itself for text files */
+  if (!binary && !is_base64(args)) {
+    mcp_call_ok(call, o, data);
+  } else {
+    char text[4200];
+    snprintf(text, sizeof text, "%s: %zu bytes of %s, base64 in structuredContent.content", abs, len, mime);
+    mcp_call_ok(call, o, text);
+  }
+}
+
+struct list_ctx {
+  json_t *arr;
+  sbx_buf text;
+};
+
+static void list_cb(void *ud, const sbx_fs_entry *e) {
+  struct list_ctx *l = ud;
+  char when[32], mode[8];
+  sbx_iso_time(e->mtime_ms, when);
+  snprintf(mode, sizeof mode, "%04o", (unsigned)e->mode);
+  json_array_append_new(l->arr, json_pack("{s:s, s:s, s:s, s:I, s:s, s:s}", "name", e->name, "path", e->path, "type",
+                                          e->type, "size", (json_int_t)e->size, "modifiedAt", when, "mode", mode));
+  if (l->text.len < 16384) {
+    sbx_buf_append(&l->text, e->path, strlen(e->path));
+    if (!strcmp(e->type, "directory")) sbx_buf_append(&l->text, "/", 1);
+    sbx_buf_append(&l->text, "\n", 1);
+  }
+}
+
+static void h_list_files(mcp_call *call, json_t *args, sbx_sandbox *sb) {
+  sbx_error err = {0};
+  char abs[4096];
+  struct list_ctx l = {.arr = json_array()};
+  bool truncated = false;
+  int n = -1;
+  if (sbx_fs_abspath(str(args, "path"), abs, &err) == 0)
+    n = sbx_fs_list(sb, abs, flag(args, "recursive"), flag(args, "includeHidden"), list_cb, &l, &truncated, &err);
+  if (n < 0) {
+    json_decref(l.arr);
+    sbx_buf_free(&l.text);
+    return mcp_call_fail(call, &err);
+  }
+  if (!l.text.data) sbx_buf_append(&l.text, "(empty)", 7);
+  json_t *o = json_pack("{s:s, s:o, s:i}", "path", abs, "files", l.arr, "count", n);
+  if (truncated) json_object_set_new(o, "truncated", json_true());
+  mcp_call_ok(call, o, l.text.data);
+  sbx_buf_free(&l.text);
+}
+
+static void h_mkdir(mcp_call *call, json_t *args, sbx_sandbox *sb) {
+  sbx_error err = {0};
+  char abs[4096];
+  if (sbx_fs_abspath(str(args, "path"), abs, &err) < 0 || sbx_fs_mkdir(sb, abs, flag(args, "recursive"), &err) < 0)
+    return mcp_call_fail(call, &err);
+  mcp_call_ok(call, json_pack("{s:s, s:b}", "path", abs, "created", 1), abs);
+}
+
+static void h_delete(mcp_call *call, json_t *args, sbx_sandbox *sb) {
+  sbx_error err = {0};
+  char abs[4096];
+  if (sbx_fs_abspath(str(args, "path"), abs, &err) < 0 || sbx_fs_delete(sb, abs, flag(args, "recursive"), &err) < 0)
+    return mcp_call_fail(call, &err);
+  char text[4200];
+  snprintf(text, sizeof text, "deleted %s", abs);
+  mcp_call_ok(call, json_pack("{s:s, s:b}", "path", abs, "deleted", 1), text);
+}
+
+static void do_move(mcp_call *call, json_t *args, sbx_sandbox *sb, const char *kfrom, const char *kto, bool into) {
+  sbx_error err = {0};
+  char a[4096], b[4096];
+  if (sbx_fs_abspath(str(args, kfrom), a, &err) < 0 || sbx_fs_abspath(str(args, kto), b, &err) < 0 ||
+      sbx_fs_rename(sb, a, b, into, &err) < 0)
+    return mcp_call_fail(call, &err);
+  char text[8300];
+  snprintf(text, sizeof text, "%s -> %s", a, b);
+  mcp_call_ok(call, json_pack("{s:s, s:s}", kfrom, a, kto, b), text);
+}
+
+static void h_rename(mcp_call *call, json_t *args, sbx_sandbox *sb) {
+  do_move(call, args, sb, "oldPath", "newPath", false);
+}
+static void h_move(mcp_call *call, json_t *args, sbx_sandbox *sb) {
+  do_move(call, args, sb, "sourcePath", "destinationPath", true);
+}
+
+static void h_exists(mcp_call *call, json_t *args, sbx_sandbox *sb) {
+  sbx_error err = {0};
+  char abs[4096];
+  bool ex = false;
+  if (sbx_fs_abspath(str(args, "path"), abs, &err) < 0 || sbx_fs_exists(sb, abs, &ex, &err) < 0)
+    return mcp_call_fail(call, &err);
+  mcp_call_ok(call, json_pack("{s:s, s:b}", "path", abs, "exists", ex), ex ? "exists" : "does not exist");
+}
+
+/* ---- sessions ---------------------------------------------------------- */
+
+static void h_session_create(mcp_call *call, json_t *args, sbx_sandbox *sb) {
+  sbx_error err = {0};
+  sbx_env env = {0};
+  char id[64];
+  const char *want = str(args, "id");
+  if (want) snprintf(id, sizeof id, "%s", want);
+  else snprintf(id, sizeof id, "session-%llu", (unsigned long long)(sbx_now_us() % 100000000));
+  char cwd[4096] = "/workspace";
+  const char *c = str(args, "cwd");
+  if ((c && (sbx_fs_abspath(c, cwd, &err) < 0 || sbx_fs_check_dir(sb, cwd, &err) < 0)) ||
+      env_from_json(json_object_get(args, "env"), &env, &err) < 0) {
+    sbx_env_clear(&env);
+    return mcp_call_fail(call, &err);
+  }
+  sbx_session *s;
+  int r = sbx_session_create(sb, id, cwd, &env, &s, &err);
+  sbx_env_clear(&env);
+  if (r < 0) return mcp_call_fail(call, &err);
+  char text[200];
+  snprintf(text, sizeof text, "session %s in %s", s->id, s->cwd);
+  mcp_call_ok(call, json_pack("{s:s, s:s}", "id", s->id, "cwd", s->cwd), text);
+}
+
+static void h_session_delete(mcp_call *call, json_t *args, sbx_sandbox *sb) {
+  sbx_error err = {0};
+  const char *id = str(args, "id");
+  if (sbx_session_delete(sb, id, &err) < 0) return mcp_call_fail(call, &err);
+  mcp_call_ok(call, json_pack("{s:s, s:b}", "id", id, "deleted", 1), "session deleted");
+}
+
+static void h_session_list(mcp_call *call, json_t *args, sbx_sandbox *sb) {
+  (void)args;
+  json_t *arr = json_array();
+  sbx_buf t = {0};
+  for (sbx_session *s = sb->sessions; s; s = s->next) {
+    json_array_append_new(arr, json_pack("{s:s, s:s}", "id", s->id, "cwd", s->cwd));
+    char line[4200];
+    int n = snprintf(line, sizeof line, "%s\t%s\n", s->id, s->cwd);
+    sbx_buf_append(&t, line, n);
+  }
+  mcp_call_ok(call, json_pack("{s:o}", "sessions", arr), t.data ? t.data : "");
+  sbx_buf_free(&t);
+}
+
+static void h_setenv(mcp_call *call, json_t *args, sbx_sandbox *sb) {
+  sbx_error err = {0};
+  const char *sid = str(args, "sessionId");
+  sbx_session *s = sbx_session_find(sb, sid ? sid : "default");
+  if (!s) {
+    sbx_err(&err, "SESSION_NOT_FOUND", "no session '%s'", sid);
+    return mcp_call_fail(call, &err);
+  }
+  sbx_env env = {0};
+  if (env_from_json(json_object_get(args, "env"), &env, &err) < 0 || sbx_env_copy(&s->env, &env) < 0) {
+    sbx_env_clear(&env);
+    if (!err.code) sbx_err(&err, "VALIDATION_FAILED", "too many environment variables");
+    return mcp_call_fail(call, &err);
+  }
+  size_t n = env.n;
+  sbx_env_clear(&env);
+  mcp_call_ok(call, json_pack("{s:I}", "count", (json_int_t)n), "environment updated");
+}
+
+const mcp_handler mcp_handlers[] = {
+    {"createSandbox", h_create, true},
+    {"listSandboxes", h_list, true},
+    {"destroySandbox", h_destroy, false},
+    {"exec", h_exec, false},
+    {"writeFile", h_write, false},
+    {"readFile", h_read, false},
+    {"listFiles", h_list_files, false},
+    {"mkdir", h_mkdir, false},
+    {"deleteFile", h_delete, false},
+    {"renameFile", h_rename, false},
+    {"moveFile", h_move, false},
+    {"exists", h_exists, false},
+    {"createSession", h_session_create, false},
+    {"deleteSession", h_session_delete, false},
+    {"listSessions", h_session_list, false},
+    {"setEnvVars", h_setenv, false},
+};
+const size_t mcp_handler_count = SBX_ARRAY_SIZE(mcp_handlers);

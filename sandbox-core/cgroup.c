@@ -1,0 +1,338 @@
+#define _GNU_SOURCE
+#include "cgroup.h"
+#include "util.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
+#include <linux/magic.h>
+
+static const char *const v1_ctrls[SBX_CG_MAX] = {"memory", "pids", "cpu", "freezer"};
+
+static struct {
+  bool ready, v2;
+  int n;
+  const char *ctrl[SBX_CG_MAX];
+  char *base[SBX_CG_MAX]; /* the daemon's sbx subtree per hierarchy */
+  char desc[256];
+} cg;
+
+int sbx_cg_limit_settings(bool v2, const sbx_limits *l, sbx_cg_setting *out, int max) {
+  int n = 0;
+#define ADD(c, f, opt, ...)                                                    \
+  do {                                                                         \
+    if (n >= max) return -ENOSPC;                                              \
+    out[n].ctrl = (c);                                                         \
+    out[n].file = (f);                                                         \
+    out[n].optional = (opt);                                                   \
+    snprintf(out[n].value, sizeof out[n].value, __VA_ARGS__);                  \
+    n++;                                                                       \
+  } while (0)
+  unsigned long long mem = (unsigned long long)l->memory_mb * 1024 * 1024;
+  if (v2) {
+    if (l->memory_mb) {
+      ADD("memory", "memory.max", false, "%llu", mem);
+      ADD("memory", "memory.swap.max", true, "0");
+    }
+    if (l->pids) ADD("pids", "pids.max", false, "%llu", (unsigned long long)l->pids);
+    if (l->cpus > 0) ADD("cpu", "cpu.max", false, "%llu 100000", (unsigned long long)(l->cpus * 100000));
+  } else {
+    if (l->memory_mb) {
+      ADD("memory", "memory.limit_in_bytes", false, "%llu", mem);
+      ADD("memory", "memory.memsw.limit_in_bytes", true, "%llu", mem);
+      ADD("memory", "memory.swappiness", true, "0");
+    }
+    if (l->pids) ADD("pids", "pids.max", false, "%llu", (unsigned long long)l->pids);
+    if (l->cpus > 0) {
+      ADD("cpu", "cpu.cfs_period_us", false, "100000");
+      ADD("cpu", "cpu.cfs_quota_us", false, "%llu", (unsigned long long)(l->cpus * 100000));
+    }
+  }
+#undef ADD
+  return n;
+}
+
+/* The daemon's own cgroup path in a hierarchy, from /proc/self/cgroup. */
+static int own_path(const char *ctrl, char *out, size_t len) {
+  _cleanup_fclose_ FILE *f = fopen("/proc/self/cgroup", "re");
+  if (!f) return -errno;
+  char line[1024];
+  while (fgets(line, sizeof line, f)) {
+    char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+    if (!c2) continue;
+    *c2 = 0;
+    char *nl = strchr(c2 + 1, '\n');
+    if (nl) *nl = 0;
+    const char *list = c1 + 1;
+    bool match = false;
+    if (!ctrl) match = *list == 0 && line[0] == '0';
+    else {
+      char tmp[256];
+      snprintf(tmp, sizeof tmp, "%s", list);
+      for (char *s, *t = strtok_r(tmp, ",", &s); t; t = strtok_r(NULL, ",", &s))
+        if (!strcmp(t, ctrl)) match = true;
+    }
+    if (match) {
+      snprintf(out, len, "%s", c2 + 1);
+      return 0;
+    }
+  }
+  return -ENOENT;
+}
+
+static bool is_cgroupfs(const char *path, bool v2) {
+  struct statfs s;
+  if (statfs(path, &s) < 0) return false;
+  return v2 ? s.f_type == CGROUP2_SUPER_MAGIC : s.f_type == CGROUP_SUPER_MAGIC;
+}
+
+int sbx_cg_init(void) {
+  if (cg.ready) return 0;
+  char own[1024];
+  int r;
+  if (is_cgroupfs("/sys/fs/cgroup", true)) {
+    cg.v2 = true;
+    if ((r = own_path(NULL, own, sizeof own)) < 0) return r;
+    /* v2 forbids processes in a cgroup that delegates controllers: move the
+     * daemon into a leaf beside its sandboxes. */
+    char *ownd = sbx_strdup_printf("/sys/fs/cgroup%s", own);
+    char *leaf = sbx_strdup_printf("%s/sbx-daemon-%d", ownd, getpid());
+    char *procs = sbx_strdup_printf("%s/cgroup.procs", leaf);
+    char *stc = sbx_strdup_printf("%s/cgroup.subtree_control", ownd);
+    r = 0;
+    if (mkdir(leaf, 0755) < 0 && errno != EEXIST) r = -errno;
+    if (!r) r = sbx_write_string(procs, "0");
+    if (!r) {
+      sbx_write_string(stc, "+memory");
+      sbx_write_string(stc, "+pids");
+      sbx_write_string(stc, "+cpu");
+    }
+    cg.n = 1;
+    cg.ctrl[0] = "unified";
+    cg.base[0] = sbx_strdup_printf("%s/sbx-%d", ownd, getpid());
+    free(ownd), free(leaf), free(procs), free(stc);
+    if (r < 0) return r;
+    if (mkdir(cg.base[0], 0755) < 0 && errno != EEXIST) return -errno;
+    char *sub = sbx_strdup_printf("%s/cgroup.subtree_control", cg.base[0]);
+    sbx_write_string(sub, "+memory +pids +cpu");
+    free(sub);
+  } else {
+    for (int i = 0; i < SBX_CG_MAX; i++) {
+      char mnt[256];
+      snprintf(mnt, sizeof mnt, "/sys/fs/cgroup/%s", v1_ctrls[i]);
+      if (!is_cgroupfs(mnt, false)) continue;
+      if (own_path(v1_ctrls[i], own, sizeof own) < 0) continue;
+      char *base = sbx_strdup_printf("%s%s/sbx-%d", mnt, strcmp(own, "/") ? own : "", getpid());
+      if (mkdir(base, 0755) < 0 && errno != EEXIST) {
+        r = -errno;
+        free(base);
+        for (int j = 0; j < cg.n; j++) rmdir(cg.base[j]), free(cg.base[j]);
+        cg.n = 0;
+        return r;
+      }
+      if (!strcmp(v1_ctrls[i], "memory")) {
+        char *h = sbx_strdup_printf("%s/memory.use_hierarchy", base);
+        sbx_write_string(h, "1");
+        free(h);
+      }
+      cg.ctrl[cg.n] = v1_ctrls[i];
+      cg.base[cg.n++] = base;
+    }
+    if (!cg.n) return -ENOENT;
+  }
+  cg.ready = true;
+  int o = 0;
+  o += snprintf(cg.desc, sizeof cg.desc, "%s:", cg.v2 ? "v2" : "v1");
+  for (int i = 0; i < cg.n && o < (int)sizeof cg.desc; i++)
+    o += snprintf(cg.desc + o, sizeof cg.desc - o, " %s", cg.ctrl[i]);
+  return 0;
+}
+
+bool sbx_cg_available(void) { return cg.ready; }
+bool sbx_cg_is_v2(void) { return cg.v2; }
+const char *sbx_cg_describe(void) { return cg.ready ? cg.desc : "unavailable"; }
+
+int sbx_cg_create(const sbx_cgroup *parent, const char *name, sbx_cgroup *out) {
+  if (!cg.ready) return -ENOTSUP;
+  *out = (sbx_cgroup){0};
+  for (int i = 0; i < cg.n; i++) {
+    out->dirs[i] = sbx_strdup_printf("%s/%s", parent ? parent->dirs[i] : cg.base[i], name);
+    out->n = i + 1;
+    if (mkdir(out->dirs[i], 0755) < 0 && errno != EEXIST) {
+      int r = -errno;
+      sbx_cg_remove(out);
+      return r;
+    }
+    if (cg.v2) {
+      char *sub = sbx_strdup_printf("%s/cgroup.subtree_control", out->dirs[i]);
+      (void)sub; /* leaves need no controllers delegated below them */
+      free(sub);
+    }
+  }
+  return 0;
+}
+
+static int dir_for(const sbx_cgroup *c, const char *ctrl) {
+  if (cg.v2) return c->n ? 0 : -1;
+  for (int i = 0; i < c->n; i++)
+    if (!strcmp(cg.ctrl[i], ctrl)) return i;
+  return -1;
+}
+
+int sbx_cg_apply(const sbx_cgroup *c, const sbx_limits *l) {
+  sbx_cg_setting s[16];
+  int n = sbx_cg_limit_settings(cg.v2, l, s, 16);
+  if (n < 0) return n;
+  for (int i = 0; i < n; i++) {
+    int d = dir_for(c, s[i].ctrl);
+    if (d < 0) {
+      if (s[i].optional) continue;
+      return -ENOTSUP;
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", c->dirs[d], s[i].file);
+    int r = sbx_write_string(path, s[i].value);
+    if (r < 0 && !(s[i].optional && (r == -ENOENT || r == -EINVAL || r == -EACCES))) return r;
+  }
+  return 0;
+}
+
+int sbx_cg_open_procs(const sbx_cgroup *c, int fds[SBX_CG_MAX]) {
+  for (int i = 0; i < c->n; i++) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/cgroup.procs", c->dirs[i]);
+    fds[i] = open(path, O_WRONLY | O_CLOEXEC);
+    if (fds[i] < 0) {
+      int r = -errno;
+      while (i--) close(fds[i]);
+      return r;
+    }
+  }
+  return c->n;
+}
+
+int sbx_cg_add_pid(const sbx_cgroup *c, pid_t pid) {
+  char v[32];
+  snprintf(v, sizeof v, "%d", pid);
+  for (int i = 0; i < c->n; i++) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/cgroup.procs", c->dirs[i]);
+    int r = sbx_write_string(path, v);
+    if (r < 0) return r;
+  }
+  return 0;
+}
+
+/* Calls fn for each pid in dir and every cgroup below it. */
+static int for_each_pid(const char *dir, int depth, void (*fn)(pid_t, void *), void *ud) {
+  if (depth > 16) return 0;
+  char path[4096];
+  snprintf(path, sizeof path, "%s/cgroup.procs", dir);
+  _cleanup_fclose_ FILE *f = fopen(path, "re");
+  int count = 0;
+  if (f) {
+    long pid;
+    while (fscanf(f, "%ld", &pid) == 1) {
+      if (fn) fn((pid_t)pid, ud);
+      count++;
+    }
+  }
+  DIR *d = opendir(dir);
+  if (!d) return count;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    if (e->d_type != DT_DIR || e->d_name[0] == '.') continue;
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    count += for_each_pid(path, depth + 1, fn, ud);
+  }
+  closedir(d);
+  return count;
+}
+
+static void kill_pid(pid_t pid, void *ud) {
+  (void)ud;
+  kill(pid, SIGKILL);
+}
+
+int sbx_cg_kill(const sbx_cgroup *c) {
+  if (!c->n) return -ENOTSUP;
+  char path[4096];
+  if (cg.v2) {
+    snprintf(path, sizeof path, "%s/cgroup.kill", c->dirs[0]);
+    if (sbx_write_string(path, "1") == 0) return 0;
+    for_each_pid(c->dirs[0], 0, kill_pid, NULL);
+    return 0;
+  }
+  int fz = dir_for(c, "freezer");
+  if (fz >= 0) {
+    snprintf(path, sizeof path, "%s/freezer.state", c->dirs[fz]);
+    sbx_write_string(path, "FROZEN");
+  }
+  /* Frozen tasks cannot fork, so one pass over every hierarchy catches all. */
+  for (int i = 0; i < c->n; i++) for_each_pid(c->dirs[i], 0, kill_pid, NULL);
+  if (fz >= 0) sbx_write_string(path, "THAWED");
+  return 0;
+}
+
+bool sbx_cg_populated(const sbx_cgroup *c) {
+  for (int i = 0; i < c->n; i++)
+    if (for_each_pid(c->dirs[i], 0, NULL, NULL) > 0) return true;
+  return false;
+}
+
+uint64_t sbx_cg_oom_kills(const sbx_cgroup *c) {
+  int d = dir_for(c, "memory");
+  if (d < 0) return 0;
+  char path[4096];
+  snprintf(path, sizeof path, "%s/%s", c->dirs[d], cg.v2 ? "memory.events" : "memory.oom_control");
+  _cleanup_fclose_ FILE *f = fopen(path, "re");
+  if (!f) return 0;
+  char key[64];
+  unsigned long long v;
+  while (fscanf(f, "%63s %llu", key, &v) == 2)
+    if (!strcmp(key, "oom_kill")) return v;
+  return 0;
+}
+
+static int rm_tree(const char *dir, int depth) {
+  if (depth > 16) return -ELOOP;
+  DIR *d = opendir(dir);
+  if (d) {
+    struct dirent *e;
+    char path[4096];
+    while ((e = readdir(d))) {
+      if (e->d_type != DT_DIR || e->d_name[0] == '.') continue;
+      snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+      rm_tree(path, depth + 1);
+    }
+    closedir(d);
+  }
+  return rmdir(dir) < 0 && errno != ENOENT ? -errno : 0;
+}
+
+int sbx_cg_remove(sbx_cgroup *c) {
+  int r = 0;
+  for (int i = 0; i < c->n; i++)
+    if (c->dirs[i]) {
+      int q = rm_tree(c->dirs[i], 0);
+      if (q < 0) r = q;
+    }
+  return r;
+}
+
+void sbx_cg_free(sbx_cgroup *c) {
+  for (int i = 0; i < c->n; i++) free(c->dirs[i]);
+  *c = (sbx_cgroup){0};
+}
+
+void sbx_cg_shutdown(void) {
+  if (!cg.ready) return;
+  for (int i = 0; i < cg.n; i++) {
+    rm_tree(cg.base[i], 0);
+    free(cg.base[i]);
+  }
+  cg.ready = false;
+  cg.n = 0;
+}

@@ -1,0 +1,144 @@
+/* `sbx doctor`: probes what the kernel offers and says which path sbx
+ * takes for each feature. Probes try the feature; they never trust version
+ * numbers. */
+#define _GNU_SOURCE
+#include "doctor.h"
+#include "cgroup.h"
+#include "seccomp.h"
+#include "util.h"
+
+#include <fcntl.h>
+#include <linux/sched.h>
+#include <sched.h>
+#include <seccomp.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+
+/* Runs fn in a forked child; true when it exits 0. */
+static bool in_child(int (*fn)(void)) {
+  pid_t p = fork();
+  if (p == 0) _exit(fn() == 0 ? 0 : 1);
+  int st;
+  return p > 0 && waitpid(p, &st, 0) == p && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+static int probe_userns(void) { return unshare(CLONE_NEWUSER); }
+
+static int probe_overlay(void) {
+  if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) return -1;
+  if (mount("t", "/tmp", "tmpfs", 0, NULL) < 0) return -1;
+  if (mkdir("/tmp/u", 0755) < 0 || mkdir("/tmp/w", 0755) < 0 || mkdir("/tmp/m", 0755) < 0) return -1;
+  return mount("overlay", "/tmp/m", "overlay", 0, "lowerdir=/usr,upperdir=/tmp/u,workdir=/tmp/w,userxattr");
+}
+
+/* A child in new user and mount namespaces, mapped as sandboxes are (our
+ * uid as its root). With fn it runs fn there and reports; without it waits
+ * to be killed, so the caller can use its user namespace. */
+static pid_t userns_child(int (*fn)(void), int *status_fd) {
+  int go[2], ready[2];
+  if (pipe(go) < 0 || pipe(ready) < 0) return -1;
+  pid_t c = fork();
+  if (c == 0) {
+    char b;
+    if (unshare(CLONE_NEWUSER | CLONE_NEWNS) < 0) _exit(1);
+    (void)!write(ready[1], "x", 1);
+    if (read(go[0], &b, 1) != 1) _exit(1);
+    if (setresgid(0, 0, 0) < 0 || setresuid(0, 0, 0) < 0) _exit(1);
+    if (!fn) pause();
+    _exit(fn() == 0 ? 0 : 1);
+  }
+  char b;
+  close(ready[1]);
+  if (c < 0 || read(ready[0], &b, 1) != 1) return -1;
+  char path[64], map[64];
+  snprintf(path, sizeof path, "/proc/%d/setgroups", c);
+  sbx_write_string(path, "deny");
+  snprintf(map, sizeof map, "0 %u 1\n", (unsigned)geteuid());
+  snprintf(path, sizeof path, "/proc/%d/uid_map", c);
+  sbx_write_string(path, map);
+  snprintf(map, sizeof map, "0 %u 1\n", (unsigned)getegid());
+  snprintf(path, sizeof path, "/proc/%d/gid_map", c);
+  sbx_write_string(path, map);
+  (void)!write(go[1], "g", 1);
+  close(go[0]), close(go[1]), close(ready[0]);
+  *status_fd = -1;
+  return c;
+}
+
+static bool probe_in_userns(int (*fn)(void)) {
+  int unused;
+  pid_t c = userns_child(fn, &unused);
+  int st;
+  return c > 0 && waitpid(c, &st, 0) == c && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+static bool probe_idmap(void) {
+  int unused;
+  pid_t c = userns_child(NULL, &unused);
+  if (c < 0) return false;
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/ns/user", c);
+  int ns = open(path, O_RDONLY | O_CLOEXEC);
+  int fd = open_tree(AT_FDCWD, "/usr", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+  struct mount_attr a = {.attr_set = MOUNT_ATTR_IDMAP, .userns_fd = ns};
+  int r = (ns >= 0 && fd >= 0) ? mount_setattr(fd, "", AT_EMPTY_PATH, &a, sizeof a) : -1;
+  if (ns >= 0) close(ns);
+  if (fd >= 0) close(fd);
+  kill(c, SIGKILL);
+  waitpid(c, NULL, 0);
+  return r == 0;
+}
+
+static bool probe_pidfd(void) {
+  int fd = sbx_pidfd_open(getpid());
+  if (fd < 0) return false;
+  close(fd);
+  return true;
+}
+
+static bool probe_clone3(void) {
+  /* a zero-sized argument is refused with EINVAL when clone3 exists */
+  return syscall(SYS_clone3, NULL, 0) < 0 && errno == EINVAL;
+}
+
+int sbx_doctor(FILE *out) {
+  int problems = 0;
+  bool root = geteuid() == 0;
+#define LINE(ok, what, path)                                                   \
+  do {                                                                         \
+    fprintf(out, "%-4s %-22s %s\n", (ok) ? "ok" : "--", what, path);            \
+    if (!(ok)) problems++;                                                     \
+  } while (0)
+  fprintf(out, "sbx doctor: running as %s (uid %u)\n", root ? "root" : "an unprivileged user", (unsigned)geteuid());
+  bool userns = in_child(probe_userns);
+  LINE(userns, "user namespaces", userns ? "each sandbox gets its own user namespace" : "unavailable: sbx cannot run");
+  bool idmap = root && probe_idmap();
+  LINE(idmap || !root, "idmapped mounts",
+       idmap ? "host /usr, /opt, package dbs idmapped under a writable overlay"
+             : root ? "unavailable: system dirs would stay read-only"
+                    : "not for unprivileged users: /usr, /opt stay read-only in sandboxes (copy-up needs root)");
+  bool ovl = probe_in_userns(probe_overlay);
+  LINE(ovl, "overlayfs in userns", ovl ? "writable layers over the host's dirs" : "unavailable");
+  int cg = sbx_cg_init();
+  LINE(cg == 0, "cgroups", cg == 0 ? sbx_cg_describe() : root ? "unavailable: limits cannot be enforced"
+                                                               : "no writable cgroup: limits cannot be enforced "
+                                                                 "(delegate one, e.g. systemd-run --user -p Delegate=yes)");
+  if (cg == 0) sbx_cg_shutdown();
+  bool sc = sbx_seccomp_compile() == 0;
+  char scdesc[96];
+  snprintf(scdesc, sizeof scdesc, "libseccomp API %u, %zu rules compiled to BPF", seccomp_api_get(),
+           sbx_seccomp_rule_count());
+  LINE(sc, "seccomp", sc ? scdesc : "cannot compile the policy");
+  bool fuse = access("/dev/fuse", F_OK) == 0;
+  LINE(fuse, "/dev/fuse", fuse ? "present: FUSE view and bucket mounts possible" : "missing: no FUSE features");
+  bool pidfd = probe_pidfd();
+  LINE(pidfd, "pidfd", pidfd ? "processes supervised by pidfd on the event loop" : "missing: sbx needs Linux >= 5.3");
+  bool c3 = probe_clone3();
+  LINE(true, "clone3", c3 ? "available (sandbox commands get ENOSYS for it, so glibc uses clone)"
+                          : "absent: clone is used");
+  fprintf(out, "%d problem%s\n", problems, problems == 1 ? "" : "s");
+  return problems;
+}

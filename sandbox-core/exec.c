@@ -1,0 +1,409 @@
+#define _GNU_SOURCE
+#include "exec.h"
+#include "files.h"
+
+#include <fcntl.h>
+#include <sys/wait.h>
+
+/* Runs the command in the session's shell state and, on exit (also
+ * `exit N`), reports the shell's cwd and exported variables on fd 3, which
+ * the command itself never sees. */
+static const char wrapper[] =
+    "trap '__sbx_rc=$?; { printf \"%s\\n\" \"$PWD\"; export -p; } >&3 2>/dev/null; exit $__sbx_rc' EXIT\n"
+    "__sbx_cmd=$1; shift\n"
+    "eval \"$__sbx_cmd\" 3>&-\n";
+
+#define STATE_MAX (1024 * 1024)
+
+struct stream {
+  sbx_headtail ht;
+  char carry[4];
+  size_t carry_len;
+  int file_fd;
+  char *path;
+};
+
+struct sbx_exec {
+  uv_loop_t *loop;
+  sbx_sandbox *sb;
+  char session_id[64];
+  bool keep_session;
+  char *call_cwd; /* a cwd given for this call only */
+  sbx_env call_env;
+  sbx_cgroup cg;
+  pid_t pid;
+  int pidfd;
+  uv_poll_t pidpoll;
+  uv_pipe_t pipes[3]; /* stdout, stderr, state */
+  bool pipe_open[3];
+  uv_pipe_t in;
+  bool in_open;
+  uv_write_t in_req;
+  char *stdin_copy;
+  uv_timer_t timer, drain;
+  struct stream s[2];
+  sbx_buf state;
+  size_t limit;
+  bool exited, done, timed_out, cancelled;
+  int exit_code;
+  uint64_t start_us, oom_before;
+  int handles; /* open libuv handles; freed when 0 after done */
+  sbx_exec_chunk_cb on_chunk;
+  sbx_exec_done_cb on_done;
+  void *ud;
+  struct sbx_exec *next;
+};
+
+static sbx_exec *all_execs;
+
+static void on_close(uv_handle_t *h) {
+  sbx_exec *x = h->data;
+  if (--x->handles > 0) return;
+  sbx_exec **pp = &all_execs;
+  while (*pp && *pp != x) pp = &(*pp)->next;
+  if (*pp) *pp = x->next;
+  for (int i = 0; i < 2; i++) {
+    sbx_headtail_free(&x->s[i].ht);
+    if (x->s[i].file_fd >= 0) close(x->s[i].file_fd);
+    free(x->s[i].path);
+  }
+  sbx_buf_free(&x->state);
+  sbx_env_clear(&x->call_env);
+  free(x->call_cwd);
+  free(x->stdin_copy);
+  if (x->pidfd >= 0) close(x->pidfd);
+  sbx_cg_free(&x->cg);
+  free(x);
+}
+
+static void close_handle(sbx_exec *x, uv_handle_t *h) {
+  if (uv_is_closing(h)) return;
+  h->data = x;
+  uv_close(h, on_close);
+}
+
+static void kill_tree(sbx_exec *x) {
+  if (x->cg.n) sbx_cg_kill(&x->cg);
+  if (!x->exited && x->pidfd >= 0) sbx_pidfd_send_signal(x->pidfd, SIGTERM);
+}
+
+static void update_session(sbx_exec *x) {
+  if (!x->keep_session || !x->sb || x->timed_out || x->cancelled || !x->state.len) return;
+  sbx_session *s = sbx_session_find(x->sb, x->session_id);
+  if (!s) return;
+  char *nl = memchr(x->state.data, '\n', x->state.len);
+  if (!nl || nl == x->state.data || x->state.data[0] != '/') return;
+  sbx_env env = {0};
+  if (sbx_env_parse_export(&env, nl + 1, x->state.len - (nl + 1 - x->state.data)) < 0 || !sbx_env_get(&env, "PATH")) {
+    sbx_env_clear(&env);
+    return;
+  }
+  /* variables given to this call only do not stick, unless the command
+   * changed them itself */
+  for (size_t i = 0; i < x->call_env.n; i++) {
+    const char *kv = x->call_env.v[i], *eq = strchr(kv, '=');
+    char key[256];
+    if (!eq || (size_t)(eq - kv) >= sizeof key) continue;
+    memcpy(key, kv, eq - kv);
+    key[eq - kv] = 0;
+    const char *now = sbx_env_get(&env, key), *before = sbx_env_get(&s->env, key);
+    if (now && !strcmp(now, eq + 1)) {
+      if (before) sbx_env_set(&env, key, before);
+      else sbx_env_unset(&env, key);
+    }
+  }
+  sbx_env_clear(&s->env);
+  s->env = env;
+  char *cwd = strndup(x->state.data, nl - x->state.data);
+  if (x->call_cwd && !strcmp(cwd, x->call_cwd)) free(cwd); /* the call's cwd does not stick */
+  else free(s->cwd), s->cwd = cwd;
+}
+
+static void finish(sbx_exec *x) {
+  if (x->done || !x->exited) return;
+  for (int i = 0; i < 3; i++)
+    if (x->pipe_open[i]) return;
+  x->done = true;
+  uv_timer_stop(&x->timer);
+  uv_timer_stop(&x->drain);
+  if (x->sb) {
+    update_session(x);
+    sbx_session *s = sbx_session_find(x->sb, x->session_id);
+    if (s && s->busy) s->busy--;
+    x->sb->running--;
+    sbx_sandbox_touch(x->sb);
+  }
+  sbx_exec_result res = {0};
+  res.exit_code = x->exit_code;
+  res.timed_out = x->timed_out;
+  res.cancelled = x->cancelled;
+  res.duration_ms = (sbx_now_us() - x->start_us) / 1000;
+  if (x->sb && x->sb->cg.n) res.oom = sbx_cg_oom_kills(&x->sb->cg) > x->oom_before;
+  char *raw[2];
+  size_t rawlen[2];
+  for (int i = 0; i < 2; i++) {
+    raw[i] = sbx_headtail_render(&x->s[i].ht, &rawlen[i]);
+    if (sbx_headtail_truncated(&x->s[i].ht)) res.truncated = true;
+  }
+  res.out = sbx_utf8_repair(raw[0], rawlen[0], &res.out_len);
+  res.err = sbx_utf8_repair(raw[1], rawlen[1], &res.err_len);
+  free(raw[0]);
+  free(raw[1]);
+  res.output_path = x->s[0].path ? x->s[0].path : x->s[1].path;
+  if (x->cg.n) {
+    sbx_cg_remove(&x->cg);
+  }
+  x->on_done(x->ud, &res, NULL);
+  free(res.out);
+  free(res.err);
+  close_handle(x, (uv_handle_t *)&x->timer);
+  close_handle(x, (uv_handle_t *)&x->drain);
+  close_handle(x, (uv_handle_t *)&x->pidpoll);
+  for (int i = 0; i < 3; i++) close_handle(x, (uv_handle_t *)&x->pipes[i]);
+  if (x->in_open) close_handle(x, (uv_handle_t *)&x->in);
+}
+
+static void close_pipe(sbx_exec *x, int i) {
+  if (!x->pipe_open[i]) return;
+  uv_read_stop((uv_stream_t *)&x->pipes[i]);
+  x->pipe_open[i] = false;
+  finish(x);
+}
+
+/* The first time a stream passes its bound, everything so far is still in
+ * memory: it goes to a file inside the sandbox, and so does the rest. */
+static void spill(sbx_exec *x, int i, const char *p, size_t n) {
+  struct stream *st = &x->s[i];
+  if (st->file_fd < 0 && !st->path && x->sb && st->ht.total + n > x->limit) {
+    char path[128];
+    snprintf(path, sizeof path, "/tmp/sbx-output/exec-%d-%llu.%s", x->pid, (unsigned long long)x->start_us,
+             i ? "stderr" : "stdout");
+    sbx_error err;
+    st->file_fd = sbx_fs_create(x->sb, path, 0600, &err);
+    if (st->file_fd >= 0) {
+      st->path = strdup(path);
+      size_t len;
+      char *prev = sbx_headtail_render(&st->ht, &len);
+      if (sbx_write_all(st->file_fd, prev, len) < 0) close(st->file_fd), st->file_fd = -1;
+      free(prev);
+    }
+  }
+  if (st->file_fd >= 0 && sbx_write_all(st->file_fd, p, n) < 0) {
+    close(st->file_fd); /* the sandbox's disk is full: the file keeps what fit */
+    st->file_fd = -1;
+  }
+}
+
+static void on_chunk(sbx_exec *x, int i, const char *p, size_t n) {
+  struct stream *st = &x->s[i];
+  spill(x, i, p, n);
+  sbx_headtail_add(&st->ht, p, n);
+  if (!x->on_chunk) return;
+  /* progress chunks end on code-point boundaries */
+  char *buf = malloc(st->carry_len + n);
+  if (!buf) return;
+  memcpy(buf, st->carry, st->carry_len);
+  memcpy(buf + st->carry_len, p, n);
+  size_t total = st->carry_len + n, ok = sbx_utf8_complete_prefix(buf, total);
+  if (total - ok > 3) ok = total; /* not a cut sequence after all */
+  st->carry_len = total - ok;
+  memcpy(st->carry, buf + ok, st->carry_len);
+  if (ok) {
+    size_t len;
+    char *text = sbx_utf8_repair(buf, ok, &len);
+    x->on_chunk(x->ud, i + 1, text, len);
+    free(text);
+  }
+  free(buf);
+}
+
+static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *b) {
+  (void)h;
+  (void)suggested;
+  b->base = malloc(65536);
+  b->len = b->base ? 65536 : 0;
+}
+
+static void read_cb(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
+  sbx_exec *x = s->data;
+  int i = (int)((uv_pipe_t *)s - x->pipes);
+  if (n > 0) {
+    if (i < 2) on_chunk(x, i, b->base, n);
+    else if (x->state.len + n <= STATE_MAX) sbx_buf_append(&x->state, b->base, n);
+  }
+  free(b->base);
+  if (n < 0) close_pipe(x, i);
+}
+
+static void drain_cb(uv_timer_t *t) {
+  sbx_exec *x = t->data;
+  /* no cgroup to kill leftovers (rootless): stop waiting for pipes that a
+   * background process keeps open */
+  for (int i = 0; i < 3; i++) close_pipe(x, i);
+}
+
+static void pid_cb(uv_poll_t *p, int status, int events) {
+  (void)status;
+  (void)events;
+  sbx_exec *x = p->data;
+  siginfo_t si = {0};
+  if (waitid(P_PIDFD, x->pidfd, &si, WEXITED | WNOHANG) < 0 || si.si_pid == 0) return;
+  uv_poll_stop(p);
+  x->exited = true;
+  x->exit_code = sbx_spawn_exit_code(&si);
+  /* nothing of the command outlives it: background children go too */
+  if (x->cg.n) sbx_cg_kill(&x->cg);
+  else uv_timer_start(&x->drain, drain_cb, 100, 0);
+  finish(x);
+}
+
+static void timer_cb(uv_timer_t *t) {
+  sbx_exec *x = t->data;
+  x->timed_out = true;
+  kill_tree(x);
+}
+
+static void stdin_written(uv_write_t *req, int status) {
+  (void)status;
+  sbx_exec *x = req->data;
+  close_handle(x, (uv_handle_t *)&x->in);
+  x->in_open = false;
+}
+
+void sbx_exec_cancel(sbx_exec *x) {
+  if (x->done) return;
+  x->cancelled = true;
+  kill_tree(x);
+}
+
+void sbx_exec_cancel_sandbox(sbx_sandbox *sb) {
+  for (sbx_exec *x = all_execs; x; x = x->next)
+    if (x->sb == sb && !x->done) {
+      sbx_exec_cancel(x);
+      sb->running--;
+      x->sb = NULL;
+    }
+}
+
+int sbx_exec_start(uv_loop_t *loop, sbx_sandbox *sb, const sbx_exec_opts *o, sbx_exec_chunk_cb chunk_cb,
+                   sbx_exec_done_cb done_cb, void *ud, sbx_exec **out, sbx_error *err) {
+  const char *sid = o->session_id ? o->session_id : "default";
+  sbx_session *s = sbx_session_find(sb, sid);
+  if (!s) return sbx_err(err, "SESSION_NOT_FOUND", "no session '%s' in sandbox '%s'", sid, sb->id);
+  const char *cwd = o->cwd ? o->cwd : s->cwd;
+  if (sbx_fs_check_dir(sb, cwd, err) < 0) {
+    if (o->cwd) return -1;
+    cwd = "/workspace"; /* the session's directory was removed */
+    if (sbx_fs_check_dir(sb, cwd, err) < 0) cwd = "/";
+  }
+  if (o->stdin_len > SBX_MAX_STDIN) return sbx_err(err, "VALIDATION_FAILED", "stdin is limited to %d bytes", SBX_MAX_STDIN);
+
+  sbx_exec *x = calloc(1, sizeof *x);
+  if (!x) return sbx_err(err, "INTERNAL", "out of memory");
+  x->loop = loop;
+  x->sb = sb;
+  x->pidfd = -1;
+  x->s[0].file_fd = x->s[1].file_fd = -1;
+  snprintf(x->session_id, sizeof x->session_id, "%s", sid);
+  x->keep_session = o->keep_session;
+  if (o->cwd) x->call_cwd = strdup(cwd);
+  x->limit = o->max_output ? o->max_output : SBX_DEFAULT_MAX_OUTPUT;
+  sbx_headtail_init(&x->s[0].ht, x->limit);
+  sbx_headtail_init(&x->s[1].ht, x->limit);
+  x->on_chunk = chunk_cb;
+  x->on_done = done_cb;
+  x->ud = ud;
+  sbx_env env = {0};
+  sbx_env_copy(&env, &s->env);
+  if (o->env) {
+    sbx_env_copy(&env, o->env);
+    sbx_env_copy(&x->call_env, o->env);
+  }
+
+  int fds[4] = {-1, -1, -1, -1}, ours[4] = {-1, -1, -1, -1};
+  int r = 0;
+  char name[64];
+  if (sb->cg.n) {
+    snprintf(name, sizeof name, "exec-%llu", (unsigned long long)++sb->exec_seq);
+    if ((r = sbx_cg_create(&sb->cg, name, &x->cg)) < 0) {
+      sbx_err_errno(err, "INTERNAL", -r, "creating the command's cgroup");
+      goto fail;
+    }
+    x->oom_before = sbx_cg_oom_kills(&sb->cg);
+  }
+  /* fd 0: stdin or /dev/null; 1, 2: output; 3: shell state */
+  if (o->stdin_data) {
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) < 0) goto fail_errno;
+    fds[0] = p[0];
+    ours[0] = p[1];
+  } else if ((fds[0] = open("/dev/null", O_RDONLY | O_CLOEXEC)) < 0) {
+    goto fail_errno;
+  }
+  for (int i = 1; i < 4; i++) {
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) < 0) goto fail_errno;
+    ours[i] = p[0];
+    fds[i] = p[1];
+  }
+  char *argv[] = {"/bin/sh", "-c", (char *)wrapper, "sh", (char *)o->command, NULL};
+  sbx_spawn sp = {.argv = argv, .envp = env.v, .cwd = cwd, .fds = fds, .nfds = 4, .cg = x->cg.n ? &x->cg : NULL};
+  x->start_us = sbx_now_us();
+  x->pid = sbx_sandbox_spawn(sb, &sp, &x->pidfd, err);
+  for (int i = 0; i < 4; i++) close(fds[i]), fds[i] = -1;
+  sbx_env_clear(&env);
+  if (x->pid < 0) goto fail;
+
+  uv_timer_init(loop, &x->timer);
+  uv_timer_init(loop, &x->drain);
+  uv_poll_init(loop, &x->pidpoll, x->pidfd);
+  x->timer.data = x->drain.data = x->pidpoll.data = x;
+  x->handles = 3;
+  for (int i = 0; i < 3; i++) {
+    uv_pipe_init(loop, &x->pipes[i], 0);
+    x->pipes[i].data = x;
+    x->handles++;
+    uv_pipe_open(&x->pipes[i], ours[i + 1]);
+    x->pipe_open[i] = true;
+    uv_read_start((uv_stream_t *)&x->pipes[i], alloc_cb, read_cb);
+  }
+  if (o->stdin_data) {
+    uv_pipe_init(loop, &x->in, 0);
+    x->in.data = x;
+    x->handles++;
+    x->in_open = true;
+    uv_pipe_open(&x->in, ours[0]);
+    x->stdin_copy = malloc(o->stdin_len + 1);
+    memcpy(x->stdin_copy, o->stdin_data, o->stdin_len);
+    uv_buf_t b = uv_buf_init(x->stdin_copy, o->stdin_len);
+    x->in_req.data = x;
+    if (uv_write(&x->in_req, (uv_stream_t *)&x->in, &b, 1, stdin_written) < 0) {
+      close_handle(x, (uv_handle_t *)&x->in);
+      x->in_open = false;
+    }
+  }
+  uv_poll_start(&x->pidpoll, UV_READABLE, pid_cb);
+  if (o->timeout_ms > 0) uv_timer_start(&x->timer, timer_cb, o->timeout_ms, 0);
+  s->busy++;
+  sb->running++;
+  x->next = all_execs;
+  all_execs = x;
+  if (out) *out = x;
+  return 0;
+fail_errno:
+  sbx_err_errno(err, "INTERNAL", errno, "preparing the command");
+fail:
+  for (int i = 0; i < 4; i++) {
+    if (fds[i] >= 0) close(fds[i]);
+    if (ours[i] >= 0) close(ours[i]);
+  }
+  sbx_env_clear(&env);
+  if (x->cg.n) sbx_cg_remove(&x->cg);
+  sbx_cg_free(&x->cg);
+  sbx_headtail_free(&x->s[0].ht);
+  sbx_headtail_free(&x->s[1].ht);
+  sbx_env_clear(&x->call_env);
+  free(x->call_cwd);
+  free(x);
+  return -1;
+}

@@ -1,0 +1,45 @@
+/* Running a command in a sandbox session, on the event loop: streamed
+ * output, bounded results, timeout and cancellation that kill the
+ * command's whole tree, and the session's cwd/env carried between calls. */
+#pragma once
+#include "sandbox.h"
+
+#define SBX_DEFAULT_MAX_OUTPUT (64 * 1024)
+#define SBX_MAX_STDIN (16 * 1024 * 1024)
+
+typedef struct sbx_exec sbx_exec;
+
+typedef struct sbx_exec_opts {
+  const char *command;
+  const char *cwd;        /* NULL: the session's */
+  const sbx_env *env;     /* this call only */
+  int64_t timeout_ms;     /* 0: none */
+  const char *session_id; /* NULL: "default" */
+  const char *stdin_data;
+  size_t stdin_len;
+  size_t max_output; /* per stream; 0: default */
+  bool keep_session; /* false: run with session state but do not save it */
+} sbx_exec_opts;
+
+typedef struct sbx_exec_result {
+  char *out, *err; /* valid UTF-8, bounded */
+  size_t out_len, err_len;
+  int exit_code;
+  bool timed_out, cancelled, truncated, oom;
+  uint64_t duration_ms;
+  char *output_path; /* inside the sandbox, when truncated */
+} sbx_exec_result;
+
+/* stream: 1 stdout, 2 stderr; data is valid UTF-8 ending on a code point. */
+typedef void (*sbx_exec_chunk_cb)(void *ud, int stream, const char *data, size_t len);
+/* err is NULL on success; res is owned by the exec and valid during the call. */
+typedef void (*sbx_exec_done_cb)(void *ud, const sbx_exec_result *res, const sbx_error *err);
+
+/* Starts the command. On failure returns -1 with err filled and no
+ * callback will fire. */
+int sbx_exec_start(uv_loop_t *loop, sbx_sandbox *sb, const sbx_exec_opts *o, sbx_exec_chunk_cb on_chunk,
+                   sbx_exec_done_cb on_done, void *ud, sbx_exec **out, sbx_error *err);
+/* Kills the command's tree; done fires later with cancelled = true. */
+void sbx_exec_cancel(sbx_exec *x);
+/* Kills every exec of a sandbox (before it is destroyed). */
+void sbx_exec_cancel_sandbox(sbx_sandbox *sb);

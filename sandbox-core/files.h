@@ -1,0 +1,39 @@
+/* The files API: paths as the sandbox sees them, resolved from the
+ * sandbox's root fd with openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS),
+ * regular files only, created owned by sandbox root. */
+#pragma once
+#include "sandbox.h"
+
+#define SBX_MAX_READ (32 * 1024 * 1024)
+#define SBX_MAX_WRITE (32 * 1024 * 1024)
+#define SBX_MAX_LIST 10000
+
+/* Absolute form of a path (relative → under /workspace); -1 + err when
+ * empty or too long. */
+int sbx_fs_abspath(const char *path, char out[4096], sbx_error *err);
+
+int sbx_fs_check_dir(sbx_sandbox *sb, const char *path, sbx_error *err);
+/* Creates (or truncates) a regular file, making parents; returns its fd. */
+int sbx_fs_create(sbx_sandbox *sb, const char *path, mode_t mode, sbx_error *err);
+int sbx_fs_write(sbx_sandbox *sb, const char *path, const void *data, size_t len, sbx_error *err);
+/* *data is malloc'd (NUL-terminated for convenience). */
+int sbx_fs_read(sbx_sandbox *sb, const char *path, size_t max, char **data, size_t *len, sbx_error *err);
+int sbx_fs_mkdir(sbx_sandbox *sb, const char *path, bool recursive, sbx_error *err);
+int sbx_fs_delete(sbx_sandbox *sb, const char *path, bool recursive, sbx_error *err);
+/* into_dir: when `to` is an existing directory, move `from` inside it. */
+int sbx_fs_rename(sbx_sandbox *sb, const char *from, const char *to, bool into_dir, sbx_error *err);
+int sbx_fs_exists(sbx_sandbox *sb, const char *path, bool *exists, sbx_error *err);
+
+typedef struct sbx_fs_entry {
+  const char *name, *path, *type; /* "file" "directory" "symlink" "other" */
+  uint64_t size;
+  int64_t mtime_ms;
+  mode_t mode;
+} sbx_fs_entry;
+typedef void (*sbx_fs_list_cb)(void *ud, const sbx_fs_entry *e);
+/* Returns the number of entries, or -1; *truncated when SBX_MAX_LIST cut. */
+int sbx_fs_list(sbx_sandbox *sb, const char *path, bool recursive, bool hidden, sbx_fs_list_cb cb, void *ud,
+                bool *truncated, sbx_error *err);
+
+/* mimeType from a file name's extension. */
+const char *sbx_fs_mime(const char *path);

@@ -1,0 +1,360 @@
+#define _GNU_SOURCE
+#include "rootfs.h"
+#include "util.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <glob.h>
+#include <net/if.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+
+/* ---- the /etc allowlist ------------------------------------------------ */
+
+/* What of the host's /etc a sandbox sees. Never shadow, gshadow, ssh host
+ * keys, ssl/private or credentials: an idmapped /etc would hand them to
+ * sandbox root. */
+static const char *const etc_allow[] = {
+    "passwd", "group", "nsswitch.conf", "ld.so.conf", "ld.so.conf.d", "ld.so.cache",
+    "ssl", "ca-certificates", "ca-certificates.conf", "alternatives", "apt", "dpkg",
+    "profile", "profile.d", "bash.bashrc", "environment", "localtime", "timezone",
+    "os-release", "debian_version", "issue", "mime.types", "services", "protocols",
+    "host.conf", "gai.conf", "inputrc", "skel", "shells", "login.defs", "python3",
+    "python3.11", "mailcap", "magic", "magic.mime", "networks", "ethertypes",
+    "xattr.conf", "gitconfig", "vim", "fonts", "locale.alias", "locale.gen",
+    "debconf.conf", "deluser.conf", "adduser.conf", "mke2fs.conf", "ucf.conf",
+    "libaudit.conf", "pam.conf", "pam.d", "security", "default", "selinux",
+};
+static const char *const etc_deny[] = {
+    "ssl/private", "apt/auth.conf", "apt/auth.conf.d", "security/opasswd",
+};
+
+static bool denied(const char *rel) {
+  for (size_t i = 0; i < SBX_ARRAY_SIZE(etc_deny); i++)
+    if (!strcmp(rel, etc_deny[i])) return true;
+  return false;
+}
+
+/* Copies src (relative name rel under /etc) into dst, recursively, without
+ * following symlinks and keeping only files, dirs and symlinks. */
+static int copy_tree(int sdir, int ddir, const char *name, const char *rel, int depth) {
+  if (depth > 12 || denied(rel)) return 0;
+  struct stat st;
+  if (fstatat(sdir, name, &st, AT_SYMLINK_NOFOLLOW) < 0) return errno == ENOENT ? 0 : -errno;
+  if (S_ISLNK(st.st_mode)) {
+    char target[4096];
+    ssize_t n = readlinkat(sdir, name, target, sizeof target - 1);
+    if (n < 0) return -errno;
+    target[n] = 0;
+    if (symlinkat(target, ddir, name) < 0 && errno != EEXIST) return -errno;
+    return 0;
+  }
+  if (S_ISREG(st.st_mode)) {
+    if (!(st.st_mode & S_IROTH)) return 0; /* root-only files stay on the host */
+    _cleanup_close_ int in = openat(sdir, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (in < 0) return -errno;
+    _cleanup_close_ int out = openat(ddir, name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW,
+                                     st.st_mode & 07777);
+    if (out < 0) return -errno;
+    char buf[65536];
+    ssize_t n;
+    while ((n = read(in, buf, sizeof buf)) > 0)
+      if (sbx_write_all(out, buf, n) < 0) return -EIO;
+    fchmod(out, st.st_mode & 07777);
+    return 0;
+  }
+  if (!S_ISDIR(st.st_mode)) return 0;
+  if (!(st.st_mode & S_IXOTH)) return 0;
+  if (mkdirat(ddir, name, st.st_mode & 07777) < 0 && errno != EEXIST) return -errno;
+  _cleanup_close_ int s = openat(sdir, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+  _cleanup_close_ int d = openat(ddir, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+  if (s < 0 || d < 0) return -errno;
+  DIR *dir = fdopendir(dup(s));
+  if (!dir) return -errno;
+  struct dirent *e;
+  int r = 0;
+  while ((e = readdir(dir)) && r == 0) {
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+    char sub[4096];
+    snprintf(sub, sizeof sub, "%s/%s", rel, e->d_name);
+    r = copy_tree(s, d, e->d_name, sub, depth + 1);
+  }
+  closedir(dir);
+  return r;
+}
+
+int sbx_rootfs_build_etc(const char *dir) {
+  int r = sbx_mkdir_p(dir, 0755);
+  if (r < 0) return r;
+  _cleanup_close_ int s = open("/etc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  _cleanup_close_ int d = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (s < 0 || d < 0) return -errno;
+  for (size_t i = 0; i < SBX_ARRAY_SIZE(etc_allow); i++)
+    if ((r = copy_tree(s, d, etc_allow[i], etc_allow[i], 0)) < 0) return r;
+  if (symlinkat("../proc/self/mounts", d, "mtab") < 0 && errno != EEXIST) return -errno;
+  return 0;
+}
+
+int sbx_rootfs_layers(const char *etc_template, sbx_layer out[SBX_LAYERS_MAX]) {
+  static const sbx_layer fixed[] = {
+      {"/usr", "usr"}, {"/opt", "opt"}, {"/var/lib/dpkg", "var/lib/dpkg"}, {"/var/lib/apt", "var/lib/apt"}};
+  int n = 0;
+  for (size_t i = 0; i < SBX_ARRAY_SIZE(fixed); i++) {
+    struct stat st;
+    if (stat(fixed[i].host, &st) == 0 && S_ISDIR(st.st_mode)) out[n++] = fixed[i];
+  }
+  out[n++] = (sbx_layer){etc_template, "etc"};
+  return n;
+}
+
+/* ---- inside the new namespaces ----------------------------------------- */
+
+#define STAGE "/tmp"           /* the sandbox's disk tmpfs, in its own mount ns */
+#define NEWROOT STAGE "/root"
+
+static void report(int sock, const char *fmt, ...) SBX_PRINTF(2, 3);
+static void report(int sock, const char *fmt, ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  (void)!send(sock, msg, strlen(msg), MSG_NOSIGNAL);
+}
+
+#define TRY(expr, what)                                                        \
+  do {                                                                         \
+    if ((expr) < 0) {                                                          \
+      report(a->sock, "%s: %s", what, strerror(errno));                        \
+      _exit(1);                                                                \
+    }                                                                          \
+  } while (0)
+
+static int bind_ro(const char *src, const char *dst) {
+  if (mount(src, dst, NULL, MS_BIND | MS_REC, NULL) < 0) return -1;
+  struct statvfs sv;
+  unsigned long keep = 0;
+  if (statvfs(dst, &sv) == 0) { /* remount must keep the locked flags */
+    if (sv.f_flag & ST_NOSUID) keep |= MS_NOSUID;
+    if (sv.f_flag & ST_NODEV) keep |= MS_NODEV;
+    if (sv.f_flag & ST_NOEXEC) keep |= MS_NOEXEC;
+    if (sv.f_flag & ST_NOATIME) keep |= MS_NOATIME;
+    if (sv.f_flag & ST_RELATIME) keep |= MS_RELATIME;
+  }
+  return mount(NULL, dst, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | keep, NULL);
+}
+
+static int touch(const char *path, mode_t mode) {
+  int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, mode);
+  if (fd < 0) return -1;
+  close(fd);
+  return 0;
+}
+
+/* Receives up to max fds sent with the daemon's "go". */
+static int recv_go(int sock, int *fds, int max) {
+  char byte;
+  struct iovec iov = {&byte, 1};
+  union {
+    struct cmsghdr h;
+    char buf[CMSG_SPACE(sizeof(int) * SBX_LAYERS_MAX)];
+  } u;
+  struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
+  ssize_t n = recvmsg(sock, &m, MSG_CMSG_CLOEXEC);
+  if (n != 1) return -1;
+  int count = 0;
+  for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c))
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      int k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (int i = 0; i < k && count < max; i++) memcpy(&fds[count++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+    }
+  return byte == 'g' ? count : -1;
+}
+
+static const char *const dev_nodes[] = {"null", "zero", "full", "random", "urandom", "tty"};
+/* Kernel files that tell about or act on the host: masked as in the
+ * container default. */
+static const char *const proc_masked_files[] = {"kcore", "keys", "timer_list", "sched_debug",
+                                                "latency_stats", "sysrq-trigger", "kallsyms",
+                                                "kmsg", "config.gz", "vmallocinfo", "pagetypeinfo"};
+static const char *const proc_masked_dirs[] = {"acpi", "scsi", "asound", "firmware", "driver"};
+static const char *const proc_ro[] = {"sys", "irq", "bus", "fs"};
+
+_Noreturn void sbx_rootfs_init_main(const sbx_init_args *a) {
+  char path[4096], opts[8192];
+  pid_t parent = getppid();
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  int fds[SBX_LAYERS_MAX];
+  int nfds = recv_go(a->sock, fds, SBX_LAYERS_MAX);
+  if (nfds < 0) _exit(1);
+  TRY(setresgid(0, 0, 0), "setresgid");
+  TRY(setresuid(0, 0, 0), "setresuid");
+  /* a change of credentials clears the parent-death signal: set it again */
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(1);
+  TRY(unshare(CLONE_NEWCGROUP), "cgroup namespace");
+  TRY(mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL), "making mounts private");
+
+  snprintf(opts, sizeof opts, "size=%llum,mode=0755", (unsigned long long)a->disk_mb);
+  TRY(mount("sbx", STAGE, "tmpfs", MS_NOSUID | MS_NODEV, opts), "mounting the sandbox disk");
+  TRY(mkdir(NEWROOT, 0755), "mkdir root");
+  TRY(mkdir(STAGE "/upper", 0755), "mkdir upper");
+  TRY(mkdir(STAGE "/work", 0755), "mkdir work");
+  TRY(mkdir(STAGE "/lower", 0755), "mkdir lower");
+  TRY(mount(NEWROOT, NEWROOT, NULL, MS_BIND, NULL), "binding the new root");
+
+  static const struct {
+    const char *path;
+    mode_t mode;
+  } dirs[] = {{"usr", 0755}, {"etc", 0755},  {"var", 0755},       {"var/lib", 0755}, {"var/lib/dpkg", 0755},
+              {"var/lib/apt", 0755}, {"var/tmp", 01777}, {"var/cache", 0755}, {"var/log", 0755},
+              {"opt", 0755}, {"tmp", 01777}, {"root", 0700}, {"home", 0755}, {"run", 0755},
+              {"proc", 0555}, {"sys", 0555}, {"dev", 0755}, {"workspace", 0755}, {"mnt", 0755},
+              {".oldroot", 0700}};
+  for (size_t i = 0; i < SBX_ARRAY_SIZE(dirs); i++) {
+    snprintf(path, sizeof path, NEWROOT "/%s", dirs[i].path);
+    TRY(mkdir(path, dirs[i].mode), path);
+    chmod(path, dirs[i].mode); /* umask */
+  }
+  /* the host's merged-usr symlinks */
+  static const char *const links[] = {"bin", "sbin", "lib", "lib32", "lib64", "libx32"};
+  for (size_t i = 0; i < SBX_ARRAY_SIZE(links); i++) {
+    char target[256], host[64];
+    snprintf(host, sizeof host, "/%s", links[i]);
+    ssize_t n = readlink(host, target, sizeof target - 1);
+    if (n <= 0) continue;
+    target[n] = 0;
+    snprintf(path, sizeof path, NEWROOT "/%s", links[i]);
+    TRY(symlink(target, path), "symlink");
+  }
+
+  sbx_layer layers[SBX_LAYERS_MAX];
+  int nl = sbx_rootfs_layers(a->etc_template, layers);
+  if (a->idmapped && nfds != nl) {
+    report(a->sock, "expected %d layer fds, got %d", nl, nfds);
+    _exit(1);
+  }
+  for (int i = 0; i < nl; i++) {
+    char target[512];
+    snprintf(target, sizeof target, NEWROOT "/%s", layers[i].target);
+    bool writable = a->idmapped || !strcmp(layers[i].target, "etc");
+    if (!writable) { /* rootless: the host's system dirs stay read-only */
+      TRY(bind_ro(layers[i].host, target), layers[i].host);
+      continue;
+    }
+    char lower[512], upper[512], work[512];
+    snprintf(lower, sizeof lower, STAGE "/lower/%d", i);
+    snprintf(upper, sizeof upper, STAGE "/upper/%d", i);
+    snprintf(work, sizeof work, STAGE "/work/%d", i);
+    TRY(mkdir(upper, 0755), "mkdir upper");
+    TRY(mkdir(work, 0755), "mkdir work");
+    if (a->idmapped) {
+      TRY(mkdir(lower, 0755), "mkdir lower");
+      TRY(move_mount(fds[i], "", AT_FDCWD, lower, MOVE_MOUNT_F_EMPTY_PATH), "attaching idmapped layer");
+      close(fds[i]);
+    } else {
+      snprintf(lower, sizeof lower, "%s", layers[i].host);
+    }
+    snprintf(opts, sizeof opts, "lowerdir=%s,upperdir=%s,workdir=%s,userxattr", lower, upper, work);
+    TRY(mount("overlay", target, "overlay", MS_NOSUID | MS_NODEV, opts), target);
+  }
+
+  /* /dev */
+  TRY(mount("sbx-dev", NEWROOT "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=0755"), "mounting /dev");
+  for (size_t i = 0; i < SBX_ARRAY_SIZE(dev_nodes); i++) {
+    char host[64];
+    snprintf(host, sizeof host, "/dev/%s", dev_nodes[i]);
+    snprintf(path, sizeof path, NEWROOT "/dev/%s", dev_nodes[i]);
+    TRY(touch(path, 0666), path);
+    TRY(mount(host, path, NULL, MS_BIND, NULL), path);
+  }
+  TRY(mkdir(NEWROOT "/dev/pts", 0755), "mkdir /dev/pts");
+  TRY(mount("devpts", NEWROOT "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
+            a->idmapped ? "newinstance,ptmxmode=0666,mode=0620,gid=5" : "newinstance,ptmxmode=0666,mode=0620"),
+      "mounting devpts");
+  TRY(symlink("pts/ptmx", NEWROOT "/dev/ptmx"), "ptmx");
+  TRY(mkdir(NEWROOT "/dev/shm", 01777), "mkdir /dev/shm");
+  TRY(mount("shm", NEWROOT "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=256m,mode=1777"), "mounting /dev/shm");
+  symlink("/proc/self/fd", NEWROOT "/dev/fd");
+  symlink("/proc/self/fd/0", NEWROOT "/dev/stdin");
+  symlink("/proc/self/fd/1", NEWROOT "/dev/stdout");
+  symlink("/proc/self/fd/2", NEWROOT "/dev/stderr");
+
+  /* /proc: fresh, with the kernel's sensitive files masked */
+  TRY(mount("proc", NEWROOT "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL), "mounting /proc");
+  for (size_t i = 0; i < SBX_ARRAY_SIZE(proc_masked_files); i++) {
+    snprintf(path, sizeof path, NEWROOT "/proc/%s", proc_masked_files[i]);
+    if (access(path, F_OK) == 0) TRY(mount(NEWROOT "/dev/null", path, NULL, MS_BIND, NULL), path);
+  }
+  for (size_t i = 0; i < SBX_ARRAY_SIZE(proc_masked_dirs); i++) {
+    snprintf(path, sizeof path, NEWROOT "/proc/%s", proc_masked_dirs[i]);
+    if (access(path, F_OK) == 0) TRY(mount("masked", path, "tmpfs", MS_RDONLY, "size=0"), path);
+  }
+  for (size_t i = 0; i < SBX_ARRAY_SIZE(proc_ro); i++) {
+    snprintf(path, sizeof path, NEWROOT "/proc/%s", proc_ro[i]);
+    if (access(path, F_OK) == 0) TRY(bind_ro(path, path), path);
+  }
+  /* /sys: fresh and read-only (allowed because the sandbox owns its netns) */
+  if (mount("sysfs", NEWROOT "/sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+    TRY(mount("sys", NEWROOT "/sys", "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=0"), "/sys");
+
+  /* identity files and pip's marker */
+  snprintf(path, sizeof path, "%s\n", a->id);
+  TRY(sbx_write_string_create(NEWROOT "/etc/hostname", path), "/etc/hostname");
+  snprintf(opts, sizeof opts, "127.0.0.1\tlocalhost\n127.0.1.1\t%s\n::1\tlocalhost ip6-localhost ip6-loopback\n", a->id);
+  TRY(sbx_write_string_create(NEWROOT "/etc/hosts", opts), "/etc/hosts");
+  unlink(NEWROOT "/etc/resolv.conf");
+  if (a->idmapped) {
+    glob_t g;
+    if (glob(NEWROOT "/usr/lib/python3*/EXTERNALLY-MANAGED", 0, NULL, &g) == 0) {
+      for (size_t i = 0; i < g.gl_pathc; i++) unlink(g.gl_pathv[i]);
+      globfree(&g);
+    }
+  }
+
+  TRY(chdir(NEWROOT), "chdir new root");
+  TRY(syscall(SYS_pivot_root, ".", ".oldroot"), "pivot_root");
+  TRY(chdir("/"), "chdir /");
+  TRY(umount2("/.oldroot", MNT_DETACH), "detaching the host root");
+  rmdir("/.oldroot");
+  TRY(sethostname(a->id, strlen(a->id)), "sethostname");
+  TRY(setdomainname("sbx", 3), "setdomainname");
+
+  /* loopback up: the only interface of network "none" */
+  int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  struct ifreq ifr = {0};
+  strcpy(ifr.ifr_name, "lo");
+  TRY(s, "socket");
+  TRY(ioctl(s, SIOCGIFFLAGS, &ifr), "SIOCGIFFLAGS lo");
+  ifr.ifr_flags |= IFF_UP | IFF_RUNNING;
+  TRY(ioctl(s, SIOCSIFFLAGS, &ifr), "bringing lo up");
+  close(s);
+
+  /* become init: not dumpable (so not ptraceable from inside), reaping
+   * whatever is orphaned in the sandbox */
+  prctl(PR_SET_DUMPABLE, 0);
+  prctl(PR_SET_NAME, "sbx-init");
+  sigset_t set;
+  sigfillset(&set);
+  sigprocmask(SIG_BLOCK, &set, NULL);
+  report(a->sock, "ok");
+  int sock = a->sock;
+  if (sock > 0) close_range(0, sock - 1, 0);
+  close_range(sock + 1, ~0U, 0);
+  open("/dev/null", O_RDWR); /* fd 0: nothing of the daemon */
+  for (;;) {
+    siginfo_t si;
+    int sig = sigwaitinfo(&set, &si);
+    if (sig == SIGCHLD)
+      while (waitpid(-1, NULL, WNOHANG) > 0) {
+      }
+  }
+}

@@ -1,0 +1,600 @@
+#define _GNU_SOURCE
+#include "sandbox.h"
+#include "rootfs.h"
+#include "seccomp.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <linux/capability.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#define UID_RANGE 65536
+#define UID_POOL_BASE 0x40000000u /* far above any host user's uid */
+
+static struct {
+  sbx_engine_config cfg;
+  char *etc_template;
+  sbx_sandbox *list;
+  int count;
+  unsigned char slots[SBX_MAX_SANDBOXES];
+  int cap_last;
+} eng;
+
+/* ---- environments ------------------------------------------------------ */
+
+static size_t key_len(const char *kv) {
+  const char *eq = strchr(kv, '=');
+  return eq ? (size_t)(eq - kv) : strlen(kv);
+}
+
+int sbx_env_set(sbx_env *e, const char *key, const char *value) {
+  size_t kl = strlen(key);
+  char *kv = sbx_strdup_printf("%s=%s", key, value);
+  if (!kv) return -ENOMEM;
+  for (size_t i = 0; i < e->n; i++)
+    if (key_len(e->v[i]) == kl && !strncmp(e->v[i], key, kl)) {
+      free(e->v[i]);
+      e->v[i] = kv;
+      return 0;
+    }
+  if (e->n >= SBX_MAX_ENV) {
+    free(kv);
+    return -E2BIG;
+  }
+  char **nv = realloc(e->v, (e->n + 2) * sizeof *nv);
+  if (!nv) {
+    free(kv);
+    return -ENOMEM;
+  }
+  e->v = nv;
+  e->v[e->n++] = kv;
+  e->v[e->n] = NULL;
+  return 0;
+}
+
+const char *sbx_env_get(const sbx_env *e, const char *key) {
+  size_t kl = strlen(key);
+  for (size_t i = 0; i < e->n; i++)
+    if (key_len(e->v[i]) == kl && !strncmp(e->v[i], key, kl)) return e->v[i] + kl + 1;
+  return NULL;
+}
+
+void sbx_env_unset(sbx_env *e, const char *key) {
+  size_t kl = strlen(key);
+  for (size_t i = 0; i < e->n; i++)
+    if (key_len(e->v[i]) == kl && !strncmp(e->v[i], key, kl)) {
+      free(e->v[i]);
+      memmove(&e->v[i], &e->v[i + 1], (e->n - i) * sizeof *e->v);
+      e->n--;
+      return;
+    }
+}
+
+void sbx_env_clear(sbx_env *e) {
+  for (size_t i = 0; i < e->n; i++) free(e->v[i]);
+  free(e->v);
+  *e = (sbx_env){0};
+}
+
+int sbx_env_copy(sbx_env *dst, const sbx_env *src) {
+  for (size_t i = 0; i < src->n; i++) {
+    size_t kl = key_len(src->v[i]);
+    char key[256];
+    if (kl >= sizeof key) continue;
+    memcpy(key, src->v[i], kl);
+    key[kl] = 0;
+    int r = sbx_env_set(dst, key, src->v[i][kl] ? src->v[i] + kl + 1 : "");
+    if (r < 0) return r;
+  }
+  return 0;
+}
+
+/* `export -p` prints lines `export NAME='value'` where a quote inside the
+ * value is written '\'' and values may span lines; `export NAME` has none. */
+int sbx_env_parse_export(sbx_env *e, const char *t, size_t len) {
+  size_t i = 0;
+  while (i < len) {
+    while (i < len && (t[i] == '\n' || t[i] == ' ')) i++;
+    static const char kw[] = "export ";
+    if (i + sizeof kw - 1 > len || strncmp(t + i, kw, sizeof kw - 1)) {
+      while (i < len && t[i] != '\n') i++; /* not ours: skip the line */
+      continue;
+    }
+    i += sizeof kw - 1;
+    size_t ks = i;
+    while (i < len && t[i] != '=' && t[i] != '\n') i++;
+    char key[256];
+    size_t kl = i - ks;
+    if (kl == 0 || kl >= sizeof key) continue;
+    memcpy(key, t + ks, kl);
+    key[kl] = 0;
+    if (i >= len || t[i] != '=') continue; /* exported without a value */
+    i++;
+    sbx_buf val = {0};
+    while (i < len && t[i] != '\n') {
+      if (t[i] == '\'') {
+        size_t q = ++i;
+        while (i < len && t[i] != '\'') i++;
+        sbx_buf_append(&val, t + q, i - q);
+        if (i < len) i++;
+      } else if (t[i] == '"') { /* dash writes a quote as '"'"' */
+        i++;
+        while (i < len && t[i] != '"') {
+          if (t[i] == '\\' && i + 1 < len && strchr("\\\"$`", t[i + 1])) i++;
+          sbx_buf_append(&val, t + i, 1);
+          i++;
+        }
+        if (i < len) i++;
+      } else if (t[i] == '\\' && i + 1 < len) {
+        sbx_buf_append(&val, t + i + 1, 1);
+        i += 2;
+      } else {
+        sbx_buf_append(&val, t + i, 1);
+        i++;
+      }
+    }
+    if (strcmp(key, "_") != 0) {
+      int r = sbx_env_set(e, key, val.data ? val.data : "");
+      sbx_buf_free(&val);
+      if (r < 0) return r;
+    } else {
+      sbx_buf_free(&val);
+    }
+  }
+  return 0;
+}
+
+/* ---- engine ------------------------------------------------------------ */
+
+const sbx_engine_config *sbx_engine_cfg(void) { return &eng.cfg; }
+
+int sbx_engine_init(const sbx_engine_config *cfg, sbx_error *err) {
+  eng.cfg.state_dir = strdup(cfg->state_dir);
+  eng.cfg.runtime_dir = strdup(cfg->runtime_dir);
+  eng.cfg.rootless = cfg->rootless;
+  int r = sbx_seccomp_compile();
+  if (r < 0) return sbx_err_errno(err, "INTERNAL", -r, "compiling the seccomp policy");
+  if (!cfg->rootless) {
+    r = sbx_cg_init();
+    if (r < 0) return sbx_err_errno(err, "INTERNAL", -r, "setting up cgroups");
+  } else {
+    sbx_cg_init(); /* a delegated cgroup may still work; limits say if not */
+  }
+  _cleanup_fclose_ FILE *f = fopen("/proc/sys/kernel/cap_last_cap", "re");
+  if (!f || fscanf(f, "%d", &eng.cap_last) != 1) eng.cap_last = CAP_LAST_CAP;
+  eng.etc_template = sbx_strdup_printf("%s/rootfs/etc-%d", cfg->state_dir, getpid());
+  r = sbx_rootfs_build_etc(eng.etc_template);
+  if (r < 0) return sbx_err_errno(err, "INTERNAL", -r, "building the /etc template in %s", eng.etc_template);
+  return 0;
+}
+
+static int rm_rf_at(int dfd, const char *name, int depth) {
+  if (depth > 32) return -ELOOP;
+  if (unlinkat(dfd, name, 0) == 0 || errno == ENOENT) return 0;
+  if (errno != EISDIR && errno != EPERM) return -errno;
+  int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return -errno;
+  DIR *d = fdopendir(fd);
+  if (!d) {
+    close(fd);
+    return -errno;
+  }
+  struct dirent *e;
+  while ((e = readdir(d)))
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) rm_rf_at(dirfd(d), e->d_name, depth + 1);
+  closedir(d);
+  return unlinkat(dfd, name, AT_REMOVEDIR) < 0 ? -errno : 0;
+}
+
+void sbx_engine_shutdown(void) {
+  while (eng.list) sbx_sandbox_destroy(eng.list->id, NULL);
+  sbx_cg_shutdown();
+  if (eng.etc_template) rm_rf_at(AT_FDCWD, eng.etc_template, 0);
+}
+
+/* ---- sandboxes --------------------------------------------------------- */
+
+void sbx_sandbox_default_opts(sbx_sandbox_opts *o) {
+  *o = (sbx_sandbox_opts){
+      .limits = {.memory_mb = 2048, .cpus = 1, .pids = 1024, .disk_mb = 8192},
+      .sleep_after_ms = 10 * 60 * 1000,
+  };
+}
+
+sbx_sandbox *sbx_sandbox_find(const char *id) {
+  for (sbx_sandbox *s = eng.list; s; s = s->next)
+    if (!strcmp(s->id, id)) return s;
+  return NULL;
+}
+
+sbx_sandbox *sbx_sandbox_list(void) { return eng.list; }
+
+static uint64_t wall_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void sbx_sandbox_touch(sbx_sandbox *sb) { sb->last_activity_wall_ms = wall_ms(); }
+
+bool sbx_sandbox_alive(sbx_sandbox *sb) {
+  struct pollfd p = {.fd = sb->init_pidfd, .events = POLLIN};
+  return sb->init_pidfd >= 0 && poll(&p, 1, 0) == 0;
+}
+
+static int write_maps(pid_t pid, uid_t base, bool rootless) {
+  char path[64], map[64];
+  int r;
+  if (rootless) {
+    snprintf(path, sizeof path, "/proc/%d/setgroups", pid);
+    if ((r = sbx_write_string(path, "deny")) < 0) return r;
+    snprintf(map, sizeof map, "0 %u 1\n", (unsigned)getuid());
+  } else {
+    snprintf(map, sizeof map, "0 %u %u\n", (unsigned)base, UID_RANGE);
+  }
+  snprintf(path, sizeof path, "/proc/%d/uid_map", pid);
+  if ((r = sbx_write_string(path, map)) < 0) return r;
+  if (rootless) snprintf(map, sizeof map, "0 %u 1\n", (unsigned)getgid());
+  snprintf(path, sizeof path, "/proc/%d/gid_map", pid);
+  return sbx_write_string(path, map);
+}
+
+/* Root mode: the lower layers as mounts idmapped to the sandbox's user
+ * namespace, so sandbox root owns them and overlay copy-up works. */
+static int idmapped_layers(pid_t pid, int *fds, int *n, sbx_error *err) {
+  sbx_layer layers[SBX_LAYERS_MAX];
+  int nl = sbx_rootfs_layers(eng.etc_template, layers);
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/ns/user", pid);
+  _cleanup_close_ int userns = open(path, O_RDONLY | O_CLOEXEC);
+  if (userns < 0) return sbx_err_errno(err, "INTERNAL", errno, "opening %s", path);
+  *n = 0;
+  for (int i = 0; i < nl; i++) {
+    int fd = open_tree(AT_FDCWD, layers[i].host, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
+    if (fd < 0) return sbx_err_errno(err, "INTERNAL", errno, "cloning %s", layers[i].host);
+    struct mount_attr attr = {.attr_set = MOUNT_ATTR_IDMAP, .userns_fd = userns};
+    if (mount_setattr(fd, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr, sizeof attr) < 0) {
+      int e = errno;
+      close(fd);
+      return sbx_err_errno(err, "INTERNAL", e, "idmapping %s", layers[i].host);
+    }
+    fds[(*n)++] = fd;
+  }
+  return 0;
+}
+
+static int send_go(int sock, const int *fds, int n) {
+  char byte = 'g';
+  struct iovec iov = {&byte, 1};
+  union {
+    struct cmsghdr h;
+    char buf[CMSG_SPACE(sizeof(int) * SBX_LAYERS_MAX)];
+  } u;
+  struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+  if (n > 0) {
+    m.msg_control = u.buf;
+    m.msg_controllen = CMSG_SPACE(sizeof(int) * n);
+    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * n);
+    memcpy(CMSG_DATA(c), fds, sizeof(int) * n);
+  }
+  return sendmsg(sock, &m, MSG_NOSIGNAL) == 1 ? 0 : -errno;
+}
+
+static void sandbox_free(sbx_sandbox *sb) {
+  if (sb->rootfd >= 0) close(sb->rootfd);
+  if (sb->init_pidfd >= 0) close(sb->init_pidfd);
+  sbx_cg_free(&sb->cg);
+  sbx_env_clear(&sb->opts.env);
+  while (sb->sessions) {
+    sbx_session *s = sb->sessions;
+    sb->sessions = s->next;
+    free(s->cwd);
+    sbx_env_clear(&s->env);
+    free(s);
+  }
+  free(sb);
+}
+
+static void kill_and_reap(sbx_sandbox *sb) {
+  if (sb->init_pidfd < 0) return;
+  sbx_pidfd_send_signal(sb->init_pidfd, SIGKILL);
+  siginfo_t si;
+  /* init dies only after every process of its pid namespace is gone */
+  while (waitid(P_PIDFD, sb->init_pidfd, &si, WEXITED) < 0 && errno == EINTR) {
+  }
+}
+
+int sbx_sandbox_create(const char *id, const sbx_sandbox_opts *opts, sbx_sandbox **out, bool *created,
+                       sbx_error *err) {
+  if (!sbx_valid_id(id)) return sbx_err(err, "VALIDATION_FAILED", "sandboxId must be 1-63 of [a-z0-9-], got '%s'", id);
+  sbx_sandbox *sb = sbx_sandbox_find(id);
+  if (created) *created = false;
+  if (sb) {
+    sbx_sandbox_touch(sb);
+    *out = sb;
+    return 0;
+  }
+  if (eng.count >= SBX_MAX_SANDBOXES)
+    return sbx_err(err, "RESOURCE_LIMIT", "at most %d sandboxes may exist at once", SBX_MAX_SANDBOXES);
+  int slot = 0;
+  while (slot < SBX_MAX_SANDBOXES && eng.slots[slot]) slot++;
+
+  sb = calloc(1, sizeof *sb);
+  if (!sb) return sbx_err(err, "INTERNAL", "out of memory");
+  snprintf(sb->id, sizeof sb->id, "%s", id);
+  sb->slot = slot;
+  sb->init_pidfd = sb->rootfd = -1;
+  sb->opts = *opts;
+  sb->opts.env = (sbx_env){0};
+  sbx_env_copy(&sb->opts.env, &opts->env);
+  sb->uid_base = eng.cfg.rootless ? getuid() : UID_POOL_BASE + (uid_t)slot * UID_RANGE;
+
+  if (sbx_cg_available()) {
+    int r = sbx_cg_create(NULL, id, &sb->cg);
+    if (r == 0) r = sbx_cg_apply(&sb->cg, &opts->limits);
+    if (r < 0 && (opts->limits_explicit || !eng.cfg.rootless)) {
+      sbx_cg_remove(&sb->cg);
+      sandbox_free(sb);
+      return sbx_err_errno(err, "RESOURCE_LIMIT", -r, "applying limits to sandbox '%s'", id);
+    }
+    if (r < 0) sbx_cg_free(&sb->cg);
+  } else if (opts->limits_explicit) {
+    sandbox_free(sb);
+    return sbx_err(err, "RESOURCE_LIMIT",
+                   "limits cannot be enforced: this daemon has no cgroup it may write (see `sbx doctor`)");
+  }
+
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) {
+    sbx_cg_remove(&sb->cg);
+    sandbox_free(sb);
+    return sbx_err_errno(err, "INTERNAL", errno, "socketpair");
+  }
+  sbx_init_args args = {.sock = sv[1], .id = sb->id, .idmapped = !eng.cfg.rootless,
+                        .disk_mb = opts->limits.disk_mb ? opts->limits.disk_mb : 8192,
+                        .etc_template = eng.etc_template};
+  int pidfd = -1;
+  pid_t pid = (pid_t)syscall(SYS_clone,
+                             CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWUTS |
+                                 CLONE_NEWIPC | CLONE_PIDFD | SIGCHLD,
+                             NULL, &pidfd, NULL, 0);
+  if (pid == 0) {
+    close(sv[0]);
+    sbx_rootfs_init_main(&args);
+  }
+  close(sv[1]);
+  if (pid < 0) {
+    int e = errno;
+    close(sv[0]);
+    sbx_cg_remove(&sb->cg);
+    sandbox_free(sb);
+    return sbx_err_errno(err, "INTERNAL", e, "creating the namespaces of sandbox '%s'", id);
+  }
+  sb->init_pid = pid;
+  sb->init_pidfd = pidfd;
+  int fds[SBX_LAYERS_MAX], nfds = 0, r = 0;
+  char reply[512] = "";
+  if ((r = write_maps(pid, sb->uid_base, eng.cfg.rootless)) < 0) {
+    sbx_err_errno(err, "INTERNAL", -r, "writing the uid map of sandbox '%s'", id);
+    goto fail;
+  }
+  if (sb->cg.n && (r = sbx_cg_add_pid(&sb->cg, pid)) < 0) {
+    sbx_err_errno(err, "INTERNAL", -r, "moving sandbox '%s' into its cgroup", id);
+    goto fail;
+  }
+  if (!eng.cfg.rootless && idmapped_layers(pid, fds, &nfds, err) < 0) goto fail;
+  r = send_go(sv[0], fds, nfds);
+  for (int i = 0; i < nfds; i++) close(fds[i]);
+  if (r < 0) {
+    sbx_err_errno(err, "INTERNAL", -r, "starting sandbox '%s'", id);
+    goto fail;
+  }
+  struct pollfd p = {.fd = sv[0], .events = POLLIN};
+  int pr = poll(&p, 1, 15000);
+  ssize_t n = pr > 0 ? recv(sv[0], reply, sizeof reply - 1, 0) : -1;
+  if (n > 0) reply[n] = 0;
+  if (n <= 0 || strcmp(reply, "ok")) {
+    sbx_err(err, "INTERNAL", "setting up sandbox '%s': %s", id,
+            n > 0 ? reply : pr == 0 ? "timed out" : "its init died");
+    goto fail;
+  }
+  close(sv[0]);
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/root", pid);
+  sb->rootfd = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (sb->rootfd < 0) {
+    sbx_err_errno(err, "INTERNAL", errno, "opening the root of sandbox '%s'", id);
+    sv[0] = -1;
+    goto fail;
+  }
+  sbx_session *def;
+  sbx_session_create(sb, "default", "/workspace", &sb->opts.env, &def, NULL);
+  sb->created_wall_ms = sb->last_activity_wall_ms = wall_ms();
+  eng.slots[slot] = 1;
+  eng.count++;
+  sb->next = eng.list;
+  eng.list = sb;
+  *out = sb;
+  if (created) *created = true;
+  return 0;
+fail:
+  if (sv[0] >= 0) close(sv[0]);
+  kill_and_reap(sb);
+  sbx_cg_remove(&sb->cg);
+  sandbox_free(sb);
+  return -1;
+}
+
+int sbx_sandbox_destroy(const char *id, sbx_error *err) {
+  sbx_sandbox **pp = &eng.list;
+  while (*pp && strcmp((*pp)->id, id)) pp = &(*pp)->next;
+  if (!*pp) return sbx_err(err, "SANDBOX_NOT_FOUND", "no sandbox '%s'", id);
+  sbx_sandbox *sb = *pp;
+  *pp = sb->next;
+  eng.count--;
+  eng.slots[sb->slot] = 0;
+  kill_and_reap(sb);
+  if (sb->cg.n) {
+    sbx_cg_kill(&sb->cg); /* supervisors' leftovers, if any */
+    sbx_cg_remove(&sb->cg);
+  }
+  sandbox_free(sb);
+  return 0;
+}
+
+/* ---- sessions ---------------------------------------------------------- */
+
+sbx_session *sbx_session_find(sbx_sandbox *sb, const char *id) {
+  for (sbx_session *s = sb->sessions; s; s = s->next)
+    if (!strcmp(s->id, id)) return s;
+  return NULL;
+}
+
+int sbx_session_create(sbx_sandbox *sb, const char *id, const char *cwd, const sbx_env *env, sbx_session **out,
+                       sbx_error *err) {
+  if (!sbx_valid_id(id)) return sbx_err(err, "VALIDATION_FAILED", "session id must be 1-63 of [a-z0-9-]");
+  if (sbx_session_find(sb, id)) return sbx_err(err, "VALIDATION_FAILED", "session '%s' exists", id);
+  int n = 0;
+  for (sbx_session *s = sb->sessions; s; s = s->next) n++;
+  if (n >= SBX_MAX_SESSIONS) return sbx_err(err, "RESOURCE_LIMIT", "at most %d sessions per sandbox", SBX_MAX_SESSIONS);
+  sbx_session *s = calloc(1, sizeof *s);
+  if (!s) return sbx_err(err, "INTERNAL", "out of memory");
+  snprintf(s->id, sizeof s->id, "%s", id);
+  s->cwd = strdup(cwd ? cwd : "/workspace");
+  sbx_env_set(&s->env, "PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
+  sbx_env_set(&s->env, "HOME", "/root");
+  sbx_env_set(&s->env, "LANG", "C.UTF-8");
+  sbx_env_set(&s->env, "TERM", "xterm-256color");
+  sbx_env_set(&s->env, "HOSTNAME", sb->id);
+  sbx_env_set(&s->env, "USER", "root");
+  sbx_env_copy(&s->env, &sb->opts.env);
+  if (env) sbx_env_copy(&s->env, env);
+  s->next = sb->sessions;
+  sb->sessions = s;
+  *out = s;
+  return 0;
+}
+
+int sbx_session_delete(sbx_sandbox *sb, const char *id, sbx_error *err) {
+  sbx_session **pp = &sb->sessions;
+  while (*pp && strcmp((*pp)->id, id)) pp = &(*pp)->next;
+  if (!*pp) return sbx_err(err, "SESSION_NOT_FOUND", "no session '%s' in sandbox '%s'", id, sb->id);
+  if ((*pp)->busy) return sbx_err(err, "VALIDATION_FAILED", "session '%s' has a command running", id);
+  sbx_session *s = *pp;
+  *pp = s->next;
+  free(s->cwd);
+  sbx_env_clear(&s->env);
+  free(s);
+  return 0;
+}
+
+/* ---- the one way in ---------------------------------------------------- */
+
+/* The container default capability set. */
+static const int default_caps[] = {CAP_CHOWN,   CAP_DAC_OVERRIDE, CAP_FOWNER,           CAP_FSETID,
+                                   CAP_KILL,    CAP_SETGID,       CAP_SETUID,           CAP_SETPCAP,
+                                   CAP_NET_BIND_SERVICE, CAP_NET_RAW, CAP_SYS_CHROOT,   CAP_MKNOD,
+                                   CAP_AUDIT_WRITE, CAP_SETFCAP};
+
+static volatile pid_t supervised;
+static void kill_supervised(int sig) {
+  (void)sig;
+  if (supervised > 0) kill(-supervised, SIGKILL);
+}
+
+static void child_fail(const char *what) {
+  char msg[256];
+  int n = snprintf(msg, sizeof msg, "sbx: %s: %s\n", what, strerror(errno));
+  (void)!write(2, msg, n);
+  _exit(127);
+}
+
+int sbx_spawn_exit_code(const siginfo_t *si) {
+  if (si->si_code == CLD_EXITED) return si->si_status;
+  return 128 + si->si_status;
+}
+
+pid_t sbx_sandbox_spawn(sbx_sandbox *sb, const sbx_spawn *sp, int *pidfd_out, sbx_error *err) {
+  int cgfds[SBX_CG_MAX] = {-1, -1, -1, -1}, ncg = 0;
+  if (sp->cg && sp->cg->n) {
+    ncg = sbx_cg_open_procs(sp->cg, cgfds);
+    if (ncg < 0) return sbx_err_errno(err, "INTERNAL", -ncg, "opening the command's cgroup");
+  }
+  uint64_t capmask = 0;
+  for (size_t i = 0; i < SBX_ARRAY_SIZE(default_caps); i++) capmask |= 1ull << default_caps[i];
+  int cap_last = eng.cap_last;
+  int pidfd = -1;
+  pid_t pid = (pid_t)syscall(SYS_clone, CLONE_PIDFD | SIGCHLD, NULL, &pidfd, NULL, 0);
+  if (pid < 0) {
+    int e = errno;
+    for (int i = 0; i < ncg; i++) close(cgfds[i]);
+    return sbx_err_errno(err, "INTERNAL", e, "fork");
+  }
+  if (pid == 0) {
+    /* the supervisor: the daemon's own child, outside the sandbox's pid
+     * namespace and cgroup, so its exit status cannot be forged */
+    sigset_t all;
+    sigemptyset(&all);
+    sigprocmask(SIG_SETMASK, &all, NULL);
+    for (int s = 1; s < NSIG; s++)
+      if (s != SIGKILL && s != SIGSTOP) signal(s, SIG_DFL);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    prctl(PR_SET_DUMPABLE, 0);
+    prctl(PR_SET_NAME, "sbx-exec");
+    if (setns(sb->init_pidfd, CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWUTS |
+                                  CLONE_NEWIPC | CLONE_NEWCGROUP) < 0)
+      child_fail("joining the sandbox");
+    pid_t g = fork();
+    if (g < 0) child_fail("fork");
+    if (g == 0) {
+      for (int i = 0; i < ncg; i++)
+        if (write(cgfds[i], "0", 1) != 1) child_fail("joining the command's cgroup");
+      setsid();
+      if (setgroups(0, NULL) < 0 && errno != EPERM) child_fail("setgroups");
+      if (setresgid(0, 0, 0) < 0) child_fail("setresgid");
+      if (setresuid(0, 0, 0) < 0) child_fail("setresuid");
+      if (chdir(sp->cwd ? sp->cwd : "/workspace") < 0 && chdir("/") < 0) child_fail("chdir");
+      for (int c = 0; c <= cap_last; c++)
+        if (!(capmask & (1ull << c)) && prctl(PR_CAPBSET_DROP, c, 0, 0, 0) < 0 && errno != EINVAL)
+          child_fail("dropping capabilities");
+      prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+      struct __user_cap_header_struct h = {_LINUX_CAPABILITY_VERSION_3, 0};
+      struct __user_cap_data_struct d[2] = {
+          {(uint32_t)capmask, (uint32_t)capmask, 0}, {(uint32_t)(capmask >> 32), (uint32_t)(capmask >> 32), 0}};
+      if (syscall(SYS_capset, &h, d) < 0) child_fail("capset");
+      if (sbx_seccomp_install() < 0) child_fail("seccomp");
+      /* move the given fds to 0..n-1 without clobbering each other */
+      int tmp[8];
+      for (int i = 0; i < sp->nfds && i < 8; i++) tmp[i] = fcntl(sp->fds[i], F_DUPFD_CLOEXEC, 64);
+      for (int i = 0; i < sp->nfds && i < 8; i++)
+        if (dup2(tmp[i], i) < 0) child_fail("dup2");
+      close_range(sp->nfds, ~0U, 0);
+      execve(sp->argv[0], sp->argv, sp->envp);
+      child_fail(sp->argv[0]);
+    }
+    supervised = g;
+    signal(SIGTERM, kill_supervised);
+    close_range(0, ~0U, 0);
+    siginfo_t si;
+    for (;;) {
+      if (waitid(P_PID, g, &si, WEXITED) == 0) break;
+      if (errno != EINTR) _exit(127);
+    }
+    _exit(sbx_spawn_exit_code(&si) & 0xff);
+  }
+  for (int i = 0; i < ncg; i++) close(cgfds[i]);
+  *pidfd_out = pidfd;
+  return pid;
+}

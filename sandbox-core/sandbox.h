@@ -1,0 +1,104 @@
+/* The sandbox engine's C API: sandboxes by id, their sessions, and the one
+ * way into them. The MCP layer calls only what is declared here and in
+ * exec.h / files.h. */
+#pragma once
+#include "cgroup.h"
+#include "util.h"
+
+#include <signal.h>
+#include <uv.h>
+
+#define SBX_MAX_SANDBOXES 256
+#define SBX_MAX_SESSIONS 64
+#define SBX_MAX_ENV 512
+
+/* A NULL-terminated "KEY=VALUE" vector. */
+typedef struct sbx_env {
+  char **v;
+  size_t n;
+} sbx_env;
+int sbx_env_set(sbx_env *e, const char *key, const char *value);
+const char *sbx_env_get(const sbx_env *e, const char *key);
+void sbx_env_unset(sbx_env *e, const char *key);
+void sbx_env_clear(sbx_env *e);
+int sbx_env_copy(sbx_env *dst, const sbx_env *src);
+/* Parses the output of POSIX `export -p` (as dash and bash print it). */
+int sbx_env_parse_export(sbx_env *e, const char *text, size_t len);
+
+typedef struct sbx_session {
+  char id[64];
+  char *cwd;
+  sbx_env env;
+  int busy; /* execs running in it */
+  struct sbx_session *next;
+} sbx_session;
+
+typedef struct sbx_sandbox_opts {
+  sbx_limits limits;
+  bool limits_explicit; /* the caller named limits: refuse when unenforceable */
+  int64_t sleep_after_ms;
+  bool keep_alive;
+  sbx_env env;
+} sbx_sandbox_opts;
+
+typedef struct sbx_sandbox {
+  char id[64];
+  pid_t init_pid;
+  int init_pidfd;
+  int rootfd; /* the sandbox's / (O_PATH), for the files API */
+  uid_t uid_base;
+  int slot;
+  sbx_cgroup cg;
+  sbx_sandbox_opts opts;
+  sbx_session *sessions;
+  uint64_t created_wall_ms, last_activity_wall_ms;
+  uint64_t exec_seq;
+  int running; /* execs in flight */
+  uint64_t oom_seen;
+  struct sbx_sandbox *next;
+} sbx_sandbox;
+
+typedef struct sbx_engine_config {
+  char *state_dir;
+  char *runtime_dir;
+  bool rootless; /* daemon not root: no idmapped mounts, no subordinate ranges */
+} sbx_engine_config;
+
+/* Prepares the engine: cgroups, seccomp, the /etc template. Call before the
+ * event loop starts (it forks cp). */
+int sbx_engine_init(const sbx_engine_config *cfg, sbx_error *err);
+void sbx_engine_shutdown(void);
+const sbx_engine_config *sbx_engine_cfg(void);
+
+void sbx_sandbox_default_opts(sbx_sandbox_opts *o);
+sbx_sandbox *sbx_sandbox_find(const char *id);
+sbx_sandbox *sbx_sandbox_list(void);
+/* Creates a sandbox; *created tells whether it was new (idempotent). */
+int sbx_sandbox_create(const char *id, const sbx_sandbox_opts *opts, sbx_sandbox **out, bool *created,
+                       sbx_error *err);
+int sbx_sandbox_destroy(const char *id, sbx_error *err);
+void sbx_sandbox_touch(sbx_sandbox *sb);
+/* True while the sandbox's init is alive. */
+bool sbx_sandbox_alive(sbx_sandbox *sb);
+
+sbx_session *sbx_session_find(sbx_sandbox *sb, const char *id);
+int sbx_session_create(sbx_sandbox *sb, const char *id, const char *cwd, const sbx_env *env,
+                       sbx_session **out, sbx_error *err);
+int sbx_session_delete(sbx_sandbox *sb, const char *id, sbx_error *err);
+
+/* The one way in. Runs argv inside the sandbox with the given fds as its
+ * 0..nfds-1, landing in cgroup `cg` (may be NULL), with capabilities
+ * dropped, no_new_privs, seccomp and a clean environment. Returns the pid
+ * of the daemon's own child that supervises the command and exits with its
+ * status (exit code, or 128+signal); *pidfd gets a pidfd for it. */
+typedef struct sbx_spawn {
+  char *const *argv;
+  char *const *envp;
+  const char *cwd; /* inside the sandbox */
+  const int *fds;
+  int nfds;
+  const sbx_cgroup *cg;
+} sbx_spawn;
+pid_t sbx_sandbox_spawn(sbx_sandbox *sb, const sbx_spawn *sp, int *pidfd, sbx_error *err);
+/* Decodes a waitid status of that child into the command's exit code. */
+int sbx_spawn_exit_code(const siginfo_t *si);

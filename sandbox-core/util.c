@@ -1,0 +1,380 @@
+#define _GNU_SOURCE
+#include "util.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+
+int sbx_err(sbx_error *err, const char *code, const char *fmt, ...) {
+  if (err) {
+    va_list ap;
+    va_start(ap, fmt);
+    err->code = code;
+    vsnprintf(err->message, sizeof err->message, fmt, ap);
+    va_end(ap);
+  }
+  return -1;
+}
+
+int sbx_err_errno(sbx_error *err, const char *code, int errnum, const char *fmt, ...) {
+  if (err) {
+    va_list ap;
+    va_start(ap, fmt);
+    err->code = code;
+    int n = vsnprintf(err->message, sizeof err->message, fmt, ap);
+    va_end(ap);
+    if (n >= 0 && (size_t)n < sizeof err->message)
+      snprintf(err->message + n, sizeof err->message - n, ": %s", strerror(errnum));
+  }
+  return -1;
+}
+
+const char *sbx_errno_code(int errnum) {
+  switch (errnum) {
+  case ENOENT: return "FILE_NOT_FOUND";
+  case EEXIST: return "FILE_EXISTS";
+  case EISDIR: return "IS_DIRECTORY";
+  case ENOTDIR: return "NOT_DIRECTORY";
+  case EACCES:
+  case EPERM:
+  case EROFS:
+  case EXDEV:
+  case ELOOP: return "PERMISSION_DENIED";
+  case EFBIG:
+  case ENOSPC:
+  case EDQUOT: return "RESOURCE_LIMIT";
+  case EINVAL:
+  case ENAMETOOLONG:
+  case ENOTEMPTY: return "VALIDATION_FAILED";
+  default: return "INTERNAL";
+  }
+}
+
+int sbx_buf_append(sbx_buf *b, const void *p, size_t n) {
+  if (n == 0) return 0;
+  if (b->len + n + 1 > b->cap) {
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < b->len + n + 1) cap *= 2;
+    char *d = realloc(b->data, cap);
+    if (!d) return -ENOMEM;
+    b->data = d;
+    b->cap = cap;
+  }
+  memcpy(b->data + b->len, p, n);
+  b->len += n;
+  b->data[b->len] = 0;
+  return 0;
+}
+
+void sbx_buf_free(sbx_buf *b) {
+  free(b->data);
+  *b = (sbx_buf){0};
+}
+
+void sbx_headtail_init(sbx_headtail *h, size_t limit) {
+  *h = (sbx_headtail){.limit = limit};
+  h->tail_cap = limit - limit / 2;
+}
+
+void sbx_headtail_add(sbx_headtail *h, const char *p, size_t n) {
+  h->total += n;
+  size_t head_room = h->limit / 2 > h->head.len ? h->limit / 2 - h->head.len : 0;
+  size_t take = n < head_room ? n : head_room;
+  if (take) {
+    sbx_buf_append(&h->head, p, take);
+    p += take;
+    n -= take;
+  }
+  if (!n || !h->tail_cap) return;
+  if (!h->tail) {
+    h->tail = malloc(h->tail_cap);
+    if (!h->tail) return;
+  }
+  if (n >= h->tail_cap) { /* only the last tail_cap bytes matter */
+    p += n - h->tail_cap;
+    n = h->tail_cap;
+  }
+  for (size_t i = 0; i < n; i++) {
+    h->tail[h->tail_pos] = p[i];
+    h->tail_pos = (h->tail_pos + 1) % h->tail_cap;
+  }
+  h->tail_len = h->tail_len + n > h->tail_cap ? h->tail_cap : h->tail_len + n;
+}
+
+bool sbx_headtail_truncated(const sbx_headtail *h) {
+  return h->total > h->head.len + h->tail_len;
+}
+
+char *sbx_headtail_render(const sbx_headtail *h, size_t *len_out) {
+  sbx_buf out = {0};
+  sbx_buf_append(&out, h->head.data ? h->head.data : "", h->head.len);
+  if (sbx_headtail_truncated(h)) {
+    char mark[128];
+    int m = snprintf(mark, sizeof mark, "\n[... %llu bytes omitted ...]\n",
+                     (unsigned long long)(h->total - h->head.len - h->tail_len));
+    sbx_buf_append(&out, mark, m);
+  }
+  if (h->tail_len) {
+    size_t start = (h->tail_pos + h->tail_cap - h->tail_len) % h->tail_cap;
+    size_t first = h->tail_cap - start < h->tail_len ? h->tail_cap - start : h->tail_len;
+    sbx_buf_append(&out, h->tail + start, first);
+    sbx_buf_append(&out, h->tail, h->tail_len - first);
+  }
+  if (!out.data) sbx_buf_append(&out, "", 0), out.data = strdup("");
+  if (len_out) *len_out = out.len;
+  return out.data;
+}
+
+void sbx_headtail_free(sbx_headtail *h) {
+  sbx_buf_free(&h->head);
+  free(h->tail);
+  h->tail = NULL;
+}
+
+/* Length of the valid UTF-8 sequence at p (1-4), or 0 when invalid, or -1
+ * when it is valid so far but cut off by the end of the buffer. */
+static int utf8_seq(const unsigned char *p, size_t n) {
+  unsigned c = p[0];
+  int len;
+  unsigned min;
+  if (c < 0x80) return 1;
+  if (c >= 0xc2 && c <= 0xdf) len = 2, min = 0x80;
+  else if (c >= 0xe0 && c <= 0xef) len = 3, min = 0x800;
+  else if (c >= 0xf0 && c <= 0xf4) len = 4, min = 0x10000;
+  else return 0;
+  unsigned cp = c & (0x3f >> (len - 1));
+  for (int i = 1; i < len; i++) {
+    if ((size_t)i >= n) return -1;
+    if ((p[i] & 0xc0) != 0x80) return 0;
+    cp = (cp << 6) | (p[i] & 0x3f);
+  }
+  if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+  return len;
+}
+
+char *sbx_utf8_repair(const char *s, size_t n, size_t *len_out) {
+  const unsigned char *p = (const unsigned char *)s;
+  sbx_buf out = {0};
+  size_t i = 0, run = 0;
+  while (i < n) {
+    int l = p[i] == 0 ? 0 : utf8_seq(p + i, n - i);
+    if (l > 0) {
+      i += l;
+      run += l;
+      continue;
+    }
+    sbx_buf_append(&out, p + i - run, run);
+    run = 0;
+    sbx_buf_append(&out, "\xef\xbf\xbd", 3);
+    i++;
+  }
+  sbx_buf_append(&out, p + i - run, run);
+  if (!out.data) out.data = strdup("");
+  if (len_out) *len_out = out.len;
+  return out.data;
+}
+
+size_t sbx_utf8_complete_prefix(const char *s, size_t n) {
+  const unsigned char *p = (const unsigned char *)s;
+  /* look back at most 3 bytes for the start of a cut sequence */
+  for (size_t back = 1; back <= 3 && back <= n; back++) {
+    unsigned c = p[n - back];
+    if ((c & 0xc0) == 0x80) continue; /* continuation byte */
+    if (c >= 0xc0 && utf8_seq(p + n - back, back) == -1) return n - back;
+    break;
+  }
+  return n;
+}
+
+bool sbx_utf8_valid(const char *s, size_t n) {
+  const unsigned char *p = (const unsigned char *)s;
+  for (size_t i = 0; i < n;) {
+    int l = utf8_seq(p + i, n - i);
+    if (l <= 0) return false;
+    i += l;
+  }
+  return true;
+}
+
+int sbx_write_all(int fd, const void *p, size_t n) {
+  const char *c = p;
+  while (n) {
+    ssize_t w = write(fd, c, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return -errno;
+    }
+    c += w;
+    n -= w;
+  }
+  return 0;
+}
+
+int sbx_write_string(const char *path, const char *s) {
+  _cleanup_close_ int fd = open(path, O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return -errno;
+  return sbx_write_all(fd, s, strlen(s));
+}
+
+int sbx_write_string_create(const char *path, const char *s) {
+  _cleanup_close_ int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return -errno;
+  return sbx_write_all(fd, s, strlen(s));
+}
+
+int sbx_mkdir_p(const char *path, mode_t mode) {
+  char buf[4096];
+  if (strlen(path) >= sizeof buf) return -ENAMETOOLONG;
+  strcpy(buf, path);
+  for (char *p = buf + 1; *p; p++) {
+    if (*p != '/') continue;
+    *p = 0;
+    if (mkdir(buf, mode) < 0 && errno != EEXIST) return -errno;
+    *p = '/';
+  }
+  if (mkdir(buf, mode) < 0 && errno != EEXIST) return -errno;
+  return 0;
+}
+
+char *sbx_strdup_printf(const char *fmt, ...) {
+  va_list ap;
+  char *s = NULL;
+  va_start(ap, fmt);
+  if (vasprintf(&s, fmt, ap) < 0) s = NULL;
+  va_end(ap);
+  return s;
+}
+
+uint64_t sbx_now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+uint64_t sbx_now_ms(void) { return sbx_now_us() / 1000; }
+
+int64_t sbx_parse_duration_ms(const char *s) {
+  if (!s || !*s) return -1;
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (errno || end == s || v < 0) return -1;
+  double mult;
+  if (!*end || !strcmp(end, "ms")) mult = 1;
+  else if (!strcmp(end, "s")) mult = 1000;
+  else if (!strcmp(end, "m")) mult = 60000;
+  else if (!strcmp(end, "h")) mult = 3600000;
+  else if (!strcmp(end, "d")) mult = 86400000;
+  else return -1;
+  double ms = v * mult;
+  if (ms > 1e15) return -1;
+  return (int64_t)ms;
+}
+
+bool sbx_valid_id(const char *id) {
+  size_t n = id ? strlen(id) : 0;
+  if (n < 1 || n > 63) return false;
+  for (size_t i = 0; i < n; i++)
+    if (!((id[i] >= 'a' && id[i] <= 'z') || (id[i] >= '0' && id[i] <= '9') || id[i] == '-'))
+      return false;
+  return true;
+}
+
+void sbx_default_id(const char *dir, char out[64]) {
+  uint64_t h = 1469598103934665603ull; /* FNV-1a */
+  for (const char *p = dir; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+  const char *base = strrchr(dir, '/');
+  base = base && base[1] ? base + 1 : (base ? "root" : dir);
+  char slug[48];
+  size_t n = 0;
+  bool dash = false;
+  for (const char *p = base; *p && n < 40; p++) {
+    char c = *p;
+    if (c >= 'A' && c <= 'Z') c += 32;
+    if ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9')) {
+      slug[n++] = c;
+      dash = false;
+    } else if (!dash && n) {
+      slug[n++] = '-';
+      dash = true;
+    }
+  }
+  while (n && slug[n - 1] == '-') n--;
+  slug[n] = 0;
+  snprintf(out, 64, "%s%s%08x", slug, n ? "-" : "", (unsigned)(h ^ (h >> 32)));
+}
+
+int sbx_pidfd_open(pid_t pid) { return (int)syscall(SYS_pidfd_open, pid, 0); }
+int sbx_pidfd_send_signal(int pidfd, int sig) {
+  return (int)syscall(SYS_pidfd_send_signal, pidfd, sig, NULL, 0);
+}
+
+static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+char *sbx_base64_encode(const void *data, size_t len, size_t *out_len) {
+  const unsigned char *p = data;
+  size_t n = 4 * ((len + 2) / 3);
+  char *o = malloc(n + 1);
+  if (!o) return NULL;
+  size_t j = 0;
+  for (size_t i = 0; i < len; i += 3) {
+    unsigned v = p[i] << 16 | (i + 1 < len ? p[i + 1] << 8 : 0) | (i + 2 < len ? p[i + 2] : 0);
+    o[j++] = b64[v >> 18 & 63];
+    o[j++] = b64[v >> 12 & 63];
+    o[j++] = i + 1 < len ? b64[v >> 6 & 63] : '=';
+    o[j++] = i + 2 < len ? b64[v & 63] : '=';
+  }
+  o[j] = 0;
+  if (out_len) *out_len = j;
+  return o;
+}
+
+int sbx_base64_decode(const char *s, size_t len, char **out, size_t *out_len) {
+  unsigned char *o = malloc(len / 4 * 3 + 4);
+  if (!o) return -1;
+  size_t j = 0;
+  unsigned v = 0;
+  int bits = 0, pad = 0;
+  for (size_t i = 0; i < len; i++) {
+    char c = s[i];
+    if (c == ' ' || c == '\n' || c == '\r' || c == '\t') continue;
+    if (c == '=') {
+      pad++;
+      continue;
+    }
+    const char *q = c ? strchr(b64, c) : NULL;
+    if (!q || pad) {
+      free(o);
+      return -1;
+    }
+    v = v << 6 | (unsigned)(q - b64);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      o[j++] = (v >> bits) & 0xff;
+    }
+  }
+  if (pad > 2 || bits >= 6) {
+    free(o);
+    return -1;
+  }
+  o[j] = 0;
+  *out = (char *)o;
+  *out_len = j;
+  return 0;
+}
+
+uint64_t sbx_wall_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void sbx_iso_time(uint64_t wall_ms, char out[32]) {
+  time_t t = wall_ms / 1000;
+  struct tm tm;
+  gmtime_r(&t, &tm);
+  size_t n = strftime(out, 32, "%Y-%m-%dT%H:%M:%S", &tm);
+  snprintf(out + n, 32 - n, ".%03uZ", (unsigned)(wall_ms % 1000));
+}

@@ -1,0 +1,123 @@
+/* Small helpers shared by every part of sbx: cleanup attributes, errors,
+ * bounded buffers, UTF-8 repair, syscall wrappers glibc lacks. */
+#pragma once
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#define _cleanup_(f) __attribute__((cleanup(f)))
+#define SBX_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#define SBX_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+
+static inline void *sbx_steal_ptr(void *pp) {
+  void **p = pp;
+  void *v = *p;
+  *p = NULL;
+  return v;
+}
+#define steal_pointer(pp) sbx_steal_ptr(pp)
+
+static inline int sbx_steal_fd(int *fd) {
+  int v = *fd;
+  *fd = -1;
+  return v;
+}
+
+static inline void freep(void *p) { free(*(void **)p); }
+static inline void closep(int *fd) {
+  if (*fd >= 0) {
+    int saved = errno;
+    close(*fd);
+    errno = saved;
+  }
+}
+static inline void fclosep(FILE **f) {
+  if (*f) fclose(*f);
+}
+#define _cleanup_free_ _cleanup_(freep)
+#define _cleanup_close_ _cleanup_(closep)
+#define _cleanup_fclose_ _cleanup_(fclosep)
+
+/* An error as the MCP layer reports it: a code from DESIGN's error table
+ * and a message with context. */
+typedef struct sbx_error {
+  const char *code; /* static string, e.g. "FILE_NOT_FOUND" */
+  char message[512];
+} sbx_error;
+
+/* Fills err and returns -1, so `return sbx_err(err, ...)` reads naturally. */
+int sbx_err(sbx_error *err, const char *code, const char *fmt, ...) SBX_PRINTF(3, 4);
+/* Same, appending ": strerror(errnum)". */
+int sbx_err_errno(sbx_error *err, const char *code, int errnum, const char *fmt, ...)
+    SBX_PRINTF(4, 5);
+/* Maps an errno of a file operation to the error table's code. */
+const char *sbx_errno_code(int errnum);
+
+/* Growable byte buffer with a hard cap. */
+typedef struct sbx_buf {
+  char *data;
+  size_t len, cap;
+} sbx_buf;
+int sbx_buf_append(sbx_buf *b, const void *p, size_t n);
+void sbx_buf_free(sbx_buf *b);
+
+/* Keeps the first and last `limit/2` bytes of a stream and counts the rest,
+ * so a flood of output costs bounded memory. */
+typedef struct sbx_headtail {
+  size_t limit;
+  sbx_buf head;
+  char *tail; /* ring of limit - head bytes */
+  size_t tail_cap, tail_len, tail_pos;
+  uint64_t total;
+} sbx_headtail;
+void sbx_headtail_init(sbx_headtail *h, size_t limit);
+void sbx_headtail_add(sbx_headtail *h, const char *p, size_t n);
+bool sbx_headtail_truncated(const sbx_headtail *h);
+/* Returns malloc'd text: head, a marker line when bytes were dropped, tail. */
+char *sbx_headtail_render(const sbx_headtail *h, size_t *len_out);
+void sbx_headtail_free(sbx_headtail *h);
+
+/* Returns a malloc'd, NUL-terminated copy of p[0..n) with invalid UTF-8
+ * replaced by U+FFFD and NUL bytes kept as U+FFFD too (JSON strings may not
+ * carry raw NULs through C strings). */
+char *sbx_utf8_repair(const char *p, size_t n, size_t *len_out);
+/* Length of the longest prefix of p[0..n) that does not end inside a
+ * multi-byte sequence (for streaming chunks on code-point boundaries). */
+size_t sbx_utf8_complete_prefix(const char *p, size_t n);
+bool sbx_utf8_valid(const char *p, size_t n);
+
+int sbx_write_all(int fd, const void *p, size_t n);
+int sbx_write_string(const char *path, const char *s); /* -errno */
+/* Creates or truncates path (0644) and writes s. -errno. */
+int sbx_write_string_create(const char *path, const char *s);
+int sbx_mkdir_p(const char *path, mode_t mode);        /* -errno */
+char *sbx_strdup_printf(const char *fmt, ...) SBX_PRINTF(1, 2);
+uint64_t sbx_now_ms(void);
+uint64_t sbx_now_us(void);
+/* "10m" "30s" "1h" "250ms" "1500" (ms) → milliseconds; -1 when malformed. */
+int64_t sbx_parse_duration_ms(const char *s);
+
+/* Sandbox ids: 1-63 of [a-z0-9-]. */
+bool sbx_valid_id(const char *id);
+/* Default sandbox id for a directory: slug of its basename + '-' + 8 hex of
+ * a hash of the full path. Writes into out (at least 64 bytes). */
+void sbx_default_id(const char *dir, char out[64]);
+
+int sbx_pidfd_open(pid_t pid);
+int sbx_pidfd_send_signal(int pidfd, int sig);
+
+/* Standard base64 (RFC 4648, padded). encode: malloc'd NUL-terminated.
+ * decode: -1 on malformed input (whitespace is skipped). */
+char *sbx_base64_encode(const void *data, size_t len, size_t *out_len);
+int sbx_base64_decode(const char *s, size_t len, char **out, size_t *out_len);
+/* ISO 8601 UTC with milliseconds; out at least 32 bytes. */
+void sbx_iso_time(uint64_t wall_ms, char out[32]);
+uint64_t sbx_wall_ms(void);

@@ -1,0 +1,333 @@
+"""Test harness for sbx: TAP output, a private daemon per test file, and a
+real MCP client over stdio (`sbx mcp`) or the daemon's socket.
+
+Every wait is bounded and waits on an event (a message, a process exit);
+nothing sleeps to synchronise. Each test file gets its own SBX_RUNTIME_DIR
+and SBX_STATE_DIR and stops its daemon (which removes its sandboxes, mounts
+and cgroups) even when a test fails."""
+import atexit
+import itertools
+import json
+import os
+import queue
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+
+SBX = os.environ.get('SBX', os.path.join(os.path.dirname(__file__), '..', '..', 'build', 'sbx'))
+SBX = os.path.abspath(SBX)
+TIMEOUT = 30.0
+
+
+class Fail(Exception):
+    pass
+
+
+# ---- TAP -----------------------------------------------------------------
+
+class Tap:
+    def __init__(self):
+        self.n = 0
+        self.failed = 0
+        self.current = None
+
+    def ok(self, cond, name, diag=None):
+        self.n += 1
+        if cond:
+            print('ok %d - %s' % (self.n, name), flush=True)
+        else:
+            self.failed += 1
+            print('not ok %d - %s' % (self.n, name), flush=True)
+            if diag is not None:
+                for line in str(diag).splitlines()[:40]:
+                    print('#   ' + line, flush=True)
+        return cond
+
+    def eq(self, got, want, name, diag=None):
+        return self.ok(got == want, name, 'got:  %r\nwant: %r%s' % (got, want, '\n%s' % diag if diag else ''))
+
+    def skip(self, name, why):
+        self.n += 1
+        print('ok %d - %s # SKIP %s' % (self.n, name, why), flush=True)
+
+    def done(self):
+        print('1..%d' % self.n, flush=True)
+        return 1 if self.failed else 0
+
+
+def run_tests(tests, setup=None):
+    """Runs test functions (each takes the Tap); an exception fails that
+    test and the others still run. Returns the exit code."""
+    tap = Tap()
+    ctx = setup() if setup else None
+    try:
+        for t in tests:
+            try:
+                t(tap, ctx) if ctx is not None else t(tap)
+            except Exception:
+                tap.ok(False, t.__name__ + ' raised', traceback.format_exc())
+    finally:
+        if ctx is not None and hasattr(ctx, 'close'):
+            ctx.close()
+    return tap.done()
+
+
+# ---- environment -----------------------------------------------------------
+
+class Env:
+    """Private runtime and state dirs and a daemon bound to them."""
+
+    def __init__(self, user=None):
+        self.root = tempfile.mkdtemp(prefix='sbxt-', dir='/tmp')
+        os.chmod(self.root, 0o755)
+        self.runtime = os.path.join(self.root, 'run')
+        self.state = os.path.join(self.root, 'state')
+        self.user = user  # (uid, gid) to run as, or None
+        self.env = dict(os.environ)
+        self.env['SBX_RUNTIME_DIR'] = self.runtime
+        self.env['SBX_STATE_DIR'] = self.state
+        self.clients = []
+        if user:
+            for d in (self.runtime, self.state):
+                os.makedirs(d, mode=0o700)
+                os.chown(d, *user)
+            self.env['HOME'] = self.root
+        atexit.register(self.close)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, sig, frame):
+        self.close()
+        sys.exit(1)
+
+    def preexec(self):
+        if self.user:
+            os.setgroups([])
+            os.setgid(self.user[1])
+            os.setuid(self.user[0])
+
+    def run(self, args, timeout=TIMEOUT, input=None, cwd=None, env=None):
+        e = dict(self.env)
+        if env:
+            e.update(env)
+        return subprocess.run([SBX] + args, capture_output=True, timeout=timeout, input=input, env=e,
+                              cwd=cwd or self.root, preexec_fn=self.preexec if self.user else None)
+
+    def mcp(self, args=(), cwd=None):
+        c = StdioClient(self, list(args), cwd)
+        self.clients.append(c)
+        return c
+
+    def socket_client(self):
+        c = SocketClient(os.path.join(self.runtime, 'sbx.sock'))
+        self.clients.append(c)
+        return c
+
+    def daemon_pid(self):
+        try:
+            with open(os.path.join(self.runtime, 'sbx.pid')) as f:
+                return int(f.read().strip())
+        except (OSError, ValueError):
+            return None
+
+    def close(self):
+        if self.root is None:
+            return
+        for c in self.clients:
+            try:
+                c.close()
+            except Exception:
+                pass
+        pid = self.daemon_pid()
+        try:
+            self.run(['daemon', 'stop'], timeout=40)
+        except Exception:
+            pass
+        if pid:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        shutil.rmtree(self.root, ignore_errors=True)
+        self.root = None
+
+
+# ---- MCP clients -----------------------------------------------------------
+
+class Client:
+    """JSON-RPC over newline-framed messages; a reader thread queues them."""
+
+    def __init__(self):
+        self.ids = itertools.count(1)
+        self.msgs = queue.Queue()
+        self.pending = []  # messages read but not yet consumed
+        self.closed = threading.Event()
+
+    def _reader(self, readline):
+        try:
+            while True:
+                line = readline()
+                if not line:
+                    break
+                try:
+                    self.msgs.put(json.loads(line))
+                except ValueError:
+                    self.msgs.put({'_unparsable': line})
+        finally:
+            self.closed.set()
+            self.msgs.put(None)
+
+    def next(self, pred, timeout=TIMEOUT):
+        """The next message satisfying pred (others stay pending)."""
+        for i, m in enumerate(self.pending):
+            if pred(m):
+                return self.pending.pop(i)
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise Fail('no matching message within %.0f s' % timeout)
+            try:
+                m = self.msgs.get(timeout=left)
+            except queue.Empty:
+                continue
+            if m is None:
+                self.msgs.put(None)
+                raise Fail('connection closed')
+            if pred(m):
+                return m
+            self.pending.append(m)
+
+    def send(self, obj):
+        self.send_raw((json.dumps(obj) + '\n').encode())
+
+    def request(self, method, params=None, timeout=TIMEOUT):
+        i = next(self.ids)
+        msg = {'jsonrpc': '2.0', 'id': i, 'method': method}
+        if params is not None:
+            msg['params'] = params
+        self.send(msg)
+        return self.next(lambda m: m.get('id') == i and 'method' not in m, timeout)
+
+    def notify(self, method, params=None):
+        msg = {'jsonrpc': '2.0', 'method': method}
+        if params is not None:
+            msg['params'] = params
+        self.send(msg)
+
+    def initialize(self, version='2025-06-18'):
+        r = self.request('initialize', {'protocolVersion': version, 'capabilities': {},
+                                        'clientInfo': {'name': 'sbx-tests', 'version': '1'}})
+        self.notify('notifications/initialized')
+        return r
+
+    def call(self, tool, args=None, timeout=TIMEOUT, progress=False):
+        """tools/call; returns (result, progress notifications)."""
+        i = next(self.ids)
+        params = {'name': tool, 'arguments': args or {}}
+        if progress:
+            params['_meta'] = {'progressToken': 'p%d' % i}
+        self.send({'jsonrpc': '2.0', 'id': i, 'method': 'tools/call', 'params': params})
+        r = self.next(lambda m: m.get('id') == i and 'method' not in m, timeout)
+        if 'result' not in r:
+            raise Fail('tools/call %s: %r' % (tool, r))
+        notes = []
+        if progress:
+            tok = 'p%d' % i
+            keep = []
+            for m in self.pending:
+                if m.get('method') == 'notifications/progress' and m['params'].get('progressToken') == tok:
+                    notes.append(m)
+                else:
+                    keep.append(m)
+            self.pending = keep
+        return r['result'], notes
+
+    def ok(self, tool, args=None, timeout=TIMEOUT):
+        """structuredContent of a successful call; raises on a tool error."""
+        res, _ = self.call(tool, args, timeout)
+        if res.get('isError'):
+            raise Fail('%s failed: %s' % (tool, res['structuredContent']))
+        return res['structuredContent']
+
+    def err(self, tool, args=None, timeout=TIMEOUT):
+        """The error code of a call expected to fail (None if it did not)."""
+        res, _ = self.call(tool, args, timeout)
+        if not res.get('isError'):
+            return None
+        return res['structuredContent']['error']['code']
+
+    def sh(self, command, sandbox=None, wait=TIMEOUT, **kw):
+        """exec; keyword arguments are exec's own (timeout is in ms)."""
+        args = dict(command=command, **kw)
+        if sandbox:
+            args['sandboxId'] = sandbox
+        if 'timeout' in kw:
+            wait = max(wait, kw['timeout'] / 1000 + 30)
+        return self.ok('exec', args, wait)
+
+
+class StdioClient(Client):
+    def __init__(self, env, args, cwd=None):
+        super().__init__()
+        self.p = subprocess.Popen([SBX, 'mcp'] + args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, env=env.env, cwd=cwd or env.root,
+                                  preexec_fn=env.preexec if env.user else None)
+        threading.Thread(target=self._reader, args=(self.p.stdout.readline,), daemon=True).start()
+        self.stderr = []
+        threading.Thread(target=lambda: self.stderr.extend(self.p.stderr.readlines()), daemon=True).start()
+
+    def send_raw(self, data):
+        self.p.stdin.write(data)
+        self.p.stdin.flush()
+
+    def close(self):
+        if self.p.poll() is None:
+            try:
+                self.p.stdin.close()
+            except OSError:
+                pass
+            try:
+                self.p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+
+
+class SocketClient(Client):
+    def __init__(self, path):
+        super().__init__()
+        self.s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.s.connect(path)
+        self.f = self.s.makefile('rb')
+        threading.Thread(target=self._reader, args=(self.f.readline,), daemon=True).start()
+
+    def send_raw(self, data):
+        self.s.sendall(data)
+
+    def close(self):
+        try:
+            self.s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.s.close()
+
+
+def wait_until(pred, timeout=TIMEOUT, what='condition'):
+    """Polls a condition that has no event to wait on (a process leaving
+    /proc, a cgroup emptying), bounded. Not a sleep: it returns as soon as
+    the condition holds."""
+    deadline = time.monotonic() + timeout
+    delay = 0.001
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+    raise Fail('timed out waiting for ' + what)

@@ -1,0 +1,137 @@
+"""The sbx CLI: exec streams and exits with the command's code, ls,
+destroy, cp both ways, doctor, daemon stop; `sbx mcp` autostarts the daemon
+detached, and two starters race for one daemon."""
+import os
+import subprocess
+import sys
+import threading
+
+from sbxtest import Env, run_tests, wait_until
+
+
+class Ctx:
+    def __init__(self):
+        self.env = Env()
+
+    def close(self):
+        self.env.close()
+
+
+def test_exec(t, x):
+    r = x.env.run(['exec', '-s', 'cli', '--', 'echo out; echo err >&2; exit 5'])
+    t.eq((r.returncode, r.stdout, r.stderr), (5, b'out\n', b'err\n'), 'exec streams stdout/stderr and exits with the code')
+    r = x.env.run(['exec', '-s', 'cli', '-e', 'A=1', '--cwd', '/tmp', '--', 'sh', '-c', 'echo "$A $PWD"'])
+    t.eq(r.stdout, b'1 /tmp\n', 'words after -- are quoted; -e and --cwd apply')
+    r = x.env.run(['exec', '-s', 'cli', '--timeout', '300', '--', 'sleep 30'])
+    t.ok(r.returncode != 0 and b'timed out' in r.stderr, 'timeout', r.stderr)
+    p = subprocess.Popen([os.environ.get('SBX', 'sbx'), 'exec', '-s', 'cli', '--', 'echo ready; sleep 100'],
+                         stdout=subprocess.PIPE, env=x.env.env, cwd=x.env.root)
+    t.eq(p.stdout.readline(), b'ready\n', 'output streams before the command ends')
+    p.send_signal(2)
+    t.eq(p.wait(timeout=20), 130, 'Ctrl-C cancels and exits 130')
+    r = x.env.run(['exec', '-s', 'cli', '--', 'ps -e -o comm= | grep -c ^sleep'])
+    t.eq(r.stdout.strip(), b'0', 'the interrupted command is gone')
+
+
+def test_default_id(t, x):
+    d = os.path.join(x.env.root, 'My Project')
+    os.makedirs(d)
+    r = x.env.run(['exec', '--', 'hostname'], cwd=d)
+    t.ok(r.stdout.decode().startswith('my-project-'), 'default sandbox is a slug of the cwd plus a hash', r.stdout)
+
+
+def test_ls_destroy(t, x):
+    x.env.run(['exec', '-s', 'gone', '--', 'true'])
+    r = x.env.run(['ls'])
+    t.ok(b'gone' in r.stdout and r.returncode == 0, 'ls lists sandboxes')
+    r = x.env.run(['destroy', 'gone'])
+    t.eq(r.returncode, 0, 'destroy')
+    t.ok(b'gone' not in x.env.run(['ls']).stdout, 'destroyed sandbox is not listed')
+    r = x.env.run(['destroy', 'gone'])
+    t.ok(r.returncode == 1 and b'SANDBOX_NOT_FOUND' in r.stderr, 'destroy of a missing sandbox fails clearly')
+
+
+def test_cp(t, x):
+    src = os.path.join(x.env.root, 'src')
+    os.makedirs(os.path.join(src, 'sub'))
+    with open(os.path.join(src, 'a.txt'), 'w') as f:
+        f.write('alpha\n')
+    with open(os.path.join(src, 'sub', 'b.bin'), 'wb') as f:
+        f.write(bytes(range(256)))
+    r = x.env.run(['cp', src, 'cp1:/workspace/proj'])
+    t.eq(r.returncode, 0, 'cp host dir -> sandbox', r.stderr)
+    r = x.env.run(['exec', '-s', 'cp1', '--', 'cat /workspace/proj/a.txt; wc -c < /workspace/proj/sub/b.bin'])
+    t.eq(r.stdout, b'alpha\n256\n', 'files arrived')
+    dst = os.path.join(x.env.root, 'back')
+    r = x.env.run(['cp', 'cp1:/workspace/proj', dst])
+    t.eq(r.returncode, 0, 'cp sandbox dir -> host', r.stderr)
+    t.eq(open(os.path.join(dst, 'sub', 'b.bin'), 'rb').read(), bytes(range(256)), 'binary file came back exact')
+    r = x.env.run(['cp', 'cp1:/workspace/proj/a.txt', os.path.join(x.env.root, 'one.txt')])
+    t.eq(open(os.path.join(x.env.root, 'one.txt')).read(), 'alpha\n', 'cp of a single file')
+
+
+def test_doctor(t, x):
+    r = x.env.run(['doctor'])
+    out = r.stdout.decode()
+    for word in ('user namespaces', 'idmapped mounts', 'overlayfs', 'cgroups', 'seccomp', '/dev/fuse', 'pidfd', 'clone3'):
+        t.ok(word in out, 'doctor reports ' + word)
+
+
+def test_autostart_and_stop(t, x):
+    env = Env()
+    try:
+        c = env.mcp(['--sandbox', 'auto'])
+        c.initialize()
+        pid = env.daemon_pid()
+        t.ok(pid is not None, 'sbx mcp started a daemon')
+        st = open('/proc/%d/stat' % pid).read().split(')')[1].split()
+        t.ok(st[3] == str(pid) or int(st[3]) == pid, 'daemon runs in its own session (setsid)', st[:4])
+        t.eq(os.readlink('/proc/%d/cwd' % pid), '/', 'daemon cwd is /')
+        fds = {os.readlink('/proc/%d/fd/%s' % (pid, fd)) for fd in ('1', '2')}
+        t.eq(fds, {os.path.join(env.state, 'daemon.log')}, 'daemon stdio is its log file, not the agent pipes')
+        c.close()
+        t.eq(c.p.returncode, 0, 'sbx mcp exits on stdin EOF while the daemon stays')
+        t.ok(os.path.exists('/proc/%d' % pid), 'daemon outlives the agent')
+        c2 = env.mcp(['--sandbox', 'auto'])
+        c2.initialize()
+        t.ok(any(s['sandboxId'] == 'auto' for s in c2.ok('listSandboxes')['sandboxes']), 'sandbox outlives the agent')
+        c2.close()
+        r = env.run(['daemon', 'stop'])
+        t.eq(r.returncode, 0, 'daemon stop')
+        t.ok(not os.path.exists('/proc/%d' % pid) or 'Z' in open('/proc/%d/stat' % pid).read().split(')')[1][:3],
+             'daemon is gone')
+    finally:
+        env.close()
+
+
+def test_racing_starters(t, x):
+    env = Env()
+    try:
+        results = []
+        def go():
+            results.append(env.run(['exec', '-s', 'race', '--', 'echo hi']))
+        threads = [threading.Thread(target=go) for _ in range(6)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(60)
+        t.ok(len(results) == 6 and all(r.returncode == 0 and r.stdout == b'hi\n' for r in results),
+             'six racing starters all get served', [(r.returncode, r.stderr[-200:]) for r in results])
+        daemons = [p for p in os.listdir('/proc') if p.isdigit() and _is_daemon_of(p, env)]
+        t.eq(len(daemons), 1, 'exactly one daemon won the lock')
+    finally:
+        env.close()
+
+
+def _is_daemon_of(pid, env):
+    try:
+        cmd = open('/proc/%s/cmdline' % pid, 'rb').read().split(b'\0')
+        e = open('/proc/%s/environ' % pid, 'rb').read().split(b'\0')
+    except OSError:
+        return False
+    return len(cmd) > 1 and cmd[1] == b'daemon' and ('SBX_RUNTIME_DIR=' + env.runtime).encode() in e
+
+
+if __name__ == '__main__':
+    sys.exit(run_tests([test_exec, test_default_id, test_ls_destroy, test_cp, test_doctor, test_autostart_and_stop,
+                        test_racing_starters], Ctx))

@@ -1,0 +1,160 @@
+"""The escape suite: each attempt first proves its target exists on the host,
+then tries to reach it from inside a sandbox."""
+import os
+import secrets
+import socket
+import sys
+import threading
+
+from sbxtest import Env, run_tests
+
+SECRET = 'sbx-secret-' + secrets.token_hex(8)
+MARK = 'sbx-escape-' + secrets.token_hex(6)
+
+
+class Ctx:
+    def __init__(self):
+        self.env = Env()
+        self.env.env['SBX_ESCAPE_SECRET'] = SECRET  # the daemon inherits it
+        self.c = self.env.mcp(['--sandbox', 'jail'])
+        self.c.initialize()
+        self.markers = []
+
+    def mark(self, d):
+        os.makedirs(d, exist_ok=True)
+        p = os.path.join(d, MARK)
+        with open(p, 'w') as f:
+            f.write('host secret\n')
+        self.markers.append(p)
+        return p
+
+    def close(self):
+        for p in self.markers:
+            try:
+                os.unlink(p)
+            except OSError:
+                pass
+        self.env.close()
+
+
+def py(x, code, **kw):
+    return x.c.sh("python3 - <<'EOF'\n" + code + "\nEOF", **kw)
+
+
+def test_host_files(t, x):
+    targets = [x.mark('/root'), x.mark('/home'), x.mark(x.env.state), x.mark('/tmp'), x.mark('/srv'),
+               x.mark('/var/tmp'), x.mark('/mnt')]
+    t.ok(all(os.path.exists(p) for p in targets), 'markers exist on the host')
+    r = x.c.sh('find / -xdev -name %s 2>/dev/null; find /root /home /tmp /var /srv /mnt /run -name %s 2>/dev/null; true'
+               % (MARK, MARK), timeout=60)
+    t.eq(r['stdout'], '', 'no host marker is visible inside')
+    t.ok(os.path.exists('/etc/shadow'), '/etc/shadow exists on the host')
+    r = x.c.sh('cat /etc/shadow /etc/gshadow 2>&1; ls /etc/ssh /etc/ssl/private 2>&1')
+    t.ok('root:' not in r['stdout'] and 'No such file' in r['stdout'], 'shadow, gshadow, ssh keys, ssl/private absent',
+         r['stdout'])
+    r = x.c.sh('ls -A /root /home /tmp; ls / ')
+    t.ok(x.env.state not in r['stdout'] and 'sbxt-' not in r['stdout'], 'state and runtime dirs not visible')
+
+
+def test_host_usr(t, x):
+    t.ok(os.path.isdir('/usr/bin'), 'host /usr exists')
+    r = x.c.sh('echo changed > /usr/%s && cat /usr/%s && rm -f /usr/bin/env.sbx-test; cp /bin/true /usr/bin/%s; echo ok'
+               % (MARK, MARK, MARK))
+    t.ok(r['stdout'].startswith('changed'), '/usr is writable inside (overlay)', r)
+    t.ok(not os.path.exists('/usr/' + MARK) and not os.path.exists('/usr/bin/' + MARK), 'host /usr untouched')
+    r = x.c.sh('pip3 --version >/dev/null 2>&1; ls /usr/lib/python3*/EXTERNALLY-MANAGED 2>&1 || echo removed')
+    t.ok('removed' in r['stdout'], 'EXTERNALLY-MANAGED marker removed inside', r['stdout'])
+
+
+def test_host_processes(t, x):
+    t.ok(os.getpid() > 1, 'this test process runs on the host')
+    r = x.c.sh('ps -e -o pid=,comm=')
+    comms = [l.split(None, 1)[1] for l in r['stdout'].strip().splitlines() if len(l.split(None, 1)) > 1]
+    t.ok('python3' not in comms and not any('pytest' in c for c in comms), 'host processes not visible', comms)
+    t.ok(r['stdout'].split()[0] == '1', 'pid 1 is the sandbox init')
+    r = x.c.sh('kill -9 1; echo $?')
+    t.eq(x.c.sh('echo alive')['stdout'], 'alive\n', 'init survives kill -9 from inside')
+
+
+def test_daemon_socket_and_env(t, x):
+    sock = os.path.join(x.env.runtime, 'sbx.sock')
+    t.ok(os.path.exists(sock), 'daemon socket exists on the host')
+    r = py(x, 'import socket\ns=socket.socket(socket.AF_UNIX)\n'
+              'try:\n s.connect(%r); print("connected")\nexcept OSError as e: print("refused", e.errno)' % sock)
+    t.ok('refused' in r['stdout'], 'daemon socket unreachable', r)
+    r = x.c.sh('find / -xdev -name sbx.sock 2>/dev/null | head -1')
+    t.eq(r['stdout'], '', 'no sbx.sock inside')
+    t.ok(os.environ.get('SBX_ESCAPE_SECRET') is None and x.env.env['SBX_ESCAPE_SECRET'] == SECRET,
+         'the daemon was started with a secret in its environment')
+    r = x.c.sh('env; cat /proc/*/environ 2>/dev/null | tr "\\0" "\\n"; true')
+    t.ok(SECRET not in r['stdout'], "the daemon's environment is not visible inside")
+
+
+def test_host_loopback(t, x):
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.bind(('127.0.0.1', 0))
+    srv.listen(5)
+    port = srv.getsockname()[1]
+    hits = []
+    srv.settimeout(0.2)
+
+    def accept():
+        try:
+            hits.append(srv.accept())
+        except OSError:
+            pass
+    th = threading.Thread(target=accept)
+    th.start()
+    probe = socket.create_connection(('127.0.0.1', port), timeout=5)
+    th.join()
+    t.ok(len(hits) == 1, 'a host loopback service is listening')
+    probe.close()
+    r = py(x, 'import socket\ntry:\n socket.create_connection(("127.0.0.1", %d), timeout=3); print("reached")\n'
+              'except OSError as e: print("refused")' % port)
+    t.eq(r['stdout'].strip(), 'refused', 'host loopback unreachable from inside')
+    r = x.c.sh('ip -o link 2>/dev/null | cut -d: -f2 || ls /sys/class/net')
+    t.eq(r['stdout'].split(), ['lo'], 'only a loopback interface')
+    srv.close()
+
+
+def test_namespaces_and_mounts(t, x):
+    r = x.c.sh('unshare -U true 2>&1; echo rc=$?; unshare -m true 2>&1; echo rc=$?; unshare -n true 2>&1; echo rc=$?')
+    t.eq(r['stdout'].count('rc=1'), 3, 'no new user, mount or net namespace', r['stdout'])
+    r = x.c.sh('mount -t tmpfs x /mnt 2>&1; echo rc=$?; mount --bind /usr /mnt 2>&1; echo rc=$?')
+    t.eq(r['stdout'].count('rc=32') + r['stdout'].count('rc=1'), 2, 'mount refused', r['stdout'])
+    r = py(x, 'import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n'
+              'r = libc.syscall(175, None, 0, b"")\nprint(r, ctypes.get_errno())\n'
+              'r = libc.syscall(313, -1, b"", 0)\nprint(r, ctypes.get_errno())')
+    t.ok(all(l.startswith('-1 ') for l in r['stdout'].split('\n') if l), 'init_module/finit_module refused', r)
+    r = py(x, 'import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n'
+              'print(libc.ptrace(16, 1, None, None), ctypes.get_errno())')
+    t.eq(r['stdout'].split()[0], '-1', 'ptrace of init refused')
+    r = py(x, 'import ctypes, os, signal\nlibc = ctypes.CDLL(None, use_errno=True)\npid = os.fork()\n'
+              'if pid == 0:\n  signal.pause()\n'
+              'r = libc.ptrace(16, pid, None, None)\nos.waitpid(pid, 0)\nprint(r)\nos.kill(pid, 9)')
+    t.eq(r['stdout'].strip(), '0', 'ptrace of its own child works (strace/gdb)')
+    r = x.c.sh('grep CapEff /proc/self/status; cat /proc/sys/kernel/hostname; echo x > /proc/sys/kernel/hostname; echo rc=$?')
+    capeff = int(r['stdout'].split()[1], 16)
+    t.ok(not capeff & (1 << 21) and not capeff & (1 << 12) and not capeff & (1 << 19), 'no SYS_ADMIN, NET_ADMIN, SYS_PTRACE',
+         hex(capeff))
+    t.ok('rc=0' not in r['stdout'], '/proc/sys is read-only', r['stdout'])
+    r = py(x, 'import fcntl, termios, os\nfd = os.open("/dev/tty", os.O_RDWR) if os.path.exists("/dev/tty") else 0\n'
+              'try:\n fcntl.ioctl(0, termios.TIOCSTI, b"x"); print("injected")\nexcept OSError as e: print("refused", e.errno)')
+    t.ok('injected' not in r['stdout'], 'TIOCSTI refused', r)
+
+
+def test_other_sandbox(t, x):
+    x.c.ok('writeFile', {'sandboxId': 'other', 'path': '/workspace/' + MARK, 'content': 'other'})
+    x.c.ok('exec', {'sandboxId': 'other', 'command': 'sleep 1000 > /dev/null 2>&1 &'})
+    r = x.c.sh('find / -xdev -name %s 2>/dev/null; ps -e -o comm= | grep -c ^sleep; true' % MARK)
+    t.eq(r['stdout'].split(), ['0'], "another sandbox's files and processes are invisible")
+    ids = x.c.sh('cat /proc/self/uid_map', sandbox='other')['stdout'].split()
+    mine = x.c.sh('cat /proc/self/uid_map')['stdout'].split()
+    if os.geteuid() == 0:
+        t.ok(ids[1] != mine[1] and int(ids[1]) > 65535 and int(mine[1]) > 65535,
+             'each sandbox maps root to its own unprivileged host range', (ids, mine))
+
+
+if __name__ == '__main__':
+    sys.exit(run_tests([test_host_files, test_host_usr, test_host_processes, test_daemon_socket_and_env,
+                        test_host_loopback, test_namespaces_and_mounts, test_other_sandbox], Ctx))

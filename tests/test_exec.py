@@ -1,0 +1,164 @@
+"""exec over MCP (stdio relay): results, sessions, stdin, env, timeouts,
+cancellation, progress, output bounds, UTF-8."""
+import os
+import sys
+import time
+
+from sbxtest import Env, Fail, run_tests, wait_until
+
+
+class Ctx:
+    def __init__(self):
+        self.env = Env()
+        self.c = self.env.mcp(['--sandbox', 'ex'])
+        self.c.initialize()
+
+    def close(self):
+        self.env.close()
+
+
+def test_basic(t, x):
+    r = x.c.sh('echo out; echo err >&2; exit 7')
+    t.eq((r['stdout'], r['stderr'], r['exitCode'], r['success']), ('out\n', 'err\n', 7, False), 'stdout, stderr, exit code')
+    t.ok(isinstance(r['duration'], int) and r['duration'] >= 0, 'duration reported')
+    r = x.c.sh('true')
+    t.ok(r['success'] and r['exitCode'] == 0, 'success on exit 0')
+    res, _ = x.c.call('exec', {'command': 'echo hi'})
+    t.ok(res['content'][0]['type'] == 'text' and 'hi' in res['content'][0]['text'], 'text rendering has the output')
+
+
+def test_default_sandbox(t, x):
+    r = x.c.ok('listSandboxes')
+    t.ok(any(s['sandboxId'] == 'ex' for s in r['sandboxes']), '--sandbox names the default sandbox')
+    r = x.c.sh('hostname')
+    t.eq(r['stdout'].strip(), 'ex', 'hostname is the sandbox id')
+
+
+def test_session_state(t, x):
+    x.c.sh('mkdir -p /workspace/d && cd /workspace/d && export FOO="a b\'c"')
+    r = x.c.sh('pwd; printf %s "$FOO"')
+    t.eq(r['stdout'], "/workspace/d\na b'c", 'cd and export persist in the default session')
+    r = x.c.sh('pwd', cwd='/tmp')
+    t.eq(r['stdout'].strip(), '/tmp', 'cwd argument applies to the call')
+    r = x.c.sh('echo "$ONCE"', env={'ONCE': 'yes'})
+    t.eq(r['stdout'].strip(), 'yes', 'env argument reaches the command')
+    r = x.c.sh('echo "[$ONCE]"')
+    t.eq(r['stdout'].strip(), '[]', 'env argument does not stick to the session')
+    x.c.sh('unset FOO')
+    t.eq(x.c.sh('echo "[$FOO]"')['stdout'].strip(), '[]', 'unset persists')
+    s = x.c.ok('createSession', {'id': 'other', 'cwd': '/tmp', 'env': {'S': '1'}})
+    t.eq(s, {'id': 'other', 'cwd': '/tmp'}, 'createSession')
+    r = x.c.sh('pwd; echo $S', sessionId='other')
+    t.eq(r['stdout'], '/tmp\n1\n', 'named session has its own cwd and env')
+    t.eq(x.c.sh('pwd')['stdout'].strip(), '/workspace/d', 'default session untouched')
+    t.eq(x.c.err('exec', {'command': 'true', 'sessionId': 'nope'}), 'SESSION_NOT_FOUND', 'unknown session')
+    x.c.ok('setEnvVars', {'env': {'SET': 'v'}})
+    t.eq(x.c.sh('echo $SET')['stdout'].strip(), 'v', 'setEnvVars')
+    t.ok(any(s['id'] == 'other' for s in x.c.ok('listSessions')['sessions']), 'listSessions')
+    x.c.ok('deleteSession', {'id': 'other'})
+    t.eq(x.c.err('exec', {'command': 'true', 'sessionId': 'other'}), 'SESSION_NOT_FOUND', 'deleted session is gone')
+
+
+def test_stdin(t, x):
+    r = x.c.sh('tr a-z A-Z', stdin='hello\n')
+    t.eq(r['stdout'], 'HELLO\n', 'stdin is fed to the command')
+    r = x.c.sh('cat', timeout=5000)
+    t.ok(r['stdout'] == '' and not r.get('timedOut'), 'no stdin means EOF, not a hang')
+
+
+def test_timeout_kills_tree(t, x):
+    t0 = time.monotonic()
+    r = x.c.sh('(sleep 300 & echo $! > /tmp/bg.pid; wait) & sleep 300', timeout=500)
+    t.ok(r.get('timedOut') is True and not r['success'], 'timeout reported', r)
+    t.ok(time.monotonic() - t0 < 20, 'timeout returns promptly')
+    r = x.c.sh('pid=$(cat /tmp/bg.pid); kill -0 $pid 2>/dev/null && echo alive || echo gone')
+    t.eq(r['stdout'].strip(), 'gone', 'the whole tree is killed, background children too')
+    t.eq(x.c.sh('ps -e -o comm= | grep -c "^sleep$"')['stdout'].strip(), '0', 'no sleep survives')
+
+
+def test_background_does_not_block(t, x):
+    t0 = time.monotonic()
+    r = x.c.sh('sleep 300 & echo started')
+    t.ok(r['stdout'] == 'started\n' and time.monotonic() - t0 < 10, 'a background child does not hold the call')
+
+
+def test_cancel(t, x):
+    i = 999
+    x.c.send({'jsonrpc': '2.0', 'id': i, 'method': 'tools/call',
+              'params': {'name': 'exec', 'arguments': {'command': 'echo begun; sleep 300'},
+                         '_meta': {'progressToken': 'cancel-me'}}})
+    x.c.next(lambda m: m.get('method') == 'notifications/progress' and m['params']['progressToken'] == 'cancel-me')
+    x.c.notify('notifications/cancelled', {'requestId': i, 'reason': 'test'})
+    # the command is gone: no sleep left in the sandbox
+    def gone():
+        return x.c.sh('ps -e -o comm= | grep -c "^sleep$" || true')['stdout'].strip() == '0'
+    t.ok(wait_until(gone, 20, 'cancelled command to die'), 'notifications/cancelled kills the command')
+    late = [m for m in x.c.pending if m.get('id') == i]
+    t.eq(late, [], 'no response is sent for a cancelled request')
+
+
+def test_progress_streams(t, x):
+    # the first chunk arrives while the command is still running
+    i = 4242
+    x.c.sh('rm -f /workspace/fifo; mkfifo /workspace/fifo')
+    x.c.send({'jsonrpc': '2.0', 'id': i, 'method': 'tools/call',
+              'params': {'name': 'exec', 'arguments': {'command': 'echo first; read x < /workspace/fifo; echo second'},
+                         '_meta': {'progressToken': 77}}})
+    p = x.c.next(lambda m: m.get('method') == 'notifications/progress' and m['params']['progressToken'] == 77)
+    t.eq(p['params']['message'], 'first\n', 'progress carries the chunk as it is produced')
+    t.eq(p['params'].get('_meta', {}).get('sbx/stream'), 'stdout', 'progress names the stream')
+    x.c.sh('echo go > /workspace/fifo')
+    r = x.c.next(lambda m: m.get('id') == i and 'method' not in m)
+    t.eq(r['result']['structuredContent']['stdout'], 'first\nsecond\n', 'result has the whole output')
+
+
+def test_output_bound(t, x):
+    r = x.c.sh('head -c 3000000 /dev/zero | tr "\\0" a; echo; echo END', maxOutputBytes=4096)
+    t.ok(r.get('truncated') is True, 'flood is marked truncated')
+    t.ok(len(r['stdout'].encode()) < 4096 + 200, 'stdout is bounded (%d bytes)' % len(r['stdout']))
+    t.ok(r['stdout'].startswith('aaaa') and r['stdout'].endswith('END\n'), 'head and tail kept')
+    p = r.get('outputPath')
+    t.ok(p and p.startswith('/tmp/sbx-output/'), 'outputPath given', r.get('outputPath'))
+    s = x.c.sh('wc -c < %s' % p)
+    t.eq(s['stdout'].strip(), '3000005', 'full output saved inside the sandbox')
+    r = x.c.sh('head -c 200000 /dev/zero | tr "\\0" b')
+    t.ok(r.get('truncated') and len(r['stdout']) <= 65536 + 200, 'default bound is 64 KiB')
+
+
+def test_utf8(t, x):
+    r = x.c.sh("printf 'ok \\303\\251 bad \\377\\376 end'")
+    t.eq(r['stdout'], 'ok \u00e9 bad \ufffd\ufffd end', 'invalid UTF-8 becomes U+FFFD')
+    res, notes = x.c.call('exec', {'command': "printf '\\342'; sleep 0.2; printf '\\202\\254 done'"}, progress=True)
+    text = ''.join(n['params']['message'] for n in notes)
+    t.eq(text, '\u20ac done', 'progress chunks end on code-point boundaries')
+
+
+def test_env_is_clean(t, x):
+    r = x.c.sh('env | sort')
+    keys = sorted(l.split('=', 1)[0] for l in r['stdout'].splitlines() if '=' in l)
+    t.ok('SBX_RUNTIME_DIR' not in keys and 'SBX_STATE_DIR' not in keys, 'daemon environment absent', keys)
+    t.ok({'PATH', 'HOME', 'LANG', 'TERM', 'HOSTNAME'} <= set(keys), 'fixed environment present', keys)
+
+
+def test_nonexistent_cwd(t, x):
+    t.eq(x.c.err('exec', {'command': 'true', 'cwd': '/nope'}), 'FILE_NOT_FOUND', 'missing cwd is an error')
+
+
+def test_sandbox_creation_rules(t, x):
+    t.eq(x.c.err('readFile', {'sandboxId': 'never-made', 'path': '/etc/hostname'}), 'SANDBOX_NOT_FOUND',
+         'a looking tool does not create')
+    t.ok(not any(s['sandboxId'] == 'never-made' for s in x.c.ok('listSandboxes')['sandboxes']), 'still absent')
+    r = x.c.ok('createSandbox', {'sandboxId': 'made', 'env': {'GREETING': 'hi'}})
+    t.eq(r, {'sandboxId': 'made', 'status': 'running', 'created': True}, 'createSandbox')
+    r = x.c.ok('createSandbox', {'sandboxId': 'made'})
+    t.eq(r['created'], False, 'createSandbox is idempotent')
+    t.eq(x.c.sh('echo $GREETING', sandbox='made')['stdout'].strip(), 'hi', 'sandbox env reaches commands')
+    t.eq(x.c.ok('destroySandbox', {'sandboxId': 'made'}), {'sandboxId': 'made', 'destroyed': True}, 'destroySandbox')
+    t.eq(x.c.err('destroySandbox', {'sandboxId': 'made'}), 'SANDBOX_NOT_FOUND', 'destroy twice')
+    t.eq(x.c.err('createSandbox', {'sandboxId': 'x', 'sleepAfter': 'soon'}), 'VALIDATION_FAILED', 'bad sleepAfter')
+
+
+if __name__ == '__main__':
+    sys.exit(run_tests([test_basic, test_default_sandbox, test_session_state, test_stdin, test_timeout_kills_tree,
+                        test_background_does_not_block, test_cancel, test_progress_streams, test_output_bound,
+                        test_utf8, test_env_is_clean, test_nonexistent_cwd, test_sandbox_creation_rules], Ctx))

@@ -1,0 +1,99 @@
+"""The file tools, confined to the sandbox."""
+import base64
+import os
+import sys
+
+from sbxtest import Env, run_tests
+
+
+class Ctx:
+    def __init__(self):
+        self.env = Env()
+        self.c = self.env.mcp(['--sandbox', 'fs'])
+        self.c.initialize()
+
+    def close(self):
+        self.env.close()
+
+
+def test_write_read(t, x):
+    r = x.c.ok('writeFile', {'path': 'dir/sub/hello.txt', 'content': 'h\u00e9llo\n'})
+    t.eq(r, {'path': '/workspace/dir/sub/hello.txt', 'size': 7}, 'writeFile makes parents; relative is under /workspace')
+    r = x.c.ok('readFile', {'path': '/workspace/dir/sub/hello.txt'})
+    t.eq((r['content'], r['encoding'], r['isBinary'], r['mimeType'], r['size']),
+         ('h\u00e9llo\n', 'utf-8', False, 'text/plain', 7), 'readFile text')
+    own = x.c.sh('stat -c %U:%G /workspace/dir/sub/hello.txt /workspace/dir')['stdout'].split()
+    t.eq(own, ['root:root', 'root:root'], 'created files are owned by sandbox root')
+    t.eq(x.c.sh('cat dir/sub/hello.txt')['stdout'], 'h\u00e9llo\n', 'exec sees the file')
+
+
+def test_binary(t, x):
+    data = bytes(range(256)) * 10
+    x.c.ok('writeFile', {'path': 'bin.dat', 'content': base64.b64encode(data).decode(), 'encoding': 'base64'})
+    r = x.c.ok('readFile', {'path': 'bin.dat'})
+    t.ok(r['isBinary'] and r['encoding'] == 'base64' and base64.b64decode(r['content']) == data,
+         'binary round trip is exact and detected')
+    r = x.c.ok('readFile', {'path': 'bin.dat', 'encoding': 'utf-8'})
+    t.ok(r['encoding'] == 'base64', 'binary asked as utf-8 still comes back lossless')
+    t.eq(x.c.err('writeFile', {'path': 'x', 'content': '!!!', 'encoding': 'base64'}), 'VALIDATION_FAILED', 'bad base64')
+
+
+def test_limits(t, x):
+    x.c.sh('truncate -s 40M /workspace/big')
+    t.eq(x.c.err('readFile', {'path': 'big'}), 'FILE_TOO_LARGE', 'readFile refuses past 32 MiB')
+    x.c.sh('head -c 33554432 /dev/zero > /workspace/edge')
+    r = x.c.ok('readFile', {'path': 'edge'}, timeout=60)
+    t.eq(r['size'], 33554432, 'readFile returns exactly 32 MiB')
+
+
+def test_list(t, x):
+    x.c.sh('mkdir -p /workspace/l/a/b && touch /workspace/l/f /workspace/l/.hidden /workspace/l/a/b/deep')
+    r = x.c.ok('listFiles', {'path': '/workspace/l'})
+    t.eq(sorted(f['name'] for f in r['files']), ['a', 'f'], 'listFiles hides dotfiles')
+    r = x.c.ok('listFiles', {'path': '/workspace/l', 'includeHidden': True, 'recursive': True})
+    t.eq(sorted(f['path'] for f in r['files']),
+         ['/workspace/l/.hidden', '/workspace/l/a', '/workspace/l/a/b', '/workspace/l/a/b/deep', '/workspace/l/f'],
+         'recursive with hidden')
+    f = [e for e in r['files'] if e['name'] == 'a'][0]
+    t.ok(f['type'] == 'directory' and f['mode'] == '0755' and f['modifiedAt'].endswith('Z'), 'entry fields', f)
+    t.eq(x.c.err('listFiles', {'path': '/workspace/l/f'}), 'NOT_DIRECTORY', 'listing a file')
+    t.eq(x.c.err('listFiles', {'path': '/nope'}), 'FILE_NOT_FOUND', 'listing nothing')
+
+
+def test_mkdir_delete_rename(t, x):
+    t.eq(x.c.err('mkdir', {'path': '/workspace/m/n'}), 'FILE_NOT_FOUND', 'mkdir without recursive needs the parent')
+    x.c.ok('mkdir', {'path': '/workspace/m/n', 'recursive': True})
+    x.c.ok('mkdir', {'path': '/workspace/m/n', 'recursive': True})
+    t.eq(x.c.err('mkdir', {'path': '/workspace/m'}), 'FILE_EXISTS', 'mkdir of an existing dir')
+    x.c.ok('writeFile', {'path': '/workspace/m/n/f', 'content': 'x'})
+    t.eq(x.c.err('deleteFile', {'path': '/workspace/m'}), 'IS_DIRECTORY', 'deleteFile refuses a directory')
+    x.c.ok('renameFile', {'oldPath': '/workspace/m/n/f', 'newPath': '/workspace/m/g'})
+    t.eq(x.c.ok('exists', {'path': '/workspace/m/g'})['exists'], True, 'renamed file exists')
+    t.eq(x.c.ok('exists', {'path': '/workspace/m/n/f'})['exists'], False, 'old name gone')
+    x.c.ok('moveFile', {'sourcePath': '/workspace/m/g', 'destinationPath': '/workspace/m/n'})
+    t.eq(x.c.ok('exists', {'path': '/workspace/m/n/g'})['exists'], True, 'moveFile into a directory')
+    x.c.sh('ln -s /etc /workspace/m/n/link')
+    x.c.ok('deleteFile', {'path': '/workspace/m', 'recursive': True})
+    t.eq(x.c.ok('exists', {'path': '/workspace/m'})['exists'], False, 'recursive delete')
+    t.eq(x.c.sh('test -f /etc/hostname && echo kept')['stdout'].strip(), 'kept', 'symlink target untouched')
+    t.eq(x.c.err('deleteFile', {'path': '/workspace/none'}), 'FILE_NOT_FOUND', 'delete missing')
+
+
+def test_confinement(t, x):
+    x.c.sh('ln -sf / /workspace/rootlink; ln -sf ../../../../etc/hostname /workspace/rel; mkfifo /workspace/fifo')
+    for path in ('/workspace/../../../../etc/hostname', '/workspace/rootlink/etc/hostname', '/workspace/rel'):
+        r = x.c.ok('readFile', {'path': path})
+        t.eq(r['content'].strip(), 'fs', '%s resolves inside the sandbox' % path)
+    t.eq(x.c.err('readFile', {'path': '/workspace/fifo'}, timeout=10), 'PERMISSION_DENIED', 'a FIFO is refused, not hung on')
+    t.eq(x.c.err('readFile', {'path': '/proc/self/root/etc/shadow'}), 'FILE_NOT_FOUND',
+         '/proc/self/root does not lead out')
+    t.eq(x.c.err('readFile', {'path': '/proc/1/environ'}), 'PERMISSION_DENIED', 'kernel files are refused')
+    t.eq(x.c.err('readFile', {'path': '/dev/zero'}), 'PERMISSION_DENIED', 'devices are refused')
+    x.c.ok('writeFile', {'path': '/workspace/rootlink/tmp/via-link', 'content': 'x'})
+    t.ok(not os.path.exists('/tmp/via-link'), 'writing through an absolute symlink stays inside')
+    t.eq(x.c.sh('cat /tmp/via-link')['stdout'], 'x', 'the write landed in the sandbox')
+
+
+if __name__ == '__main__':
+    sys.exit(run_tests([test_write_read, test_binary, test_limits, test_list, test_mkdir_delete_rename,
+                        test_confinement], Ctx))

@@ -1,0 +1,85 @@
+"""Limits: a fork bomb stops at pids, a memory hog is killed in its cgroup,
+dd stops at diskMB; the daemon and other sandboxes keep answering."""
+import sys
+import threading
+import time
+
+from sbxtest import Env, run_tests
+
+
+class Ctx:
+    def __init__(self):
+        self.env = Env()
+        self.c = self.env.mcp(['--sandbox', 'calm'])
+        self.c.initialize()
+        self.c.sh('true')  # the bystander exists before the abuse starts
+        self.other = self.env.mcp(['--sandbox', 'calm'])
+        self.other.initialize()
+
+    def close(self):
+        self.env.close()
+
+
+def while_abusing(x, tool_args, timeout=120):
+    """Runs an abusive call on its own connection while the bystander keeps
+    calling; returns (abuse result, bystander results)."""
+    abuser = x.env.mcp(['--sandbox', 'calm'])
+    abuser.initialize()
+    out = {}
+    th = threading.Thread(target=lambda: out.setdefault('r', abuser.call('exec', tool_args, timeout=timeout)[0]))
+    th.start()
+    answers = []
+    while th.is_alive() and len(answers) < 50:
+        r = x.other.ok('exec', {'command': 'echo pong'}, timeout=30)
+        answers.append(r['stdout'])
+        th.join(0.05)
+    th.join(timeout)
+    abuser.close()
+    return out.get('r'), answers
+
+
+def test_fork_bomb(t, x):
+    x.c.ok('createSandbox', {'sandboxId': 'bomb', 'limits': {'pids': 64}})
+    r, answers = while_abusing(x, {'sandboxId': 'bomb', 'timeout': 5000,
+                                   'command': 'bomb() { bomb | bomb & }; bomb; sleep 3; ps -e --no-headers | wc -l'})
+    t.ok(r is not None and 'structuredContent' in r, 'the fork bomb call returned a result')
+    n = x.c.sh('ps -e --no-headers | wc -l', sandbox='bomb')['stdout'].strip()
+    t.ok(int(n) < 64, 'nothing of the bomb survives the call (%s processes)' % n)
+    t.ok(answers and all(a == 'pong\n' for a in answers), 'another sandbox answered throughout (%d calls)' % len(answers))
+    r = x.c.sh('for i in $(seq 100); do sleep 30 & done 2>/dev/null; ps -e --no-headers | wc -l', sandbox='bomb', timeout=20000)
+    t.ok(int(r['stdout'].strip()) <= 64, 'process count stops at pids=64 (%s)' % r['stdout'].strip())
+
+
+def test_memory_hog(t, x):
+    x.c.ok('createSandbox', {'sandboxId': 'hog', 'limits': {'memoryMB': 64}})
+    r, answers = while_abusing(x, {'sandboxId': 'hog', 'command': 'python3 -c "a = bytearray(1024*1024*1024); print(len(a))"'})
+    s = r['structuredContent']
+    t.ok(s['exitCode'] == 137 and not s['success'], 'the hog is killed (exit %s)' % s['exitCode'])
+    t.ok(s.get('oomKilled') is True, 'oomKilled reported')
+    t.ok(answers and all(a == 'pong\n' for a in answers), 'daemon kept answering')
+    t.eq(x.c.sh('echo still here', sandbox='hog')['stdout'], 'still here\n', 'the sandbox itself survives')
+
+
+def test_disk(t, x):
+    x.c.ok('createSandbox', {'sandboxId': 'disk', 'limits': {'diskMB': 32}})
+    r = x.c.sh('dd if=/dev/zero of=/workspace/fill bs=1M count=100 2>&1; echo rc=$?; du -m /workspace/fill | cut -f1',
+               sandbox='disk', timeout=60000)
+    out = r['stdout']
+    t.ok('No space left' in out, 'dd stops with ENOSPC', out)
+    mb = int(out.strip().split()[-1])
+    t.ok(mb <= 32, 'file bounded by diskMB (%d MB)' % mb)
+    r = x.c.sh('touch /usr/bin/zzz 2>&1; echo rc=$?', sandbox='disk')
+    x.c.sh('rm -f /workspace/fill', sandbox='disk')
+    t.eq(x.c.sh('echo ok > /workspace/after && cat /workspace/after', sandbox='disk')['stdout'], 'ok\n',
+         'space is back after deleting')
+    t.eq(x.c.err('writeFile', {'sandboxId': 'disk', 'path': '/workspace/big', 'content': 'x' * (40 << 20)}, timeout=60),
+         'RESOURCE_LIMIT', 'writeFile past diskMB is RESOURCE_LIMIT')
+
+
+def test_flood(t, x):
+    r = x.c.sh('yes flood | head -c 50000000; echo', timeout=60000)
+    t.ok(r['truncated'] and len(r['stdout']) < 70000, 'a 50 MB flood is cut at the bound')
+
+
+if __name__ == '__main__':
+    sys.exit(run_tests([test_fork_bomb, test_memory_hog, test_disk, test_flood], Ctx))

@@ -1,0 +1,64 @@
+"""The daemon as an unprivileged user: exec, files and namespaces work;
+limits it cannot enforce fail with RESOURCE_LIMIT; nothing of the host
+leaks."""
+import os
+import sys
+
+from sbxtest import Env, run_tests
+
+UID = GID = 4242  # an unprivileged uid with no other business on the machine
+
+
+class Ctx:
+    def __init__(self):
+        self.env = Env(user=(UID, GID))
+        self.c = self.env.mcp(['--sandbox', 'rl'])
+        self.c.initialize()
+
+    def close(self):
+        self.env.close()
+
+
+def test_exec_and_identity(t, x):
+    pid = None
+    r = x.c.sh('id -u; cat /proc/self/uid_map')
+    lines = r['stdout'].split('\n')
+    t.eq(lines[0], '0', 'commands run as root of the sandbox')
+    t.eq(lines[1].split(), ['0', str(UID), '1'], 'sandbox root is the invoking user')
+    pid = x.env.daemon_pid()
+    st = os.stat('/proc/%d' % pid)
+    t.eq(st.st_uid, UID, 'the daemon runs unprivileged')
+
+
+def test_files(t, x):
+    x.c.ok('writeFile', {'path': 'note.txt', 'content': 'rootless\n'})
+    t.eq(x.c.sh('cat /workspace/note.txt')['stdout'], 'rootless\n', 'files work')
+    t.eq(x.c.ok('readFile', {'path': '/etc/hostname'})['content'], 'rl\n', 'readFile works')
+
+
+def test_system_dirs_read_only(t, x):
+    r = x.c.sh('touch /usr/bin/x 2>&1; echo rc=$?')
+    t.ok('rc=1' in r['stdout'] and 'Read-only' in r['stdout'], '/usr is read-only without idmapped mounts', r['stdout'])
+    r = x.c.sh('echo 1.2.3.4 h >> /etc/hosts && echo ok')
+    t.eq(r['stdout'], 'ok\n', '/etc stays writable (overlay over our own template)')
+
+
+def test_limits(t, x):
+    t.eq(x.c.err('createSandbox', {'sandboxId': 'lim', 'limits': {'memoryMB': 128}}), 'RESOURCE_LIMIT',
+         'an explicit limit that cannot be enforced is RESOURCE_LIMIT')
+    r = x.c.sh('sleep 300 & sleep 300', timeout=500)
+    t.ok(r.get('timedOut'), 'timeout still works')
+    t.eq(x.c.sh('ps -e -o comm= | grep -c ^sleep || true')['stdout'].strip(), '0', 'and kills the tree')
+
+
+def test_escape(t, x):
+    r = x.c.sh('ls -A /root /home; cat /etc/shadow 2>&1 | head -1; unshare -U true 2>&1; echo rc=$?')
+    t.ok('rc=1' in r['stdout'] and 'root:' not in r['stdout'], 'no shadow, no nested user namespace', r['stdout'])
+    t.eq(x.c.sh('ps -e -o comm= | grep -c python3 || true')['stdout'].strip(), '0', 'host processes invisible')
+
+
+if __name__ == '__main__':
+    if os.geteuid() != 0:
+        print('1..0 # SKIP needs root to drop to an unprivileged user')
+        sys.exit(77)
+    sys.exit(run_tests([test_exec_and_identity, test_files, test_system_dirs_read_only, test_limits, test_escape], Ctx))
