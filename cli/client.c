@@ -28,8 +28,18 @@ static json_t *recv_msg(sbx_client *c, volatile sig_atomic_t *interrupted, bool 
       if (m) return m;
       continue;
     }
+    if (interrupted && *interrupted) {
+      *was_interrupted = true;
+      return NULL;
+    }
+    /* SIGINT and SIGTERM are blocked except while waiting here, so one that
+     * arrives between the check above and the wait is not lost */
+    sigset_t wait_mask;
+    sigprocmask(SIG_SETMASK, NULL, &wait_mask);
+    sigdelset(&wait_mask, SIGINT);
+    sigdelset(&wait_mask, SIGTERM);
     struct pollfd pf = {.fd = c->fd, .events = POLLIN};
-    int r = poll(&pf, 1, -1);
+    int r = ppoll(&pf, 1, NULL, &wait_mask);
     if (r < 0 && errno == EINTR) {
       if (interrupted && *interrupted) {
         *was_interrupted = true;

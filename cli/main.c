@@ -4,6 +4,7 @@
 #include "client.h"
 #include "../mcp-server/server.h"
 #include "../sandbox-core/doctor.h"
+#include "../sandbox-core/rootfs.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -127,6 +128,11 @@ static int cmd_exec(int argc, char **argv) {
   struct sigaction sa = {.sa_handler = on_sigint};
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
+  sigset_t block;
+  sigemptyset(&block);
+  sigaddset(&block, SIGINT);
+  sigaddset(&block, SIGTERM);
+  sigprocmask(SIG_BLOCK, &block, NULL);
   json_t *r = call(&c, "exec", args, exec_progress, NULL);
   sbx_client_close(&c);
   if (!r) return interrupted ? 130 : 1;
@@ -301,6 +307,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   const char *cmd = argv[1];
+  if (!strcmp(cmd, SBX_INIT_ARG) && getpid() == 1) sbx_rootfs_init_loop();
   if (!strcmp(cmd, "daemon")) {
     if (argc > 2 && !strcmp(argv[2], "stop")) {
       sbx_paths p;

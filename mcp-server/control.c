@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -114,8 +115,12 @@ static int start_daemon(const sbx_paths *p, char *err, size_t errlen) {
     char num[16];
     snprintf(num, sizeof num, "%d", w);
     setenv("SBX_READY_FD", num, 1);
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) _exit(127);
+    exe[n] = 0;
     char *argv[] = {"sbx", "daemon", NULL};
-    execv("/proc/self/exe", argv);
+    execv(exe, argv); /* by its real path, so its name (comm) is sbx */
     _exit(127);
   }
   close(ready[1]);
@@ -136,14 +141,21 @@ static int start_daemon(const sbx_paths *p, char *err, size_t errlen) {
 int sbx_connect(const sbx_paths *p, bool autostart, char *err, size_t errlen) {
   int fd = try_connect(p, err, errlen);
   if (fd >= 0 || fd == -2 || !autostart) return fd < 0 ? -1 : fd;
-  for (int attempt = 0; attempt < 3; attempt++) {
-    if (start_daemon(p, err, errlen) < 0) return -1;
-    fd = try_connect(p, err, errlen);
-    if (fd >= 0) return fd;
-    if (fd == -2) return -1;
+  /* Starters take turns: the first starts the daemon and waits until it
+   * listens; the others then find it. */
+  char path[1200];
+  snprintf(path, sizeof path, "%s/sbx.start.lock", p->runtime);
+  int lock = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (lock < 0 || flock(lock, LOCK_EX) < 0) {
+    snprintf(err, errlen, "locking %s: %s", path, strerror(errno));
+    if (lock >= 0) close(lock);
+    return -1;
   }
-  snprintf(err + strlen(err), errlen - strlen(err), " (daemon log: %s)", p->log);
-  return -1;
+  fd = try_connect(p, err, errlen);
+  if (fd == -1 && start_daemon(p, err, errlen) == 0) fd = try_connect(p, err, errlen);
+  close(lock);
+  if (fd == -1) snprintf(err + strlen(err), errlen - strlen(err), " (daemon log: %s)", p->log);
+  return fd < 0 ? -1 : fd;
 }
 
 int sbx_daemon_stop(const sbx_paths *p, char *err, size_t errlen) {

@@ -192,6 +192,8 @@ _Noreturn void sbx_rootfs_init_main(const sbx_init_args *a) {
   char path[4096], opts[8192];
   pid_t parent = getppid();
   prctl(PR_SET_PDEATHSIG, SIGKILL);
+  /* init re-executes sbx once the root is built (see below) */
+  int exe = open("/proc/self/exe", O_PATH | O_CLOEXEC);
   int fds[SBX_LAYERS_MAX];
   int nfds = recv_go(a->sock, fds, SBX_LAYERS_MAX);
   if (nfds < 0) _exit(1);
@@ -202,6 +204,15 @@ _Noreturn void sbx_rootfs_init_main(const sbx_init_args *a) {
   if (getppid() != parent) _exit(1);
   TRY(unshare(CLONE_NEWCGROUP), "cgroup namespace");
   TRY(mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL), "making mounts private");
+
+  sbx_layer layers[SBX_LAYERS_MAX];
+  int nl = sbx_rootfs_layers(a->etc_template, layers);
+  if (a->idmapped && nfds != nl) {
+    report(a->sock, "expected %d layer fds, got %d", nl, nfds);
+    _exit(1);
+  }
+  if (!a->idmapped) /* hold the host dirs before the stage hides any of them */
+    for (int i = 0; i < nl; i++) TRY(fds[i] = open(layers[i].host, O_PATH | O_DIRECTORY | O_CLOEXEC), layers[i].host);
 
   snprintf(opts, sizeof opts, "size=%llum,mode=0755", (unsigned long long)a->disk_mb);
   TRY(mount("sbx", STAGE, "tmpfs", MS_NOSUID | MS_NODEV, opts), "mounting the sandbox disk");
@@ -236,18 +247,15 @@ _Noreturn void sbx_rootfs_init_main(const sbx_init_args *a) {
     TRY(symlink(target, path), "symlink");
   }
 
-  sbx_layer layers[SBX_LAYERS_MAX];
-  int nl = sbx_rootfs_layers(a->etc_template, layers);
-  if (a->idmapped && nfds != nl) {
-    report(a->sock, "expected %d layer fds, got %d", nl, nfds);
-    _exit(1);
-  }
   for (int i = 0; i < nl; i++) {
+    char held[64];
+    snprintf(held, sizeof held, "/proc/self/fd/%d", fds[i]);
     char target[512];
     snprintf(target, sizeof target, NEWROOT "/%s", layers[i].target);
     bool writable = a->idmapped || !strcmp(layers[i].target, "etc");
     if (!writable) { /* rootless: the host's system dirs stay read-only */
-      TRY(bind_ro(layers[i].host, target), layers[i].host);
+      TRY(bind_ro(held, target), layers[i].host);
+      close(fds[i]);
       continue;
     }
     char lower[512], upper[512], work[512];
@@ -261,10 +269,11 @@ _Noreturn void sbx_rootfs_init_main(const sbx_init_args *a) {
       TRY(move_mount(fds[i], "", AT_FDCWD, lower, MOVE_MOUNT_F_EMPTY_PATH), "attaching idmapped layer");
       close(fds[i]);
     } else {
-      snprintf(lower, sizeof lower, "%s", layers[i].host);
+      snprintf(lower, sizeof lower, "%s", held);
     }
     snprintf(opts, sizeof opts, "lowerdir=%s,upperdir=%s,workdir=%s,userxattr", lower, upper, work);
     TRY(mount("overlay", target, "overlay", MS_NOSUID | MS_NODEV, opts), target);
+    if (!a->idmapped) close(fds[i]);
   }
 
   /* /dev */
@@ -338,18 +347,49 @@ _Noreturn void sbx_rootfs_init_main(const sbx_init_args *a) {
   TRY(ioctl(s, SIOCSIFFLAGS, &ifr), "bringing lo up");
   close(s);
 
-  /* become init: not dumpable (so not ptraceable from inside), reaping
-   * whatever is orphaned in the sandbox */
+  /* Become init by executing sbx again: an exec makes the sandbox's user
+   * namespace own init's memory, so the daemon (even rootless) may join it
+   * while processes inside, without CAP_SYS_PTRACE, may not touch it. */
+  TRY(exe, "opening /proc/self/exe");
+  if (exe == 3) TRY(exe = fcntl(exe, F_DUPFD_CLOEXEC, 4), "dup exe");
+  if (a->sock != 3) TRY(dup2(a->sock, 3), "dup2");
+  TRY(fcntl(3, F_SETFD, 0), "keeping the socket");
+  int null = open("/dev/null", O_RDWR);
+  if (null >= 0 && null != 0) dup2(null, 0);
+  char *argv[] = {"sbx-init", SBX_INIT_ARG, NULL}, *envp[] = {NULL};
+  syscall(SYS_execveat, exe, "", argv, envp, AT_EMPTY_PATH);
+  report(a->sock, "executing init: %s", strerror(errno));
+  _exit(1);
+}
+
+_Noreturn void sbx_rootfs_init_loop(void) {
   prctl(PR_SET_DUMPABLE, 0);
   prctl(PR_SET_NAME, "sbx-init");
   sigset_t set;
   sigfillset(&set);
   sigprocmask(SIG_BLOCK, &set, NULL);
-  report(a->sock, "ok");
-  int sock = a->sock;
-  if (sock > 0) close_range(0, sock - 1, 0);
-  close_range(sock + 1, ~0U, 0);
-  open("/dev/null", O_RDWR); /* fd 0: nothing of the daemon */
+  close_range(1, 2, 0);
+  close_range(4, ~0U, 0); /* fd 3: the daemon's socket, kept open */
+  /* the daemon gets the sandbox's root from the sandbox itself: reading
+   * /proc/PID/root of a non-dumpable init needs privileges a rootless
+   * daemon lacks */
+  int rootfd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (rootfd < 0) _exit(1);
+  char ok[] = "ok";
+  struct iovec iov = {ok, 2};
+  union {
+    struct cmsghdr h;
+    char buf[CMSG_SPACE(sizeof(int))];
+  } u;
+  struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
+  struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  memcpy(CMSG_DATA(c), &rootfd, sizeof(int));
+  if (sendmsg(3, &m, MSG_NOSIGNAL) < 0) _exit(1);
+  close(rootfd);
+
   for (;;) {
     siginfo_t si;
     int sig = sigwaitinfo(&set, &si);

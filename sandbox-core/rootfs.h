@@ -25,5 +25,10 @@ typedef struct sbx_init_args {
  * reports "ok" or an error on the socket, then becomes init. Never returns. */
 _Noreturn void sbx_rootfs_init_main(const sbx_init_args *a);
 
+/* The argument by which sbx re-executes itself as a sandbox's init. */
+#define SBX_INIT_ARG "__sandbox-init"
+/* The init loop: reaps orphans forever. */
+_Noreturn void sbx_rootfs_init_loop(void);
+
 /* Builds the /etc template (allowlisted host files) into dir. */
 int sbx_rootfs_build_etc(const char *dir);

@@ -292,6 +292,20 @@ static int send_go(int sock, const int *fds, int n) {
   return sendmsg(sock, &m, MSG_NOSIGNAL) == 1 ? 0 : -errno;
 }
 
+/* The init's reply: "ok" with its root directory fd, or an error text. */
+static ssize_t recv_reply(int sock, char *buf, size_t len, int *fd) {
+  struct iovec iov = {buf, len};
+  union {
+    struct cmsghdr h;
+    char cbuf[CMSG_SPACE(sizeof(int))];
+  } u;
+  struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.cbuf, .msg_controllen = sizeof u.cbuf};
+  ssize_t n = recvmsg(sock, &m, MSG_CMSG_CLOEXEC);
+  for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); n >= 0 && c; c = CMSG_NXTHDR(&m, c))
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) memcpy(fd, CMSG_DATA(c), sizeof(int));
+  return n;
+}
+
 static void sandbox_free(sbx_sandbox *sb) {
   if (sb->rootfd >= 0) close(sb->rootfd);
   if (sb->init_pidfd >= 0) close(sb->init_pidfd);
@@ -403,19 +417,18 @@ int sbx_sandbox_create(const char *id, const sbx_sandbox_opts *opts, sbx_sandbox
   }
   struct pollfd p = {.fd = sv[0], .events = POLLIN};
   int pr = poll(&p, 1, 15000);
-  ssize_t n = pr > 0 ? recv(sv[0], reply, sizeof reply - 1, 0) : -1;
+  int rootfd = -1;
+  ssize_t n = pr > 0 ? recv_reply(sv[0], reply, sizeof reply - 1, &rootfd) : -1;
   if (n > 0) reply[n] = 0;
+  sb->rootfd = rootfd;
   if (n <= 0 || strcmp(reply, "ok")) {
     sbx_err(err, "INTERNAL", "setting up sandbox '%s': %s", id,
             n > 0 ? reply : pr == 0 ? "timed out" : "its init died");
     goto fail;
   }
   close(sv[0]);
-  char path[64];
-  snprintf(path, sizeof path, "/proc/%d/root", pid);
-  sb->rootfd = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
   if (sb->rootfd < 0) {
-    sbx_err_errno(err, "INTERNAL", errno, "opening the root of sandbox '%s'", id);
+    sbx_err(err, "INTERNAL", "sandbox '%s' sent no root directory", id);
     sv[0] = -1;
     goto fail;
   }

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import threading
 
-from sbxtest import Env, run_tests, wait_until
+from sbxtest import SBX, Env, run_tests, wait_until
 
 
 class Ctx:
@@ -24,7 +24,7 @@ def test_exec(t, x):
     t.eq(r.stdout, b'1 /tmp\n', 'words after -- are quoted; -e and --cwd apply')
     r = x.env.run(['exec', '-s', 'cli', '--timeout', '300', '--', 'sleep 30'])
     t.ok(r.returncode != 0 and b'timed out' in r.stderr, 'timeout', r.stderr)
-    p = subprocess.Popen([os.environ.get('SBX', 'sbx'), 'exec', '-s', 'cli', '--', 'echo ready; sleep 100'],
+    p = subprocess.Popen([SBX, 'exec', '-s', 'cli', '--', 'echo ready; sleep 100'],
                          stdout=subprocess.PIPE, env=x.env.env, cwd=x.env.root)
     t.eq(p.stdout.readline(), b'ready\n', 'output streams before the command ends')
     p.send_signal(2)
@@ -82,6 +82,7 @@ def test_autostart_and_stop(t, x):
     try:
         c = env.mcp(['--sandbox', 'auto'])
         c.initialize()
+        c.sh('true')
         pid = env.daemon_pid()
         t.ok(pid is not None, 'sbx mcp started a daemon')
         st = open('/proc/%d/stat' % pid).read().split(')')[1].split()
@@ -125,6 +126,8 @@ def test_racing_starters(t, x):
 
 def _is_daemon_of(pid, env):
     try:
+        if open('/proc/%s/comm' % pid).read().strip() != 'sbx':
+            return False  # sandbox inits share the daemon's command line
         cmd = open('/proc/%s/cmdline' % pid, 'rb').read().split(b'\0')
         e = open('/proc/%s/environ' % pid, 'rb').read().split(b'\0')
     except OSError:
