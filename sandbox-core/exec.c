@@ -46,7 +46,7 @@ struct sbx_exec {
   size_t limit;
   bool exited, done, timed_out, cancelled;
   int exit_code;
-  uint64_t start_us, oom_before;
+  uint64_t start_us;
   int handles; /* open libuv handles; freed when 0 after done */
   sbx_exec_chunk_cb on_chunk;
   sbx_exec_done_cb on_done;
@@ -138,7 +138,8 @@ static void finish(sbx_exec *x) {
   res.timed_out = x->timed_out;
   res.cancelled = x->cancelled;
   res.duration_ms = (sbx_now_us() - x->start_us) / 1000;
-  if (x->sb && x->sb->cg.n) res.oom = sbx_cg_oom_kills(&x->sb->cg) > x->oom_before;
+  /* the kernel counts an OOM kill in the victim's own cgroup: this exec's */
+  if (x->cg.n) res.oom = sbx_cg_oom_kills(&x->cg) > 0;
   char *raw[2];
   size_t rawlen[2];
   for (int i = 0; i < 2; i++) {
@@ -329,7 +330,6 @@ int sbx_exec_start(uv_loop_t *loop, sbx_sandbox *sb, const sbx_exec_opts *o, sbx
       sbx_err_errno(err, "INTERNAL", -r, "creating the command's cgroup");
       goto fail;
     }
-    x->oom_before = sbx_cg_oom_kills(&sb->cg);
   }
   /* fd 0: stdin or /dev/null; 1, 2: output; 3: shell state */
   if (o->stdin_data) {

@@ -154,8 +154,30 @@ class Env:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+            remove_cgroups(pid)
         shutil.rmtree(self.root, ignore_errors=True)
         self.root = None
+
+
+def remove_cgroups(daemon_pid):
+    """Removes what a killed daemon left in the cgroup trees (its
+    sbx-PID subtree), deepest first, after killing any process still in it."""
+    import glob
+    for top in glob.glob('/sys/fs/cgroup/*/**/sbx-%d' % daemon_pid, recursive=True) + \
+            glob.glob('/sys/fs/cgroup/sbx-%d' % daemon_pid):
+        dirs = sorted((d for d, _, _ in os.walk(top)), key=len, reverse=True)
+        for d in dirs:
+            try:
+                for p in open(os.path.join(d, 'cgroup.procs')).read().split():
+                    os.kill(int(p), signal.SIGKILL)
+            except OSError:
+                pass
+        for d in dirs:
+            try:
+                wait_until(lambda: not open(os.path.join(d, 'cgroup.procs')).read().strip(), 5, 'cgroup to empty')
+                os.rmdir(d)
+            except Exception:
+                pass
 
 
 # ---- MCP clients -----------------------------------------------------------
