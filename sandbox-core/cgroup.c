@@ -277,9 +277,8 @@ int sbx_cg_kill(const sbx_cgroup *c) {
 }
 
 bool sbx_cg_populated(const sbx_cgroup *c) {
-  for (int i = 0; i < c->n; i++)
-    if (for_each_pid(c->dirs[i], 0, NULL, NULL) > 0) return true;
-  return false;
+  /* every hierarchy holds the same tasks: one is enough to look at */
+  return c->n > 0 && for_each_pid(c->dirs[0], 0, NULL, NULL) > 0;
 }
 
 uint64_t sbx_cg_oom_kills(const sbx_cgroup *c) {

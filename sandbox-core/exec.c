@@ -46,7 +46,7 @@ struct sbx_exec {
   size_t limit;
   bool exited, done, timed_out, cancelled;
   int exit_code;
-  uint64_t start_us;
+  uint64_t start_us, oom_before;
   int handles; /* open libuv handles; freed when 0 after done */
   sbx_exec_chunk_cb on_chunk;
   sbx_exec_done_cb on_done;
@@ -55,6 +55,29 @@ struct sbx_exec {
 };
 
 static sbx_exec *all_execs;
+
+/* Idle command cgroups of a sandbox, reused instead of made and removed for
+ * every call (they are empty once a command's tree is gone). */
+#define CG_POOL 8
+static void cg_release(sbx_sandbox *sb, sbx_cgroup *cg) {
+  if (sb && sb->cg_pool_n < CG_POOL && !sbx_cg_populated(cg)) {
+    sb->cg_pool[sb->cg_pool_n++] = *cg;
+    *cg = (sbx_cgroup){0};
+    return;
+  }
+  sbx_cg_remove(cg);
+  sbx_cg_free(cg);
+}
+
+static int cg_acquire(sbx_sandbox *sb, sbx_cgroup *out) {
+  if (sb->cg_pool_n > 0) {
+    *out = sb->cg_pool[--sb->cg_pool_n];
+    return 0;
+  }
+  char name[64];
+  snprintf(name, sizeof name, "exec-%llu", (unsigned long long)++sb->exec_seq);
+  return sbx_cg_create(&sb->cg, name, out);
+}
 
 static void on_close(uv_handle_t *h) {
   sbx_exec *x = h->data;
@@ -139,7 +162,7 @@ static void finish(sbx_exec *x) {
   res.cancelled = x->cancelled;
   res.duration_ms = (sbx_now_us() - x->start_us) / 1000;
   /* the kernel counts an OOM kill in the victim's own cgroup: this exec's */
-  if (x->cg.n) res.oom = sbx_cg_oom_kills(&x->cg) > 0;
+  if (x->cg.n) res.oom = sbx_cg_oom_kills(&x->cg) > x->oom_before;
   char *raw[2];
   size_t rawlen[2];
   for (int i = 0; i < 2; i++) {
@@ -151,9 +174,7 @@ static void finish(sbx_exec *x) {
   free(raw[0]);
   free(raw[1]);
   res.output_path = x->s[0].path ? x->s[0].path : x->s[1].path;
-  if (x->cg.n) {
-    sbx_cg_remove(&x->cg);
-  }
+  if (x->cg.n) cg_release(x->sb, &x->cg);
   x->on_done(x->ud, &res, NULL);
   free(res.out);
   free(res.err);
@@ -253,7 +274,7 @@ static void pid_cb(uv_poll_t *p, int status, int events) {
   x->exited = true;
   x->exit_code = sbx_spawn_exit_code(&si);
   /* nothing of the command outlives it: background children go too */
-  if (x->cg.n) sbx_cg_kill(&x->cg);
+  if (x->cg.n && sbx_cg_populated(&x->cg)) sbx_cg_kill(&x->cg);
   else uv_timer_start(&x->drain, drain_cb, 100, 0);
   finish(x);
 }
@@ -323,13 +344,12 @@ int sbx_exec_start(uv_loop_t *loop, sbx_sandbox *sb, const sbx_exec_opts *o, sbx
 
   int fds[4] = {-1, -1, -1, -1}, ours[4] = {-1, -1, -1, -1};
   int r = 0;
-  char name[64];
   if (sb->cg.n) {
-    snprintf(name, sizeof name, "exec-%llu", (unsigned long long)++sb->exec_seq);
-    if ((r = sbx_cg_create(&sb->cg, name, &x->cg)) < 0) {
+    if ((r = cg_acquire(sb, &x->cg)) < 0) {
       sbx_err_errno(err, "INTERNAL", -r, "creating the command's cgroup");
       goto fail;
     }
+    x->oom_before = sbx_cg_oom_kills(&x->cg);
   }
   /* fd 0: stdin or /dev/null; 1, 2: output; 3: shell state */
   if (o->stdin_data) {
@@ -398,8 +418,7 @@ fail:
     if (ours[i] >= 0) close(ours[i]);
   }
   sbx_env_clear(&env);
-  if (x->cg.n) sbx_cg_remove(&x->cg);
-  sbx_cg_free(&x->cg);
+  if (x->cg.n) cg_release(sb, &x->cg);
   sbx_headtail_free(&x->s[0].ht);
   sbx_headtail_free(&x->s[1].ht);
   sbx_env_clear(&x->call_env);

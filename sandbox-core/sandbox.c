@@ -310,6 +310,7 @@ static void sandbox_free(sbx_sandbox *sb) {
   if (sb->rootfd >= 0) close(sb->rootfd);
   if (sb->init_pidfd >= 0) close(sb->init_pidfd);
   sbx_cg_free(&sb->cg);
+  for (int i = 0; i < sb->cg_pool_n; i++) sbx_cg_free(&sb->cg_pool[i]);
   sbx_env_clear(&sb->opts.env);
   while (sb->sessions) {
     sbx_session *s = sb->sessions;

@@ -49,6 +49,8 @@ typedef struct sbx_sandbox {
   uid_t uid_base;
   int slot;
   sbx_cgroup cg;
+  sbx_cgroup cg_pool[8]; /* idle command cgroups (exec.c) */
+  int cg_pool_n;
   sbx_sandbox_opts opts;
   sbx_session *sessions;
   uint64_t created_wall_ms, last_activity_wall_ms;

@@ -125,6 +125,8 @@ class Env:
         return c
 
     def socket_client(self):
+        if not os.path.exists(os.path.join(self.runtime, 'sbx.sock')):
+            self.run(['ls'])  # any client verb starts the daemon
         c = SocketClient(os.path.join(self.runtime, 'sbx.sock'))
         self.clients.append(c)
         return c
