@@ -19,7 +19,7 @@ static void on_sigint(int s) {
 
 static void usage(FILE *f) {
   fputs("usage: sbx COMMAND ...\n"
-        "  sbx mcp [--sandbox ID]          MCP server on stdio (for agents)\n"
+        "  sbx mcp [--sandbox ID] [--tools a,b] [--read-only]   MCP server on stdio (for agents)\n"
         "  sbx daemon [stop]               run (or stop) the daemon\n"
         "  sbx exec [-s ID] [--session S] [--cwd D] [--timeout MS] [-e K=V]... -- CMD...\n"
         "  sbx ls                          list sandboxes\n"
@@ -321,10 +321,14 @@ int main(int argc, char **argv) {
     return sbx_daemon_main();
   }
   if (!strcmp(cmd, "mcp")) {
-    const char *sandbox = NULL;
+    const char *sandbox = NULL, *tools = NULL;
+    bool read_only = false;
     for (int i = 2; i < argc; i++) {
       if (!strcmp(argv[i], "--sandbox") && i + 1 < argc) sandbox = argv[++i];
       else if (!strncmp(argv[i], "--sandbox=", 10)) sandbox = argv[i] + 10;
+      else if (!strcmp(argv[i], "--tools") && i + 1 < argc) tools = argv[++i];
+      else if (!strncmp(argv[i], "--tools=", 8)) tools = argv[i] + 8;
+      else if (!strcmp(argv[i], "--read-only")) read_only = true;
       else {
         fprintf(stderr, "sbx mcp: unknown option %s\n", argv[i]);
         return 2;
@@ -334,7 +338,7 @@ int main(int argc, char **argv) {
       fprintf(stderr, "sbx mcp: --sandbox must be 1-63 of [a-z0-9-]\n");
       return 2;
     }
-    return sbx_relay_main(sandbox);
+    return sbx_relay_main(sandbox, tools, read_only);
   }
   if (!strcmp(cmd, "exec")) return cmd_exec(argc - 1, argv + 1);
   if (!strcmp(cmd, "ls")) return cmd_ls();

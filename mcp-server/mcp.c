@@ -3,10 +3,28 @@
 #include "schema.h"
 #include "tools_json.h"
 
+#include <stdarg.h>
 #include <string.h>
 
-/* Protocol versions of the legacy (initialize) era, oldest first. */
+#include "../sandbox-core/files.h"
+
+/* Protocol versions of the legacy (initialize) era, oldest first, and of
+ * the modern (stateless, per-request) era. */
 static const char *const versions[] = {"2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"};
+#define MODERN_VERSION "2026-07-28"
+#define META_VERSION "io.modelcontextprotocol/protocolVersion"
+#define META_CAPS "io.modelcontextprotocol/clientCapabilities"
+#define META_LOGLEVEL "io.modelcontextprotocol/logLevel"
+#define META_SERVER_INFO "io.modelcontextprotocol/serverInfo"
+#define LIST_TTL_MS 300000
+#define RESOURCE_TEMPLATE "sbx://{sandboxId}/{+path}"
+
+static const char *const log_levels[] = {"debug", "info", "notice", "warning", "error", "critical", "alert", "emergency"};
+static int log_level_index(const char *l) {
+  for (size_t i = 0; l && i < SBX_ARRAY_SIZE(log_levels); i++)
+    if (!strcmp(l, log_levels[i])) return (int)i;
+  return -1;
+}
 
 static const char instructions[] =
     "sbx gives you isolated Linux sandboxes on this machine. Every tool takes an optional sandboxId "
@@ -20,6 +38,7 @@ static const char instructions[] =
 
 struct mcp_tool {
   const char *name;
+  bool read_only;
   json_t *def;          /* the tools/list entry */
   json_t *input_schema; /* borrowed from def */
   const mcp_handler *h;
@@ -40,6 +59,9 @@ struct mcp_conn {
   bool closed;
   int refs;
   char default_sandbox[64];
+  int log_level;   /* legacy era: logging/setLevel; -1 = none asked */
+  bool read_only;  /* `sbx mcp --read-only` */
+  json_t *allowed; /* `sbx mcp --tools a,b`: names, or NULL for all */
   mcp_call *calls;
 };
 
@@ -76,6 +98,7 @@ int mcp_catalog_init(char *errbuf, size_t errlen) {
     mt->name = json_string_value(json_object_get(t, "name"));
     mt->creates = json_is_true(json_object_get(t, "creates"));
     mt->global = json_is_true(json_object_get(t, "global"));
+    mt->read_only = json_is_true(json_object_get(json_object_get(t, "annotations"), "readOnlyHint"));
     for (size_t k = 0; k < mcp_handler_count; k++)
       if (!strcmp(mcp_handlers[k].name, mt->name)) mt->h = &mcp_handlers[k];
     if (!mt->h) {
@@ -116,15 +139,30 @@ static void send_json(mcp_conn *c, json_t *msg) {
     json_decref(msg);
     return;
   }
-  char *s = json_dumps(msg, JSON_COMPACT | JSON_ENSURE_ASCII * 0);
+  char *s = json_dumps(msg, JSON_COMPACT);
   json_decref(msg);
   if (!s) return;
   c->send(c->ud, s, strlen(s));
   free(s);
 }
 
-static void send_result(mcp_conn *c, json_t *id, json_t *result) {
+/* A result, shaped for its era: modern results carry resultType and the
+ * server's identity in _meta. */
+static void send_result(mcp_conn *c, json_t *id, bool modern, json_t *result) {
+  if (modern) {
+    json_object_set_new(result, "resultType", json_string("complete"));
+    json_object_set_new(result, "_meta", json_pack("{s:{s:s, s:s}}", META_SERVER_INFO, "name", MCP_SERVER_NAME,
+                                                   "version", MCP_SERVER_VERSION));
+  }
   send_json(c, json_pack("{s:s, s:O, s:o}", "jsonrpc", "2.0", "id", id, "result", result));
+}
+
+static void send_list_result(mcp_conn *c, json_t *id, bool modern, json_t *result) {
+  if (modern) {
+    json_object_set_new(result, "ttlMs", json_integer(LIST_TTL_MS));
+    json_object_set_new(result, "cacheScope", json_string("private"));
+  }
+  send_result(c, id, modern, result);
 }
 
 void mcp_conn_send_error(mcp_conn *c, json_t *id, int code, const char *message) {
@@ -132,10 +170,18 @@ void mcp_conn_send_error(mcp_conn *c, json_t *id, int code, const char *message)
                          code, "message", message));
 }
 
+static void send_error_data(mcp_conn *c, json_t *id, int code, const char *message, json_t *data) {
+  send_json(c, json_pack("{s:s, s:O, s:{s:i, s:s, s:o}}", "jsonrpc", "2.0", "id", id, "error", "code", code, "message",
+                         message, "data", data));
+}
+
 /* ---- calls ------------------------------------------------------------- */
 
 static void conn_unref(mcp_conn *c) {
-  if (--c->refs == 0) free(c);
+  if (--c->refs == 0) {
+    json_decref(c->allowed);
+    free(c);
+  }
 }
 
 static void call_free(mcp_call *call) {
@@ -157,7 +203,7 @@ void mcp_call_ok(mcp_call *call, json_t *structured, const char *text) {
   if (call->conn && !call->cancelled) {
     json_t *res = json_pack("{s:[{s:s, s:s}], s:O, s:b}", "content", "type", "text", "text", text ? text : "",
                             "structuredContent", structured, "isError", 0);
-    send_result(call->conn, call->id, res);
+    send_result(call->conn, call->id, call->modern, res);
   }
   json_decref(structured);
   call_free(call);
@@ -169,7 +215,7 @@ void mcp_call_fail(mcp_call *call, const sbx_error *err) {
     snprintf(text, sizeof text, "%s: %s", err->code, err->message);
     json_t *res = json_pack("{s:[{s:s, s:s}], s:{s:{s:s, s:s}}, s:b}", "content", "type", "text", "text", text,
                             "structuredContent", "error", "code", err->code, "message", err->message, "isError", 1);
-    send_result(call->conn, call->id, res);
+    send_result(call->conn, call->id, call->modern, res);
   }
   call_free(call);
 }
@@ -183,39 +229,98 @@ void mcp_call_progress(mcp_call *call, const char *stream, const char *text, siz
   send_json(call->conn, msg);
 }
 
+void mcp_call_log(mcp_call *call, const char *level, const char *fmt, ...) {
+  int want = log_level_index(level);
+  if (!call->conn || call->cancelled || call->log_level < 0 || want < call->log_level) return;
+  char msg[600];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  send_json(call->conn, json_pack("{s:s, s:s, s:{s:s, s:s, s:{s:s, s:s}}}", "jsonrpc", "2.0", "method",
+                                  "notifications/message", "params", "level", level, "logger", "sbx", "data",
+                                  "sandboxId", call->sandbox_id, "message", msg));
+}
+
 /* ---- dispatch ---------------------------------------------------------- */
 
-static void do_initialize(mcp_conn *c, json_t *id, json_t *params) {
-  const char *asked = json_string_value(json_object_get(params, "protocolVersion"));
+typedef struct request {
+  mcp_conn *c;
+  json_t *id;
+  json_t *params; /* never NULL */
+  bool modern;
+  int log_level;
+} request;
+
+static json_t *capabilities(void) {
+  return json_pack("{s:{s:b}, s:{s:b, s:b}, s:{}}", "tools", "listChanged", 0, "resources", "subscribe", 0,
+                   "listChanged", 0, "logging");
+}
+
+static void do_initialize(request *r) {
+  const char *asked = json_string_value(json_object_get(r->params, "protocolVersion"));
   const char *v = versions[SBX_ARRAY_SIZE(versions) - 1];
   for (size_t i = 0; asked && i < SBX_ARRAY_SIZE(versions); i++)
     if (!strcmp(asked, versions[i])) v = versions[i];
-  send_result(c, id,
-              json_pack("{s:s, s:{s:{s:b}, s:{}}, s:{s:s, s:s, s:s}, s:s}", "protocolVersion", v, "capabilities",
-                        "tools", "listChanged", 0, "logging", "serverInfo", "name", MCP_SERVER_NAME, "title",
-                        "sbx sandboxes", "version", MCP_SERVER_VERSION, "instructions", instructions));
+  send_result(r->c, r->id, false,
+              json_pack("{s:s, s:o, s:{s:s, s:s, s:s}, s:s}", "protocolVersion", v, "capabilities", capabilities(),
+                        "serverInfo", "name", MCP_SERVER_NAME, "title", "sbx sandboxes", "version", MCP_SERVER_VERSION,
+                        "instructions", instructions));
 }
 
-static void do_tools_call(mcp_conn *c, json_t *id, json_t *params) {
-  const char *name = json_string_value(json_object_get(params, "name"));
-  if (!name) return mcp_conn_send_error(c, id, -32602, "tools/call needs params.name");
+static json_t *supported_versions(void) {
+  json_t *a = json_array();
+  json_array_append_new(a, json_string(MODERN_VERSION));
+  for (size_t i = SBX_ARRAY_SIZE(versions); i-- > 0;) json_array_append_new(a, json_string(versions[i]));
+  return a;
+}
+
+static void do_discover(request *r) {
+  send_result(r->c, r->id, true,
+              json_pack("{s:i, s:s, s:o, s:o, s:s}", "ttlMs", LIST_TTL_MS, "cacheScope", "private",
+                        "supportedVersions", supported_versions(), "capabilities", capabilities(), "instructions",
+                        instructions));
+}
+
+static bool tool_enabled(mcp_conn *c, const mcp_tool *t) {
+  if (c->read_only && !t->read_only) return false;
+  if (!c->allowed) return true;
+  size_t i;
+  json_t *n;
+  json_array_foreach(c->allowed, i, n) if (!strcmp(json_string_value(n), t->name)) return true;
+  return false;
+}
+
+static void do_tools_list(request *r) {
+  json_t *list = json_array();
+  for (size_t i = 0; i < catalog.n; i++)
+    if (tool_enabled(r->c, &catalog.tools[i])) json_array_append(list, catalog.tools[i].def);
+  send_list_result(r->c, r->id, r->modern, json_pack("{s:o}", "tools", list));
+}
+
+static void do_tools_call(request *r) {
+  mcp_conn *c = r->c;
+  const char *name = json_string_value(json_object_get(r->params, "name"));
+  if (!name) return mcp_conn_send_error(c, r->id, -32602, "tools/call needs params.name");
   const mcp_tool *t = find_tool(name);
-  if (!t) {
+  if (!t || !tool_enabled(c, t)) {
     char msg[256];
-    snprintf(msg, sizeof msg, "unknown tool '%.200s'", name);
-    return mcp_conn_send_error(c, id, -32602, msg);
+    snprintf(msg, sizeof msg, t ? "tool '%.200s' is not enabled on this connection" : "unknown tool '%.200s'", name);
+    return mcp_conn_send_error(c, r->id, -32602, msg);
   }
-  json_t *args = json_object_get(params, "arguments");
+  json_t *args = json_object_get(r->params, "arguments");
   if (args && !json_is_object(args) && !json_is_null(args))
-    return mcp_conn_send_error(c, id, -32602, "params.arguments must be an object");
+    return mcp_conn_send_error(c, r->id, -32602, "params.arguments must be an object");
   json_t *owned = args && json_is_object(args) ? json_incref(args) : json_object();
 
   mcp_call *call = calloc(1, sizeof *call);
   call->conn = c;
   c->refs++;
-  call->id = json_incref(id);
+  call->id = json_incref(r->id);
   call->tool = t;
-  json_t *tok = json_object_get(json_object_get(params, "_meta"), "progressToken");
+  call->modern = r->modern;
+  call->log_level = r->log_level;
+  json_t *tok = json_object_get(json_object_get(r->params, "_meta"), "progressToken");
   if (json_is_string(tok) || json_is_integer(tok)) call->progress_token = json_incref(tok);
   call->next = c->calls;
   c->calls = call;
@@ -255,6 +360,98 @@ static void do_tools_call(mcp_conn *c, json_t *id, json_t *params) {
   json_decref(owned);
 }
 
+/* ---- resources: sbx://{sandboxId}/{+path} ------------------------------- */
+
+static void do_resources_list(request *r) {
+  json_t *list = json_array();
+  for (sbx_sandbox *sb = sbx_sandbox_list(); sb; sb = sb->next) {
+    char uri[128], name[128];
+    snprintf(uri, sizeof uri, "sbx://%s/workspace", sb->id);
+    snprintf(name, sizeof name, "%s:/workspace", sb->id);
+    json_array_append_new(list, json_pack("{s:s, s:s, s:s, s:s}", "uri", uri, "name", name, "description",
+                                          "the sandbox's /workspace (read for a listing)", "mimeType",
+                                          "application/json"));
+  }
+  send_list_result(r->c, r->id, r->modern, json_pack("{s:o}", "resources", list));
+}
+
+static void do_resource_templates(request *r) {
+  json_t *t = json_pack("[{s:s, s:s, s:s, s:s}]", "uriTemplate", RESOURCE_TEMPLATE, "name", "sandbox-file", "title",
+                        "File in a sandbox", "description",
+                        "Any file of a sandbox by absolute path, e.g. sbx://my-sandbox/workspace/README.md; "
+                        "text comes back as text, binary as a base64 blob, a directory as a JSON listing");
+  send_list_result(r->c, r->id, r->modern, json_pack("{s:o}", "resourceTemplates", t));
+}
+
+static void listing_cb(void *ud, const sbx_fs_entry *e) {
+  json_array_append_new(ud, json_pack("{s:s, s:s, s:I}", "name", e->name, "type", e->type, "size", (json_int_t)e->size));
+}
+
+static int percent_decode(const char *in, char *out, size_t len) {
+  size_t o = 0;
+  for (const char *p = in; *p; p++) {
+    if (o + 1 >= len) return -1;
+    if (*p == '%' && p[1] && p[2]) {
+      char hex[3] = {p[1], p[2], 0};
+      char *end;
+      long v = strtol(hex, &end, 16);
+      if (*end || v == 0) return -1;
+      out[o++] = (char)v;
+      p += 2;
+    } else {
+      out[o++] = *p;
+    }
+  }
+  out[o] = 0;
+  return 0;
+}
+
+static void do_resources_read(request *r) {
+  const char *uri = json_string_value(json_object_get(r->params, "uri"));
+  if (!uri) return mcp_conn_send_error(r->c, r->id, -32602, "resources/read needs params.uri");
+  char id[64], path[4096];
+  const char *rest = strncmp(uri, "sbx://", 6) ? NULL : uri + 6, *slash = rest ? strchr(rest, '/') : NULL;
+  if (!slash || (size_t)(slash - rest) >= sizeof id) return mcp_conn_send_error(r->c, r->id, -32602, "not an sbx:// URI");
+  memcpy(id, rest, slash - rest);
+  id[slash - rest] = 0;
+  if (!sbx_valid_id(id) || percent_decode(slash, path, sizeof path) < 0)
+    return mcp_conn_send_error(r->c, r->id, -32602, "malformed sbx:// URI");
+  sbx_sandbox *sb = sbx_sandbox_find(id);
+  sbx_error err = {0};
+  char msg[700];
+  if (!sb) {
+    snprintf(msg, sizeof msg, "no sandbox '%s'", id);
+    return send_error_data(r->c, r->id, -32002, msg, json_pack("{s:s}", "uri", uri));
+  }
+  sbx_sandbox_touch(sb);
+  _cleanup_free_ char *data = NULL;
+  size_t len = 0;
+  json_t *content;
+  if (sbx_fs_check_dir(sb, path, NULL) == 0) {
+    json_t *entries = json_array();
+    if (sbx_fs_list(sb, path, false, true, listing_cb, entries, NULL, &err) < 0) {
+      json_decref(entries);
+      snprintf(msg, sizeof msg, "%s: %s", err.code, err.message);
+      return send_error_data(r->c, r->id, -32002, msg, json_pack("{s:s}", "uri", uri));
+    }
+    char *text = json_dumps(entries, JSON_COMPACT);
+    json_decref(entries);
+    content = json_pack("{s:s, s:s, s:s}", "uri", uri, "mimeType", "application/json", "text", text);
+    free(text);
+  } else if (sbx_fs_read(sb, path, SBX_MAX_READ, &data, &len, &err) < 0) {
+    snprintf(msg, sizeof msg, "%s: %s", err.code, err.message);
+    return send_error_data(r->c, r->id, -32002, msg, json_pack("{s:s, s:s}", "uri", uri, "code", err.code));
+  } else if (memchr(data, 0, len) || !sbx_utf8_valid(data, len)) {
+    _cleanup_free_ char *b = sbx_base64_encode(data, len, NULL);
+    content = json_pack("{s:s, s:s, s:s}", "uri", uri, "mimeType", sbx_fs_mime(path), "blob", b);
+  } else {
+    content = json_pack("{s:s, s:s, s:s%}", "uri", uri, "mimeType", sbx_fs_mime(path), "text", data, len);
+  }
+  json_t *res = json_pack("{s:[o]}", "contents", content);
+  if (r->modern) send_list_result(r->c, r->id, true, res); /* modern reads carry cache fields too */
+  else send_result(r->c, r->id, false, res);
+}
+
 static void do_cancelled(mcp_conn *c, json_t *params) {
   json_t *rid = json_object_get(params, "requestId");
   for (mcp_call *call = c->calls; call; call = call->next)
@@ -262,6 +459,42 @@ static void do_cancelled(mcp_conn *c, json_t *params) {
       call->cancelled = true;
       if (call->exec) sbx_exec_cancel(call->exec);
     }
+}
+
+static void do_hello(mcp_conn *c, json_t *params) {
+  const char *d = json_string_value(json_object_get(params, "defaultSandboxId"));
+  if (d && sbx_valid_id(d)) mcp_conn_set_default_sandbox(c, d);
+  if (json_is_true(json_object_get(params, "readOnly"))) c->read_only = true;
+  json_t *tools = json_object_get(params, "tools");
+  if (json_is_array(tools)) {
+    json_decref(c->allowed);
+    c->allowed = json_deep_copy(tools);
+  }
+}
+
+/* The modern era's per-request envelope: checked, or answered with the
+ * error it deserves. Returns false when an error was sent. */
+static bool check_modern(request *r, const char *method) {
+  json_t *meta = json_object_get(r->params, "_meta");
+  json_t *v = json_object_get(meta, META_VERSION);
+  if (!json_is_string(v)) {
+    mcp_conn_send_error(r->c, r->id, -32602, method[0] == 's' ? "server/discover needs params._meta[\"" META_VERSION "\"]"
+                                                              : "params._meta[\"" META_VERSION "\"] must be a string");
+    return false;
+  }
+  if (strcmp(json_string_value(v), MODERN_VERSION)) {
+    char msg[200];
+    snprintf(msg, sizeof msg, "unsupported protocol version '%.50s'", json_string_value(v));
+    send_error_data(r->c, r->id, -32022, msg, json_pack("{s:o, s:O}", "supported", supported_versions(), "requested", v));
+    return false;
+  }
+  if (!json_is_object(json_object_get(meta, META_CAPS))) {
+    mcp_conn_send_error(r->c, r->id, -32602, "params._meta[\"" META_CAPS "\"] is required in protocol " MODERN_VERSION);
+    return false;
+  }
+  const char *lvl = json_string_value(json_object_get(meta, META_LOGLEVEL));
+  r->log_level = lvl ? log_level_index(lvl) : -1;
+  return true;
 }
 
 void mcp_conn_handle(mcp_conn *c, const char *data, size_t len) {
@@ -294,29 +527,48 @@ void mcp_conn_handle(mcp_conn *c, const char *data, size_t len) {
     json_decref(msg);
     return;
   }
+  json_t *empty = json_object();
+  request r = {.c = c, .id = id, .params = params ? params : empty, .log_level = c->log_level};
   c->refs++;
   if (!id) { /* notifications */
     if (!strcmp(method, "notifications/cancelled")) do_cancelled(c, params);
-    else if (!strcmp(method, "notifications/sbx/hello")) {
-      const char *d = json_string_value(json_object_get(params, "defaultSandboxId"));
-      if (d && sbx_valid_id(d)) mcp_conn_set_default_sandbox(c, d);
-    }
+    else if (!strcmp(method, "notifications/sbx/hello")) do_hello(c, r.params);
     /* notifications/initialized and unknown notifications need nothing */
-  } else if (!strcmp(method, "initialize")) {
-    do_initialize(c, id, params);
+    goto out;
+  }
+  r.modern = json_object_get(json_object_get(r.params, "_meta"), META_VERSION) || !strcmp(method, "server/discover");
+  if (r.modern && !check_modern(&r, method)) goto out;
+  if (!strcmp(method, "initialize")) {
+    if (r.modern) mcp_conn_send_error(c, id, -32601, "initialize is not part of protocol " MODERN_VERSION);
+    else do_initialize(&r);
+  } else if (!strcmp(method, "server/discover")) {
+    do_discover(&r);
   } else if (!strcmp(method, "ping")) {
-    send_result(c, id, json_object());
+    send_result(c, id, r.modern, json_object());
   } else if (!strcmp(method, "tools/list")) {
-    send_result(c, id, json_pack("{s:O}", "tools", catalog.list));
+    do_tools_list(&r);
   } else if (!strcmp(method, "tools/call")) {
-    do_tools_call(c, id, params ? params : json_object());
-  } else if (!strcmp(method, "logging/setLevel")) {
-    send_result(c, id, json_object());
+    do_tools_call(&r);
+  } else if (!strcmp(method, "resources/list")) {
+    do_resources_list(&r);
+  } else if (!strcmp(method, "resources/templates/list")) {
+    do_resource_templates(&r);
+  } else if (!strcmp(method, "resources/read")) {
+    do_resources_read(&r);
+  } else if (!strcmp(method, "logging/setLevel") && !r.modern) {
+    int l = log_level_index(json_string_value(json_object_get(r.params, "level")));
+    if (l < 0) mcp_conn_send_error(c, id, -32602, "level must be one of debug, info, notice, warning, error, ...");
+    else {
+      c->log_level = l;
+      send_result(c, id, false, json_object());
+    }
   } else {
     char m[256];
     snprintf(m, sizeof m, "method not found: %.200s", method);
     mcp_conn_send_error(c, id, -32601, m);
   }
+out:
+  json_decref(empty);
   json_decref(msg);
   conn_unref(c);
 }
@@ -327,6 +579,7 @@ mcp_conn *mcp_conn_new(uv_loop_t *loop, mcp_send_fn send, void *ud) {
   c->send = send;
   c->ud = ud;
   c->refs = 1;
+  c->log_level = log_level_index("warning"); /* until the client says otherwise */
   snprintf(c->default_sandbox, sizeof c->default_sandbox, "default");
   return c;
 }

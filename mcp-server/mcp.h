@@ -44,6 +44,8 @@ typedef struct mcp_call {
   char sandbox_id[64];
   sbx_exec *exec;
   bool sandbox_created; /* this call created the sandbox */
+  bool modern;          /* protocol 2026-07-28: results carry resultType */
+  int log_level;        /* notifications/message at or above this; -1 none */
   struct mcp_call *next;
 } mcp_call;
 
@@ -53,6 +55,9 @@ void mcp_call_ok(mcp_call *call, json_t *structured, const char *text);
 void mcp_call_fail(mcp_call *call, const sbx_error *err);
 /* A progress notification carrying a chunk of output. */
 void mcp_call_progress(mcp_call *call, const char *stream, const char *text, size_t len);
+/* A notifications/message about this call's work (a kill by a limit...),
+ * sent when the client asked for that level. */
+void mcp_call_log(mcp_call *call, const char *level, const char *fmt, ...) SBX_PRINTF(3, 4);
 
 typedef void (*mcp_tool_fn)(mcp_call *call, json_t *args, sbx_sandbox *sb);
 /* The C side of the catalog: name → handler (tools.c). */

@@ -109,7 +109,12 @@ static void exec_done(void *ud, const sbx_exec_result *r, const sbx_error *err) 
   json_t *o = json_pack("{s:s%, s:s%, s:i, s:b, s:I}", "stdout", r->out, r->out_len, "stderr", r->err, r->err_len,
                         "exitCode", r->exit_code, "success", r->exit_code == 0 && !r->timed_out, "duration",
                         (json_int_t)r->duration_ms);
-  if (r->timed_out) json_object_set_new(o, "timedOut", json_true());
+  if (r->timed_out) {
+    json_object_set_new(o, "timedOut", json_true());
+    mcp_call_log(call, "warning", "command timed out after %llu ms and was killed with everything it started",
+                 (unsigned long long)r->duration_ms);
+  }
+  if (r->oom) mcp_call_log(call, "error", "command killed: the sandbox ran out of memory (raise limits.memoryMB)");
   if (r->truncated) json_object_set_new(o, "truncated", json_true());
   if (r->output_path) json_object_set_new(o, "outputPath", json_string(r->output_path));
   if (r->oom) json_object_set_new(o, "oomKilled", json_true());

@@ -1,6 +1,7 @@
 """MCP protocol over stdio and the socket: golden request/response files,
 hostile input, and a daemon that keeps serving everyone else."""
 import glob
+import re
 import json
 import os
 import socket
@@ -19,6 +20,8 @@ def normalize(v):
         return {k: ('<volatile>' if k in VOLATILE else normalize(x)) for k, x in v.items() if k != 'id'}
     if isinstance(v, list):
         return [normalize(x) for x in v]
+    if isinstance(v, str):
+        return re.sub(r'\b\d+ ms\b', 'N ms', v)
     return v
 
 
@@ -62,6 +65,88 @@ def test_golden(t, x):
                     break
         c.close()
         t.ok(ok, 'golden ' + name, diag)
+
+
+M = {'io.modelcontextprotocol/protocolVersion': '2026-07-28', 'io.modelcontextprotocol/clientCapabilities': {}}
+
+
+def test_modern_era(t, x):
+    c = x.env.socket_client()
+    r = c.request('server/discover', {'_meta': M})['result']
+    t.ok(r['resultType'] == 'complete' and '2026-07-28' in r['supportedVersions'] and '2025-11-25' in r['supportedVersions'],
+         'server/discover lists both eras', r)
+    t.ok('tools' in r['capabilities'] and 'resources' in r['capabilities'] and r['instructions'], 'discover: capabilities, instructions')
+    r = c.request('tools/list', {'_meta': M})['result']
+    t.ok(r['resultType'] == 'complete' and r['ttlMs'] > 0 and r['cacheScope'] in ('public', 'private') and len(r['tools']) > 10,
+         'modern tools/list carries resultType, ttlMs, cacheScope')
+    r = c.request('tools/call', {'_meta': M, 'name': 'exec', 'arguments': {'command': 'echo hi', 'sandboxId': 'proto'}})
+    t.ok(r['result']['resultType'] == 'complete' and r['result']['structuredContent']['stdout'] == 'hi\n', 'modern tools/call')
+    r = c.request('tools/list', {'_meta': {'io.modelcontextprotocol/protocolVersion': '2026-07-28'}})
+    t.eq(r.get('error', {}).get('code'), -32602, 'missing clientCapabilities is -32602')
+    r = c.request('tools/list', {'_meta': {'io.modelcontextprotocol/protocolVersion': '3000-01-01',
+                                           'io.modelcontextprotocol/clientCapabilities': {}}})
+    t.ok(r.get('error', {}).get('code') == -32022 and '2026-07-28' in r['error']['data']['supported'],
+         'unsupported version is -32022 with data.supported', r)
+    # a client that probes server/discover first, and a legacy one that then initializes, on one connection
+    t.eq(c.initialize()['result']['protocolVersion'], '2025-06-18', 'legacy initialize still works after a probe')
+    t.ok('resultType' not in c.request('tools/list')['result'], 'legacy results carry no resultType')
+    c.close()
+
+
+def test_resources(t, x):
+    x.c.ok('writeFile', {'path': 'res/hello.txt', 'content': 'resource text'})
+    x.c.ok('writeFile', {'path': 'res/b.bin', 'content': 'AAEC/w==', 'encoding': 'base64'})
+    r = x.c.request('resources/list')['result']['resources']
+    t.ok(any(e['uri'] == 'sbx://proto/workspace' for e in r), 'resources/list shows each sandbox /workspace', r)
+    r = x.c.request('resources/templates/list')['result']['resourceTemplates']
+    t.eq(r[0]['uriTemplate'], 'sbx://{sandboxId}/{+path}', 'resource template')
+    r = x.c.request('resources/read', {'uri': 'sbx://proto/workspace/res/hello.txt'})['result']['contents'][0]
+    t.eq((r.get('text'), r['mimeType']), ('resource text', 'text/plain'), 'text resource')
+    r = x.c.request('resources/read', {'uri': 'sbx://proto/workspace/res/b.bin'})['result']['contents'][0]
+    t.eq(r.get('blob'), 'AAEC/w==', 'binary resource as a base64 blob')
+    r = x.c.request('resources/read', {'uri': 'sbx://proto/workspace/res'})['result']['contents'][0]
+    t.ok(r['mimeType'] == 'application/json' and 'hello.txt' in r['text'], 'a directory reads as a listing')
+    r = x.c.request('resources/read', {'uri': 'sbx://proto/workspace/../../etc/shadow'})
+    t.eq(r.get('error', {}).get('code'), -32002, 'resources stay inside the sandbox')
+    r = x.c.request('resources/read', {'uri': 'sbx://nobody/workspace'})
+    t.eq(r.get('error', {}).get('code'), -32002, 'unknown sandbox is resource-not-found')
+
+
+def test_logging(t, x):
+    c = x.env.mcp(['--sandbox', 'proto'])
+    c.initialize()
+    c.request('logging/setLevel', {'level': 'info'})
+    c.call('exec', {'command': 'sleep 5', 'timeout': 200})
+    logs = [m for m in c.pending if m.get('method') == 'notifications/message']
+    t.ok(logs and logs[0]['params']['level'] == 'warning' and 'timed out' in logs[0]['params']['data']['message'],
+         'a command killed by its timeout is logged (legacy)', c.pending)
+    c.request('logging/setLevel', {'level': 'error'})
+    c.pending.clear()
+    c.call('exec', {'command': 'sleep 5', 'timeout': 200})
+    t.eq([m for m in c.pending if m.get('method') == 'notifications/message'], [], 'below the asked level: silent')
+    s = x.env.socket_client()
+    meta = dict(M, **{'io.modelcontextprotocol/logLevel': 'warning'})
+    s.request('tools/call', {'_meta': meta, 'name': 'exec', 'arguments': {'sandboxId': 'proto', 'command': 'sleep 5', 'timeout': 200}})
+    t.ok(any(m.get('method') == 'notifications/message' for m in s.pending), 'modern: logLevel in _meta opts in')
+    s.close()
+    c.close()
+
+
+def test_tool_filters(t, x):
+    c = x.env.mcp(['--sandbox', 'proto', '--tools', 'exec,readFile'])
+    c.initialize()
+    t.eq(sorted(tl['name'] for tl in c.request('tools/list')['result']['tools']), ['exec', 'readFile'], '--tools lists only those')
+    t.eq(c.request('tools/call', {'name': 'writeFile', 'arguments': {'path': 'x', 'content': ''}}).get('error', {}).get('code'),
+         -32602, '--tools: others are not callable')
+    c.close()
+    c = x.env.mcp(['--sandbox', 'proto', '--read-only'])
+    c.initialize()
+    names = [tl['name'] for tl in c.request('tools/list')['result']['tools']]
+    t.ok('readFile' in names and 'listFiles' in names and 'exec' not in names and 'writeFile' not in names,
+         '--read-only lists only read-only tools', names)
+    t.eq(c.request('tools/call', {'name': 'exec', 'arguments': {'command': 'rm -rf /workspace'}}).get('error', {}).get('code'),
+         -32602, '--read-only: exec refused')
+    c.close()
 
 
 def test_initialize_versions(t, x):
@@ -188,6 +273,6 @@ def test_stdout_is_mcp_only(t, x):
 
 
 if __name__ == '__main__':
-    sys.exit(run_tests([test_golden, test_initialize_versions, test_tools_list, test_validation, test_hostile_bytes,
+    sys.exit(run_tests([test_golden, test_modern_era, test_resources, test_logging, test_tool_filters, test_initialize_versions, test_tools_list, test_validation, test_hostile_bytes,
                         test_half_message_and_vanish, test_many_clients, test_peer_uid_checked,
                         test_stdout_is_mcp_only], Ctx))
