@@ -81,6 +81,8 @@ try {
   ok(ex.structuredContent.exists === true, 'mkdir + moveFile + exists');
   const del = await client.callTool({ name: 'deleteFile', arguments: { path: '/workspace/sdk/d' } });
   ok(del.isError === true && del.structuredContent.error.code === 'IS_DIRECTORY', 'error results validate too', del);
+  const res = await client.readResource({ uri: 'sbx://sdk/workspace/sdk/d/hello.txt' });
+  ok(res.contents[0].text === 'from the sdk\n', 'resources/read through the SDK', res);
   const nf = await client.callTool({ name: 'readFile', arguments: { sandboxId: 'nobody-made-this', path: '/x' } });
   ok(nf.isError === true && nf.structuredContent.error.code === 'SANDBOX_NOT_FOUND', 'SANDBOX_NOT_FOUND', nf);
 } catch (e) {

@@ -1,0 +1,84 @@
+// The official MCP TypeScript SDK client 2.x in the modern era (2026-07-28):
+// it probes server/discover, negotiates, and attaches the per-request _meta
+// envelope. Drives `sbx mcp` over stdio. Prints TAP.
+import { Client } from '@modelcontextprotocol/client';
+import { StdioClientTransport } from '@modelcontextprotocol/client/stdio';
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+
+const SBX = process.env.SBX;
+const root = mkdtempSync(join(tmpdir(), 'sbxt-sdk2-'));
+const env = { ...process.env, SBX_RUNTIME_DIR: join(root, 'run'), SBX_STATE_DIR: join(root, 'state') };
+
+let n = 0, failed = 0;
+function ok(cond, name, diag) {
+  n++;
+  console.log(`${cond ? 'ok' : 'not ok'} ${n} - ${name}`);
+  if (!cond) {
+    failed++;
+    if (diag !== undefined) for (const l of String(JSON.stringify(diag)).slice(0, 2000).split('\n')) console.log('#   ' + l);
+  }
+}
+
+async function connect(mode) {
+  const transport = new StdioClientTransport({ command: SBX, args: ['mcp', '--sandbox', 'modern'], env, cwd: root, stderr: 'pipe' });
+  const client = new Client({ name: 'sbx-sdk2-test', version: '1.0.0' }, { versionNegotiation: { mode } });
+  await client.connect(transport);
+  return client;
+}
+
+let client;
+try {
+  client = await connect('auto');
+  ok(client.getNegotiatedProtocolVersion() === '2026-07-28', 'auto negotiation picks 2026-07-28', client.getNegotiatedProtocolVersion());
+  const { tools } = await client.listTools();
+  ok(tools.length > 10 && tools.every((t) => t.outputSchema && t.title), 'tools/list in the modern era');
+
+  const chunks = [];
+  const r = await client.callTool({ name: 'exec', arguments: { command: 'for i in 1 2 3; do echo m$i; sleep 0.1; done' } },
+    { onprogress: (p) => chunks.push(p), resetTimeoutOnProgress: true, timeout: 30000 });
+  ok(r.structuredContent.stdout === 'm1\nm2\nm3\n', 'exec result validated against its outputSchema', r);
+  ok(chunks.length >= 2 && chunks.map((c) => c.message).join('') === 'm1\nm2\nm3\n', 'progress streamed', chunks);
+
+  const slow = await client.callTool({ name: 'exec', arguments: { command: 'for i in 1 2 3 4 5 6; do echo t; sleep 0.5; done' } },
+    { onprogress: () => {}, resetTimeoutOnProgress: true, timeout: 1500 });
+  ok(slow.structuredContent.stdout === 't\n'.repeat(6), 'resetTimeoutOnProgress keeps a long command alive');
+
+  const ac = new AbortController();
+  const started = new Promise((resolve) => {
+    client.callTool({ name: 'exec', arguments: { command: 'echo begun; sleep 300' } },
+      { signal: ac.signal, onprogress: () => resolve() }).catch(() => {});
+  });
+  await started;
+  ac.abort('test');
+  let alive = '1';
+  for (let i = 0; i < 200 && alive !== '0'; i++) {
+    const ps = await client.callTool({ name: 'exec', arguments: { command: 'ps -e -o comm= | grep -c "^sleep$" || true' } });
+    alive = ps.structuredContent.stdout.trim();
+  }
+  ok(alive === '0', 'AbortSignal cancels the command');
+
+  await client.callTool({ name: 'writeFile', arguments: { path: 'note.md', content: '# modern\n' } });
+  const res = await client.readResource({ uri: 'sbx://modern/workspace/note.md' });
+  ok(res.contents[0].text === '# modern\n' && res.contents[0].mimeType === 'text/markdown', 'resources/read', res);
+  const list = await client.listResources();
+  ok(list.resources.some((x) => x.uri === 'sbx://modern/workspace'), 'resources/list', list);
+  await client.close();
+
+  client = await connect({ pin: '2026-07-28' });
+  ok(client.getNegotiatedProtocolVersion() === '2026-07-28', 'pinned 2026-07-28 connects');
+  await client.close();
+  client = await connect('legacy');
+  const legacy = await client.callTool({ name: 'exec', arguments: { command: 'echo legacy' } });
+  ok(legacy.structuredContent.stdout === 'legacy\n', 'the same client in legacy mode');
+} catch (e) {
+  ok(false, 'SDK 2.x session raised', String(e && e.stack || e));
+} finally {
+  await client?.close().catch(() => {});
+  try { execFileSync(SBX, ['daemon', 'stop'], { env, timeout: 40000 }); } catch {}
+  rmSync(root, { recursive: true, force: true });
+}
+console.log(`1..${n}`);
+process.exit(failed ? 1 : 0);
