@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include "server.h"
 #include "control.h"
+#include "framing.h"
 #include "mcp.h"
 
 #include <fcntl.h>
@@ -16,8 +17,7 @@
 typedef struct client {
   uv_pipe_t pipe;
   mcp_conn *conn;
-  sbx_buf in;
-  bool discarding; /* skipping the rest of an oversized message */
+  mcp_framer framer;
   bool closing;
   struct client *next;
 } client;
@@ -36,7 +36,7 @@ static void client_closed(uv_handle_t *h) {
   client **pp = &d.clients;
   while (*pp && *pp != c) pp = &(*pp)->next;
   if (*pp) *pp = c->next;
-  sbx_buf_free(&c->in);
+  mcp_framer_free(&c->framer);
   free(c);
 }
 
@@ -86,42 +86,18 @@ static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *b) {
   b->len = b->base ? 65536 : 0;
 }
 
-static void handle_line(client *c, char *line, size_t len) {
-  if (len && line[len - 1] == '\r') len--;
-  size_t i = 0;
-  while (i < len && (line[i] == ' ' || line[i] == '\t')) i++;
-  if (i == len) return; /* blank lines are not messages */
-  mcp_conn_handle(c->conn, line, len);
+static bool on_message(void *ud, const char *msg, size_t len) {
+  client *c = ud;
+  if (c->closing) return false;
+  if (!msg) mcp_conn_send_error(c->conn, NULL, -32700, "message exceeds the 64 MiB limit");
+  else mcp_conn_handle(c->conn, msg, len);
+  return !c->closing;
 }
 
 static void read_cb(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
   client *c = s->data;
-  if (n < 0) {
-    free(b->base);
-    client_close(c);
-    return;
-  }
-  char *p = b->base, *end = b->base + n;
-  while (p < end && !c->closing) {
-    char *nl = memchr(p, '\n', end - p);
-    size_t take = nl ? (size_t)(nl - p) : (size_t)(end - p);
-    if (c->discarding) {
-      if (nl) c->discarding = false;
-    } else if (c->in.len + take > MCP_MAX_MESSAGE) {
-      sbx_buf_free(&c->in);
-      c->discarding = !nl;
-      mcp_conn_send_error(c->conn, NULL, -32700, "message exceeds the 64 MiB limit");
-    } else if (nl && c->in.len == 0) {
-      handle_line(c, p, take); /* the common case: no copy */
-    } else {
-      sbx_buf_append(&c->in, p, take);
-      if (nl) {
-        handle_line(c, c->in.data, c->in.len);
-        sbx_buf_free(&c->in);
-      }
-    }
-    p += take + (nl ? 1 : 0);
-  }
+  if (n < 0) client_close(c);
+  else mcp_framer_feed(&c->framer, b->base, n, on_message, c);
   free(b->base);
 }
 
@@ -144,6 +120,7 @@ static void on_connection(uv_stream_t *server, int status) {
     return;
   }
   c->conn = mcp_conn_new(d.loop, client_send, c);
+  mcp_framer_init(&c->framer, MCP_MAX_MESSAGE);
   c->next = d.clients;
   d.clients = c;
   uv_read_start((uv_stream_t *)&c->pipe, alloc_cb, read_cb);

@@ -28,7 +28,7 @@ static void as_daemon(fs_identity *id) {
   setfsuid(geteuid());
   setfsgid(getegid());
 }
-#define AS_SANDBOX(sb) _cleanup_(as_daemon) fs_identity fs_id_ = as_sandbox(sb)
+#define AS_SANDBOX(sb) _cleanup_(as_daemon) __attribute__((unused)) fs_identity fs_id_ = as_sandbox(sb)
 
 static int openat2_in(int root, const char *path, int flags, mode_t mode) {
   struct open_how how = {.flags = (uint64_t)(flags | O_CLOEXEC),

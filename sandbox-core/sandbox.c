@@ -334,6 +334,7 @@ static void kill_and_reap(sbx_sandbox *sb) {
 int sbx_sandbox_create(const char *id, const sbx_sandbox_opts *opts, sbx_sandbox **out, bool *created,
                        sbx_error *err) {
   if (!sbx_valid_id(id)) return sbx_err(err, "VALIDATION_FAILED", "sandboxId must be 1-63 of [a-z0-9-], got '%s'", id);
+  if (!eng.etc_template) return sbx_err(err, "INTERNAL", "the sandbox engine is not running");
   sbx_sandbox *sb = sbx_sandbox_find(id);
   if (created) *created = false;
   if (sb) {
