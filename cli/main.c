@@ -20,7 +20,7 @@ static void on_sigint(int s) {
 static void usage(FILE *f) {
   fputs("usage: sbx COMMAND ...\n"
         "  sbx mcp [--sandbox ID] [--tools a,b] [--read-only]   MCP server on stdio (for agents)\n"
-        "  sbx daemon [stop]               run (or stop) the daemon\n"
+        "  sbx daemon [--http 127.0.0.1:PORT] | sbx daemon stop   run (or stop) the daemon\n"
         "  sbx exec [-s ID] [--session S] [--cwd D] [--timeout MS] [-e K=V]... -- CMD...\n"
         "  sbx ls                          list sandboxes\n"
         "  sbx destroy ID                  destroy a sandbox\n"
@@ -318,7 +318,18 @@ int main(int argc, char **argv) {
       }
       return 0;
     }
-    return sbx_daemon_main();
+    const char *http = NULL;
+    bool remote = false;
+    for (int i = 2; i < argc; i++) {
+      if (!strcmp(argv[i], "--http") && i + 1 < argc) http = argv[++i];
+      else if (!strncmp(argv[i], "--http=", 7)) http = argv[i] + 7;
+      else if (!strcmp(argv[i], "--http-allow-remote")) remote = true;
+      else {
+        fprintf(stderr, "sbx daemon: unknown option %s\n", argv[i]);
+        return 2;
+      }
+    }
+    return sbx_daemon_main(http, remote);
   }
   if (!strcmp(cmd, "mcp")) {
     const char *sandbox = NULL, *tools = NULL;

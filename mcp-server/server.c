@@ -4,6 +4,7 @@
 #include "server.h"
 #include "control.h"
 #include "framing.h"
+#include "http.h"
 #include "mcp.h"
 
 #include <fcntl.h>
@@ -132,6 +133,7 @@ static void on_signal(uv_signal_t *s, int sig) {
   d.stopping = true;
   fprintf(stderr, "sbx daemon: signal %d, shutting down\n", sig);
   uv_close((uv_handle_t *)&d.server, NULL);
+  sbx_http_stop();
   for (client *c = d.clients; c; c = c->next) client_close(c);
   for (sbx_sandbox *sb = sbx_sandbox_list(); sb; sb = sb->next) sbx_exec_cancel_sandbox(sb);
   uv_signal_stop(&d.sigterm);
@@ -143,7 +145,7 @@ static void on_signal(uv_signal_t *s, int sig) {
   unlink(d.paths.pidfile);
 }
 
-int sbx_daemon_main(void) {
+int sbx_daemon_main(const char *http_addr, bool http_allow_remote) {
   char err[512];
   if (sbx_paths_init(&d.paths, err, sizeof err) < 0) {
     fprintf(stderr, "sbx daemon: %s\n", err);
@@ -180,6 +182,12 @@ int sbx_daemon_main(void) {
     return 1;
   }
   chmod(d.paths.sock, 0600);
+  if (http_addr && sbx_http_start(http_addr, http_allow_remote, d.paths.state, err, sizeof err) < 0) {
+    fprintf(stderr, "sbx daemon: --http: %s\n", err);
+    sbx_engine_shutdown();
+    unlink(d.paths.sock);
+    return 1;
+  }
   char pid[32];
   snprintf(pid, sizeof pid, "%d\n", getpid());
   sbx_write_string_create(d.paths.pidfile, pid);
@@ -187,8 +195,9 @@ int sbx_daemon_main(void) {
   uv_signal_init(d.loop, &d.sigint);
   uv_signal_start(&d.sigterm, on_signal, SIGTERM);
   uv_signal_start(&d.sigint, on_signal, SIGINT);
-  fprintf(stderr, "sbx daemon: pid %d listening on %s (%s, cgroups %s)\n", getpid(), d.paths.sock,
-          cfg.rootless ? "rootless" : "root", sbx_cg_describe());
+  fprintf(stderr, "sbx daemon: pid %d listening on %s%s%s (%s, cgroups %s)\n", getpid(), d.paths.sock,
+          http_addr ? " and http://" : "", http_addr ? http_addr : "", cfg.rootless ? "rootless" : "root",
+          sbx_cg_describe());
   const char *ready = getenv("SBX_READY_FD");
   if (ready) {
     int fd = atoi(ready);

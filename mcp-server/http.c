@@ -1,0 +1,404 @@
+/* Streamable HTTP transport: `sbx daemon --http ADDR:PORT` serves MCP at
+ * /mcp. A POST carries one JSON-RPC message; a request is answered with
+ * application/json, or with text/event-stream when the client accepts it and
+ * the call streams progress. Every request needs `Authorization: Bearer`
+ * with the token from $SBX_STATE_DIR/http-token (mode 0600). Loopback only
+ * unless told otherwise; a browser Origin that is not loopback is refused. */
+#define _GNU_SOURCE
+#include "http.h"
+#include "mcp.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <strings.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+
+#define MAX_HEADERS (64 * 1024)
+
+typedef struct hconn {
+  uv_tcp_t tcp;
+  sbx_buf in;
+  bool closing;
+  /* the request being answered */
+  bool busy, sse, keep_alive;
+  json_t *want_id; /* the response that ends this request */
+  mcp_conn *mcp;
+} hconn;
+
+static struct {
+  uv_tcp_t server;
+  char token[65];
+  bool listening;
+} h;
+
+static void hconn_closed(uv_handle_t *hd) {
+  hconn *c = hd->data;
+  sbx_buf_free(&c->in);
+  json_decref(c->want_id);
+  free(c);
+}
+
+static void hconn_close(hconn *c) {
+  if (c->closing) return;
+  c->closing = true;
+  if (c->mcp) mcp_conn_close(c->mcp); /* a client gone mid-call cancels its work */
+  c->mcp = NULL;
+  uv_close((uv_handle_t *)&c->tcp, hconn_closed);
+}
+
+static void write_done(uv_write_t *req, int status) {
+  (void)status;
+  free(req->data);
+  free(req);
+}
+
+static void send_bytes(hconn *c, const char *data, size_t len) {
+  if (c->closing) return;
+  uv_write_t *req = malloc(sizeof *req);
+  char *copy = malloc(len ? len : 1);
+  if (!req || !copy) {
+    free(req);
+    free(copy);
+    return;
+  }
+  memcpy(copy, data, len);
+  req->data = copy;
+  uv_buf_t b = uv_buf_init(copy, len);
+  if (uv_write(req, (uv_stream_t *)&c->tcp, &b, 1, write_done) < 0) {
+    free(copy);
+    free(req);
+  }
+}
+
+static void shutdown_done(uv_shutdown_t *req, int status) {
+  (void)status;
+  hconn *c = req->data;
+  free(req);
+  hconn_close(c);
+}
+
+/* Ends the connection after what was written has gone out. */
+static void finish_close(hconn *c) {
+  uv_shutdown_t *req = malloc(sizeof *req);
+  req->data = c;
+  if (!req || uv_shutdown(req, (uv_stream_t *)&c->tcp, shutdown_done) < 0) {
+    free(req);
+    hconn_close(c);
+  }
+}
+
+static void respond(hconn *c, int status, const char *reason, const char *ctype, const char *extra, const char *body,
+                    size_t len) {
+  char head[1024];
+  int n = snprintf(head, sizeof head,
+                   "HTTP/1.1 %d %s\r\nContent-Length: %zu\r\n%s%s%s%sCache-Control: no-store\r\nConnection: %s\r\n\r\n",
+                   status, reason, len, ctype ? "Content-Type: " : "", ctype ? ctype : "", ctype ? "\r\n" : "",
+                   extra ? extra : "", c->keep_alive ? "keep-alive" : "close");
+  sbx_buf out = {0};
+  sbx_buf_append(&out, head, n);
+  sbx_buf_append(&out, body, len);
+  send_bytes(c, out.data, out.len);
+  sbx_buf_free(&out);
+  c->busy = false;
+  if (!c->keep_alive) finish_close(c);
+}
+
+static void respond_text(hconn *c, int status, const char *reason, const char *text) {
+  respond(c, status, reason, "text/plain; charset=utf-8", status == 401 ? "WWW-Authenticate: Bearer\r\n" : NULL, text,
+          strlen(text));
+}
+
+/* What the MCP layer sends for the request in flight. */
+static void on_mcp_send(void *ud, const char *data, size_t len) {
+  hconn *c = ud;
+  if (c->closing || !c->busy) return;
+  json_t *m = json_loadb(data, len, 0, NULL);
+  bool final = m && !json_object_get(m, "method") && c->want_id && json_equal(json_object_get(m, "id"), c->want_id);
+  bool parse_error = m && !json_object_get(m, "method") && json_is_null(json_object_get(m, "id"));
+  json_decref(m);
+  if (c->sse) {
+    sbx_buf ev = {0};
+    sbx_buf_append(&ev, "event: message\ndata: ", 21);
+    sbx_buf_append(&ev, data, len);
+    sbx_buf_append(&ev, "\n\n", 2);
+    char size[32];
+    int k = snprintf(size, sizeof size, "%zx\r\n", ev.len);
+    send_bytes(c, size, k);
+    sbx_buf_append(&ev, "\r\n", 2);
+    send_bytes(c, ev.data, ev.len);
+    sbx_buf_free(&ev);
+    if (final) {
+      send_bytes(c, "0\r\n\r\n", 5);
+      c->busy = false;
+      mcp_conn_close(c->mcp);
+      c->mcp = NULL;
+      if (!c->keep_alive) finish_close(c);
+    }
+    return;
+  }
+  if (final || parse_error) {
+    mcp_conn *mc = c->mcp;
+    c->mcp = NULL;
+    respond(c, parse_error ? 400 : 200, parse_error ? "Bad Request" : "OK", "application/json", NULL, data, len);
+    mcp_conn_close(mc);
+  }
+  /* JSON mode: notifications (progress, logs) have nowhere to go */
+}
+
+static const char *header(const char *headers, const char *name, size_t *len) {
+  size_t nl = strlen(name);
+  for (const char *p = headers; p && *p;) {
+    const char *eol = strstr(p, "\r\n");
+    if (!eol) break;
+    if ((size_t)(eol - p) > nl && !strncasecmp(p, name, nl) && p[nl] == ':') {
+      const char *v = p + nl + 1;
+      while (*v == ' ' || *v == '\t') v++;
+      *len = eol - v;
+      return v;
+    }
+    p = eol + 2;
+  }
+  return NULL;
+}
+
+static bool header_has(const char *headers, const char *name, const char *word) {
+  size_t len;
+  const char *v = header(headers, name, &len);
+  return v && memmem(v, len, word, strlen(word));
+}
+
+static bool token_ok(const char *headers) {
+  size_t len;
+  const char *v = header(headers, "Authorization", &len);
+  if (!v || len < 7 || strncasecmp(v, "Bearer ", 7)) return false;
+  v += 7;
+  len -= 7;
+  size_t tl = strlen(h.token);
+  unsigned char diff = len != tl;
+  for (size_t i = 0; i < tl; i++) diff |= (unsigned char)(i < len ? v[i] : 0) ^ (unsigned char)h.token[i];
+  return diff == 0;
+}
+
+/* A browser page from elsewhere must not drive the daemon (DNS rebinding). */
+static bool origin_ok(const char *headers) {
+  size_t len;
+  const char *v = header(headers, "Origin", &len);
+  if (!v) return true;
+  char o[256];
+  snprintf(o, sizeof o, "%.*s", (int)(len < 255 ? len : 255), v);
+  const char *host = strstr(o, "://");
+  host = host ? host + 3 : o;
+  return !strncmp(host, "localhost", 9) || !strncmp(host, "127.", 4) || !strncmp(host, "[::1]", 5);
+}
+
+static void handle_request(hconn *c, const char *method, const char *path, const char *headers, const char *body,
+                           size_t blen) {
+  c->keep_alive = !header_has(headers, "Connection", "close");
+  if (strcmp(path, "/mcp") && strncmp(path, "/mcp?", 5)) return respond_text(c, 404, "Not Found", "not found\n");
+  if (!origin_ok(headers)) return respond_text(c, 403, "Forbidden", "origin not allowed\n");
+  if (!token_ok(headers)) return respond_text(c, 401, "Unauthorized", "a bearer token is required\n");
+  if (!strcmp(method, "GET") || !strcmp(method, "DELETE"))
+    return respond(c, 405, "Method Not Allowed", NULL, "Allow: POST\r\n", "", 0);
+  if (strcmp(method, "POST")) return respond(c, 405, "Method Not Allowed", NULL, "Allow: POST\r\n", "", 0);
+  json_t *msg = json_loadb(body, blen, 0, NULL);
+  json_t *id = json_object_get(msg, "id");
+  bool request = json_is_object(msg) && json_object_get(msg, "method") && id;
+  c->busy = true;
+  c->mcp = mcp_conn_new(uv_default_loop(), on_mcp_send, c);
+  size_t hl;
+  const char *sb = header(headers, "Mcp-Sandbox-Id", &hl);
+  if (sb && hl < 64) {
+    char idb[64];
+    snprintf(idb, sizeof idb, "%.*s", (int)hl, sb);
+    if (sbx_valid_id(idb)) mcp_conn_set_default_sandbox(c->mcp, idb);
+  }
+  if (!request && msg) { /* a notification or a response: accepted, nothing to say */
+    mcp_conn_handle(c->mcp, body, blen);
+    json_decref(msg);
+    mcp_conn *mc = c->mcp;
+    c->mcp = NULL;
+    mcp_conn_close(mc);
+    if (c->busy) respond(c, 202, "Accepted", NULL, NULL, "", 0);
+    return;
+  }
+  json_decref(c->want_id);
+  c->want_id = request ? json_incref(id) : NULL;
+  bool progress = json_object_get(json_object_get(json_object_get(msg, "params"), "_meta"), "progressToken") != NULL;
+  c->sse = request && progress && header_has(headers, "Accept", "text/event-stream");
+  if (c->sse) {
+    const char *head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-store\r\n"
+                       "Transfer-Encoding: chunked\r\n";
+    send_bytes(c, head, strlen(head));
+    send_bytes(c, c->keep_alive ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n",
+               c->keep_alive ? 26 : 19);
+  }
+  json_decref(msg);
+  mcp_conn_handle(c->mcp, body, blen);
+}
+
+/* Parses as many whole requests as the buffer holds. */
+static void process(hconn *c) {
+  while (!c->closing && !c->busy && c->in.len) {
+    char *end = memmem(c->in.data, c->in.len, "\r\n\r\n", 4);
+    if (!end) {
+      if (c->in.len > MAX_HEADERS) {
+        c->keep_alive = false;
+        respond_text(c, 431, "Request Header Fields Too Large", "headers too large\n");
+      }
+      return;
+    }
+    size_t head_len = end - c->in.data + 4;
+    char *headers = strndup(c->in.data, head_len);
+    char method[16] = "", path[1024] = "", ver[16] = "";
+    if (sscanf(headers, "%15s %1023s %15s", method, path, ver) != 3 || strncmp(ver, "HTTP/1.", 7)) {
+      free(headers);
+      c->keep_alive = false;
+      return respond_text(c, 400, "Bad Request", "malformed request line\n");
+    }
+    char *hdrs = strstr(headers, "\r\n") + 2;
+    size_t cl_len;
+    const char *cl = header(hdrs, "Content-Length", &cl_len);
+    if (header(hdrs, "Transfer-Encoding", &cl_len)) {
+      free(headers);
+      c->keep_alive = false;
+      return respond_text(c, 501, "Not Implemented", "send a Content-Length body\n");
+    }
+    unsigned long long blen = cl ? strtoull(cl, NULL, 10) : 0;
+    if (blen > MCP_MAX_MESSAGE) {
+      free(headers);
+      c->keep_alive = false;
+      return respond_text(c, 413, "Content Too Large", "a message may be at most 64 MiB\n");
+    }
+    if (c->in.len < head_len + blen) {
+      free(headers);
+      return; /* the rest of the body is on its way */
+    }
+    char *body = c->in.data + head_len;
+    handle_request(c, method, path, hdrs, body, blen);
+    free(headers);
+    size_t used = head_len + blen;
+    memmove(c->in.data, c->in.data + used, c->in.len - used);
+    c->in.len -= used;
+  }
+}
+
+static void alloc_cb(uv_handle_t *hd, size_t suggested, uv_buf_t *b) {
+  (void)hd;
+  (void)suggested;
+  b->base = malloc(65536);
+  b->len = b->base ? 65536 : 0;
+}
+
+static void read_cb(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
+  hconn *c = s->data;
+  if (n < 0) {
+    free(b->base);
+    hconn_close(c);
+    return;
+  }
+  if (c->in.len + n > MCP_MAX_MESSAGE + MAX_HEADERS) {
+    free(b->base);
+    c->keep_alive = false;
+    respond_text(c, 413, "Content Too Large", "too large\n");
+    return;
+  }
+  sbx_buf_append(&c->in, b->base, n);
+  free(b->base);
+  process(c);
+}
+
+static void on_connection(uv_stream_t *server, int status) {
+  if (status < 0) return;
+  hconn *c = calloc(1, sizeof *c);
+  if (!c) return;
+  uv_tcp_init(uv_default_loop(), &c->tcp);
+  c->tcp.data = c;
+  if (uv_accept(server, (uv_stream_t *)&c->tcp) < 0) {
+    uv_close((uv_handle_t *)&c->tcp, (uv_close_cb)free);
+    return;
+  }
+  uv_tcp_nodelay(&c->tcp, 1);
+  uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, read_cb);
+}
+
+static int load_token(const char *state_dir, char *err, size_t errlen) {
+  char path[1200];
+  snprintf(path, sizeof path, "%s/http-token", state_dir);
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd >= 0) {
+    struct stat st;
+    ssize_t n = fstat(fd, &st) == 0 && (st.st_mode & 077) == 0 && st.st_uid == geteuid()
+                    ? read(fd, h.token, sizeof h.token - 1)
+                    : -1;
+    close(fd);
+    while (n > 0 && (h.token[n - 1] == '\n' || h.token[n - 1] == ' ')) n--;
+    if (n < 16) {
+      snprintf(err, errlen, "%s must hold a token of at least 16 characters, owned by us, mode 0600", path);
+      return -1;
+    }
+    h.token[n] = 0;
+    return 0;
+  }
+  unsigned char raw[24];
+  if (getrandom(raw, sizeof raw, 0) != sizeof raw) {
+    snprintf(err, errlen, "getrandom: %s", strerror(errno));
+    return -1;
+  }
+  for (size_t i = 0; i < sizeof raw; i++) snprintf(h.token + 2 * i, 3, "%02x", raw[i]);
+  fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0 || sbx_write_all(fd, h.token, strlen(h.token)) < 0 || sbx_write_all(fd, "\n", 1) < 0) {
+    snprintf(err, errlen, "writing %s: %s", path, strerror(errno));
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  close(fd);
+  return 0;
+}
+
+int sbx_http_start(const char *addr, bool allow_remote, const char *state_dir, char *err, size_t errlen) {
+  char host[128];
+  const char *colon = strrchr(addr, ':');
+  if (!colon || colon == addr || (size_t)(colon - addr) >= sizeof host) {
+    snprintf(err, errlen, "--http takes ADDRESS:PORT, e.g. 127.0.0.1:8788");
+    return -1;
+  }
+  memcpy(host, addr, colon - addr);
+  host[colon - addr] = 0;
+  int port = atoi(colon + 1);
+  struct sockaddr_storage ss;
+  bool loopback;
+  if (host[0] == '[') { /* [::1]:port */
+    size_t l = strlen(host);
+    if (host[l - 1] == ']') host[l - 1] = 0;
+    memmove(host, host + 1, strlen(host));
+    if (uv_ip6_addr(host, port, (struct sockaddr_in6 *)&ss) < 0) goto bad;
+    loopback = !strcmp(host, "::1");
+  } else {
+    if (uv_ip4_addr(host, port, (struct sockaddr_in *)&ss) < 0) goto bad;
+    loopback = !strncmp(host, "127.", 4);
+  }
+  if (!loopback && !allow_remote) {
+    snprintf(err, errlen, "%s is not a loopback address (pass --http-allow-remote to serve it anyway)", host);
+    return -1;
+  }
+  if (load_token(state_dir, err, errlen) < 0) return -1;
+  uv_tcp_init(uv_default_loop(), &h.server);
+  int r = uv_tcp_bind(&h.server, (struct sockaddr *)&ss, 0);
+  if (r == 0) r = uv_listen((uv_stream_t *)&h.server, 512, on_connection);
+  if (r < 0) {
+    snprintf(err, errlen, "listening on %s: %s", addr, uv_strerror(r));
+    uv_close((uv_handle_t *)&h.server, NULL);
+    return -1;
+  }
+  h.listening = true;
+  return 0;
+bad:
+  snprintf(err, errlen, "bad address '%s'", addr);
+  return -1;
+}
+
+void sbx_http_stop(void) {
+  if (h.listening) uv_close((uv_handle_t *)&h.server, NULL);
+  h.listening = false;
+}

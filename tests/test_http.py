@@ -1,0 +1,149 @@
+"""The Streamable HTTP transport: bearer token, loopback only, Origin check,
+JSON and SSE replies, both eras, cancellation on disconnect, and the official
+conformance suite's scenarios that need no test tools of their own."""
+import http.client
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+
+from sbxtest import SBX, Env, Fail, run_tests, wait_until
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SDK = os.path.join(HERE, 'sdk')
+# scenarios that exercise the server itself rather than fixtures (test tools,
+# prompts, resources) that the suite expects a server to define for it
+CONFORMANCE = ['server-initialize', 'ping', 'logging-set-level', 'tools-list', 'resources-list']
+M = {'io.modelcontextprotocol/protocolVersion': '2026-07-28', 'io.modelcontextprotocol/clientCapabilities': {}}
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(('127.0.0.1', 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+class Ctx:
+    def __init__(self):
+        self.env = Env()
+        self.port = free_port()
+        self.daemon = subprocess.Popen([SBX, 'daemon', '--http', '127.0.0.1:%d' % self.port], env=self.env.env,
+                                       cwd='/', stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        tok = os.path.join(self.env.state, 'http-token')
+        wait_until(lambda: os.path.exists(os.path.join(self.env.runtime, 'sbx.sock')), 20, 'daemon socket')
+        self.token = open(tok).read().strip()
+
+    def post(self, body, headers=None, token=True, raw=None):
+        c = http.client.HTTPConnection('127.0.0.1', self.port, timeout=30)
+        h = {'Content-Type': 'application/json', 'Accept': 'application/json, text/event-stream'}
+        if token:
+            h['Authorization'] = 'Bearer ' + (token if isinstance(token, str) else self.token)
+        h.update(headers or {})
+        c.request('POST', '/mcp', body=raw if raw is not None else json.dumps(body), headers=h)
+        r = c.getresponse()
+        data = r.read()
+        c.close()
+        return r, data
+
+    def close(self):
+        self.daemon.terminate()
+        try:
+            self.daemon.wait(20)
+        except subprocess.TimeoutExpired:
+            self.daemon.kill()
+        self.env.close()
+
+
+def test_auth(t, x):
+    r, _ = x.post({'jsonrpc': '2.0', 'id': 1, 'method': 'ping'}, token=False)
+    t.ok(r.status == 401 and r.getheader('WWW-Authenticate') == 'Bearer', 'no token: 401 with WWW-Authenticate')
+    r, _ = x.post({'jsonrpc': '2.0', 'id': 1, 'method': 'ping'}, token='x' * 48)
+    t.eq(r.status, 401, 'wrong token: 401')
+    st = os.stat(os.path.join(x.env.state, 'http-token'))
+    t.eq(oct(st.st_mode & 0o777), oct(0o600), 'the token file is mode 0600')
+    r, _ = x.post({'jsonrpc': '2.0', 'id': 1, 'method': 'ping'}, headers={'Origin': 'http://evil.example'})
+    t.eq(r.status, 403, 'a foreign Origin is refused')
+    r, body = x.post({'jsonrpc': '2.0', 'id': 1, 'method': 'ping'}, headers={'Origin': 'http://localhost:3000'})
+    t.eq((r.status, json.loads(body)['result']), (200, {}), 'a loopback Origin is fine')
+
+
+def test_loopback_only(t, x):
+    p = subprocess.run([SBX, 'daemon', '--http', '0.0.0.0:%d' % free_port()], env=dict(x.env.env, SBX_RUNTIME_DIR=x.env.root + '/rt2',
+                       SBX_STATE_DIR=x.env.root + '/st2'), capture_output=True, timeout=30)
+    t.ok(p.returncode != 0 and b'loopback' in p.stderr, 'a non-loopback address is refused', p.stderr)
+
+
+def test_json_and_sse(t, x):
+    r, body = x.post({'jsonrpc': '2.0', 'id': 7, 'method': 'tools/call',
+                      'params': {'name': 'exec', 'arguments': {'command': 'echo over http', 'sandboxId': 'web'}}})
+    msg = json.loads(body)
+    t.ok(r.status == 200 and r.getheader('Content-Type') == 'application/json' and
+         msg['result']['structuredContent']['stdout'] == 'over http\n', 'a call without progress answers JSON')
+    r, body = x.post({'jsonrpc': '2.0', 'id': 8, 'method': 'tools/call',
+                      'params': {'name': 'exec', 'arguments': {'command': 'echo a; sleep 0.1; echo b', 'sandboxId': 'web'},
+                                 '_meta': {'progressToken': 'tok'}}})
+    events = [json.loads(l[6:]) for l in body.decode().split('\n') if l.startswith('data: ')]
+    t.ok(r.getheader('Content-Type') == 'text/event-stream' and len(events) >= 3, 'progress streams as SSE', body[:500])
+    t.ok(events[-1]['id'] == 8 and events[-1]['result']['structuredContent']['stdout'] == 'a\nb\n',
+         'the SSE stream ends with the response')
+    t.ok(all(e.get('method') == 'notifications/progress' for e in events[:-1]), 'progress events come first')
+    r, body = x.post({'jsonrpc': '2.0', 'method': 'notifications/initialized'})
+    t.eq((r.status, body), (202, b''), 'a notification is accepted with 202')
+    r, body = x.post(None, raw='{not json')
+    t.eq((r.status, json.loads(body)['error']['code']), (400, -32700), 'malformed JSON: 400 with -32700')
+    r, body = x.post({'jsonrpc': '2.0', 'id': 3, 'method': 'tools/list', 'params': {'_meta': M}})
+    res = json.loads(body)['result']
+    t.ok(res['resultType'] == 'complete' and res['ttlMs'] > 0, 'the modern era over HTTP')
+    r, body = x.post({'jsonrpc': '2.0', 'id': 4, 'method': 'server/discover', 'params': {'_meta': M}})
+    t.ok('2026-07-28' in json.loads(body)['result']['supportedVersions'], 'server/discover over HTTP')
+    c = http.client.HTTPConnection('127.0.0.1', x.port, timeout=10)
+    c.request('GET', '/mcp', headers={'Authorization': 'Bearer ' + x.token})
+    t.eq(c.getresponse().status, 405, 'GET /mcp (no server-initiated stream) is 405')
+    c.close()
+
+
+def test_disconnect_cancels(t, x):
+    s = socket.create_connection(('127.0.0.1', x.port))
+    body = json.dumps({'jsonrpc': '2.0', 'id': 9, 'method': 'tools/call',
+                       'params': {'name': 'exec', 'arguments': {'command': 'echo go; sleep 300', 'sandboxId': 'web'},
+                                  '_meta': {'progressToken': 1}}}).encode()
+    s.sendall(b'POST /mcp HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nAccept: text/event-stream\r\n'
+              b'Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s' % (x.token.encode(), len(body), body))
+    got = b''
+    while b'go' not in got:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        got += chunk
+    s.close()
+
+    def gone():
+        r, b = x.post({'jsonrpc': '2.0', 'id': 1, 'method': 'tools/call', 'params': {'name': 'exec', 'arguments': {
+            'sandboxId': 'web', 'command': 'ps -e -o comm= | grep -c "^sleep$" || true'}}})
+        return json.loads(b)['result']['structuredContent']['stdout'].strip() == '0'
+    t.ok(b'go' in got and wait_until(gone, 20, 'the call to be cancelled'), 'a client that hangs up has its call cancelled')
+
+
+def test_conformance(t, x):
+    bin = os.path.join(SDK, 'node_modules', '.bin', 'conformance')
+    if not os.path.exists(bin):
+        for s in CONFORMANCE:
+            t.skip('conformance ' + s, 'the suite is not installed (scripts/bootstrap)')
+        return
+    env = dict(os.environ, SBX_HTTP_TOKEN=x.token,
+               NODE_OPTIONS='--require ' + os.path.join(SDK, 'conformance-auth.cjs'))
+    for s in CONFORMANCE:
+        p = subprocess.run([bin, 'server', '--url', 'http://127.0.0.1:%d/mcp' % x.port, '--scenario', s],
+                           capture_output=True, timeout=120, env=env, cwd=x.env.root)
+        out = p.stdout.decode() + p.stderr.decode()
+        m = re.search(r'Passed: (\d+)/(\d+), (\d+) failed', out)
+        t.ok(p.returncode == 0 and m and m.group(1) == m.group(2) and int(m.group(2)) > 0 and m.group(3) == '0',
+             'conformance ' + s, out[-1500:])
+
+
+if __name__ == '__main__':
+    sys.exit(run_tests([test_auth, test_loopback_only, test_json_and_sse, test_disconnect_cancels, test_conformance], Ctx))
