@@ -63,7 +63,10 @@ struct mcp_conn {
   bool read_only;  /* `sbx mcp --read-only` */
   json_t *allowed; /* `sbx mcp --tools a,b`: names, or NULL for all */
   mcp_call *calls;
+  struct mcp_conn *next_live; /* all open connections, for broadcasts */
 };
+
+static mcp_conn *live;
 
 /* ---- catalog ----------------------------------------------------------- */
 
@@ -71,6 +74,8 @@ static json_t *output_schema(json_t *t) {
   json_t *props = json_deep_copy(json_object_get(t, "output"));
   if (!props) props = json_object();
   json_t *req = json_object_get(t, "outputRequired");
+  json_object_set_new(props, "reset", json_pack("{s:s, s:s}", "type", "boolean", "description",
+                                                 "the sandbox had been reset for idleness: its files are gone"));
   json_object_set_new(props, "error",
                       json_pack("{s:s, s:{s:{s:s}, s:{s:s}}, s:[s,s]}", "type", "object", "properties", "code", "type",
                                 "string", "message", "type", "string", "required", "code", "message"));
@@ -179,6 +184,9 @@ static void send_error_data(mcp_conn *c, json_t *id, int code, const char *messa
 
 static void conn_unref(mcp_conn *c) {
   if (--c->refs == 0) {
+    mcp_conn **pp = &live;
+    while (*pp && *pp != c) pp = &(*pp)->next_live;
+    if (*pp) *pp = c->next_live;
     json_decref(c->allowed);
     free(c);
   }
@@ -201,8 +209,15 @@ uv_loop_t *mcp_call_loop(mcp_call *call) { return call->conn ? call->conn->loop 
 
 void mcp_call_ok(mcp_call *call, json_t *structured, const char *text) {
   if (call->conn && !call->cancelled) {
-    json_t *res = json_pack("{s:[{s:s, s:s}], s:O, s:b}", "content", "type", "text", "text", text ? text : "",
+    char *note = NULL;
+    if (call->reset) {
+      json_object_set_new(structured, "reset", json_true());
+      note = sbx_strdup_printf("%s\n[sandbox %s had been reset after being idle: its earlier files and processes are gone]",
+                               text ? text : "", call->sandbox_id);
+    }
+    json_t *res = json_pack("{s:[{s:s, s:s}], s:O, s:b}", "content", "type", "text", "text", note ? note : text ? text : "",
                             "structuredContent", structured, "isError", 0);
+    free(note);
     send_result(call->conn, call->id, call->modern, res);
   }
   json_decref(structured);
@@ -215,6 +230,7 @@ void mcp_call_fail(mcp_call *call, const sbx_error *err) {
     snprintf(text, sizeof text, "%s: %s", err->code, err->message);
     json_t *res = json_pack("{s:[{s:s, s:s}], s:{s:{s:s, s:s}}, s:b}", "content", "type", "text", "text", text,
                             "structuredContent", "error", "code", err->code, "message", err->message, "isError", 1);
+    if (call->reset) json_object_set_new(json_object_get(res, "structuredContent"), "reset", json_true());
     send_result(call->conn, call->id, call->modern, res);
   }
   call_free(call);
@@ -240,6 +256,20 @@ void mcp_call_log(mcp_call *call, const char *level, const char *fmt, ...) {
   send_json(call->conn, json_pack("{s:s, s:s, s:{s:s, s:s, s:{s:s, s:s}}}", "jsonrpc", "2.0", "method",
                                   "notifications/message", "params", "level", level, "logger", "sbx", "data",
                                   "sandboxId", call->sandbox_id, "message", msg));
+}
+
+void mcp_broadcast_log(const char *level, const char *sandbox_id, const char *fmt, ...) {
+  char msg[600];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  int want = log_level_index(level);
+  for (mcp_conn *c = live; c; c = c->next_live)
+    if (!c->closed && c->log_level >= 0 && want >= c->log_level)
+      send_json(c, json_pack("{s:s, s:s, s:{s:s, s:s, s:{s:s, s:s}}}", "jsonrpc", "2.0", "method",
+                             "notifications/message", "params", "level", level, "logger", "sbx", "data", "sandboxId",
+                             sandbox_id, "message", msg));
 }
 
 /* ---- dispatch ---------------------------------------------------------- */
@@ -338,6 +368,12 @@ static void do_tools_call(request *r) {
   sbx_sandbox *sb = NULL;
   if (!t->h->own_sandbox && !t->global) {
     sb = sbx_sandbox_find(call->sandbox_id);
+    if (sb && sb->asleep && !t->h->no_wake && sbx_sandbox_wake(sb, &err) < 0) {
+      mcp_call_fail(call, &err);
+      json_decref(owned);
+      return;
+    }
+    if (sb && !t->h->no_wake) call->reset = sbx_sandbox_take_reset(sb);
     if (!sb && t->creates) {
       sbx_sandbox_opts o;
       sbx_sandbox_default_opts(&o);
@@ -580,6 +616,8 @@ mcp_conn *mcp_conn_new(uv_loop_t *loop, mcp_send_fn send, void *ud) {
   c->ud = ud;
   c->refs = 1;
   c->log_level = log_level_index("warning"); /* until the client says otherwise */
+  c->next_live = live;
+  live = c;
   snprintf(c->default_sandbox, sizeof c->default_sandbox, "default");
   return c;
 }

@@ -27,6 +27,9 @@ void mcp_conn_handle(mcp_conn *c, const char *msg, size_t len);
 /* The transport is gone: in-flight work is cancelled; the connection is
  * freed once its last call ends. `send` is never called again. */
 void mcp_conn_close(mcp_conn *c);
+/* A notifications/message to every legacy-era connection that asked for
+ * `level` or lower (events no call is waiting for: idle resets). */
+void mcp_broadcast_log(const char *level, const char *sandbox_id, const char *fmt, ...) SBX_PRINTF(3, 4);
 /* Sends a JSON-RPC error for a message that could not be framed (e.g. too
  * large). */
 void mcp_conn_send_error(mcp_conn *c, json_t *id, int code, const char *message);
@@ -45,6 +48,7 @@ typedef struct mcp_call {
   sbx_exec *exec;
   bool sandbox_created; /* this call created the sandbox */
   bool modern;          /* protocol 2026-07-28: results carry resultType */
+  bool reset;           /* the sandbox was woken after an idle reset */
   int log_level;        /* notifications/message at or above this; -1 none */
   struct mcp_call *next;
 } mcp_call;
@@ -65,6 +69,7 @@ typedef struct mcp_handler {
   const char *name;
   mcp_tool_fn fn;
   bool own_sandbox; /* handles the sandbox lookup itself (create, list) */
+  bool no_wake;     /* works on a sleeping sandbox as it is (destroy) */
 } mcp_handler;
 extern const mcp_handler mcp_handlers[];
 extern const size_t mcp_handler_count;

@@ -27,6 +27,7 @@ static struct {
   uv_loop_t *loop;
   uv_pipe_t server;
   uv_signal_t sigterm, sigint;
+  uv_timer_t idle;
   client *clients;
   sbx_paths paths;
   bool stopping;
@@ -127,12 +128,25 @@ static void on_connection(uv_stream_t *server, int status) {
   uv_read_start((uv_stream_t *)&c->pipe, alloc_cb, read_cb);
 }
 
+/* The idle lifecycle: once a second, sandboxes idle past their sleepAfter
+ * are reset, and clients that asked for notices are told. */
+static void on_idle_tick(uv_timer_t *t) {
+  (void)t;
+  char ids[16][64];
+  int n = sbx_sandbox_sweep_idle(ids, 16);
+  for (int i = 0; i < n && i < 16; i++) {
+    fprintf(stderr, "sbx daemon: sandbox %s reset after being idle\n", ids[i]);
+    mcp_broadcast_log("notice", ids[i], "sandbox %s was reset after being idle; its files are gone", ids[i]);
+  }
+}
+
 static void on_signal(uv_signal_t *s, int sig) {
   (void)s;
   if (d.stopping) return;
   d.stopping = true;
   fprintf(stderr, "sbx daemon: signal %d, shutting down\n", sig);
   uv_close((uv_handle_t *)&d.server, NULL);
+  uv_close((uv_handle_t *)&d.idle, NULL);
   sbx_http_stop();
   for (client *c = d.clients; c; c = c->next) client_close(c);
   for (sbx_sandbox *sb = sbx_sandbox_list(); sb; sb = sb->next) sbx_exec_cancel_sandbox(sb);
@@ -191,6 +205,8 @@ int sbx_daemon_main(const char *http_addr, bool http_allow_remote) {
   char pid[32];
   snprintf(pid, sizeof pid, "%d\n", getpid());
   sbx_write_string_create(d.paths.pidfile, pid);
+  uv_timer_init(d.loop, &d.idle);
+  uv_timer_start(&d.idle, on_idle_tick, 1000, 1000);
   uv_signal_init(d.loop, &d.sigterm);
   uv_signal_init(d.loop, &d.sigint);
   uv_signal_start(&d.sigterm, on_signal, SIGTERM);

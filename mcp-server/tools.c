@@ -29,7 +29,8 @@ static json_t *sandbox_json(sbx_sandbox *sb) {
   int sessions = 0;
   for (sbx_session *s = sb->sessions; s; s = s->next) sessions++;
   return json_pack("{s:s, s:s, s:s, s:s, s:i, s:i}", "sandboxId", sb->id, "status",
-                   sbx_sandbox_alive(sb) ? "running" : "failed", "createdAt", created, "lastActivity", last,
+                   sb->asleep ? "sleeping" : sbx_sandbox_alive(sb) ? "running" : "failed", "createdAt", created,
+                   "lastActivity", last,
                    "runningCommands", sb->running, "sessions", sessions);
 }
 
@@ -64,6 +65,7 @@ static void h_create(mcp_call *call, json_t *args, sbx_sandbox *unused) {
   int r = sbx_sandbox_create(call->sandbox_id, &o, &sb, &created, &err);
   sbx_env_clear(&o.env);
   if (r < 0) return mcp_call_fail(call, &err);
+  call->reset = sbx_sandbox_take_reset(sb);
   char text[160];
   snprintf(text, sizeof text, "sandbox %s %s", sb->id, created ? "created" : "already exists");
   mcp_call_ok(call, json_pack("{s:s, s:s, s:b}", "sandboxId", sb->id, "status", "running", "created", created), text);
@@ -379,7 +381,7 @@ static void h_setenv(mcp_call *call, json_t *args, sbx_sandbox *sb) {
 const mcp_handler mcp_handlers[] = {
     {"createSandbox", h_create, true},
     {"listSandboxes", h_list, true},
-    {"destroySandbox", h_destroy, false},
+    {"destroySandbox", h_destroy, false, true},
     {"exec", h_exec, false},
     {"writeFile", h_write, false},
     {"readFile", h_read, false},

@@ -306,12 +306,7 @@ static ssize_t recv_reply(int sock, char *buf, size_t len, int *fd) {
   return n;
 }
 
-static void sandbox_free(sbx_sandbox *sb) {
-  if (sb->rootfd >= 0) close(sb->rootfd);
-  if (sb->init_pidfd >= 0) close(sb->init_pidfd);
-  sbx_cg_free(&sb->cg);
-  for (int i = 0; i < sb->cg_pool_n; i++) sbx_cg_free(&sb->cg_pool[i]);
-  sbx_env_clear(&sb->opts.env);
+static void free_sessions(sbx_sandbox *sb) {
   while (sb->sessions) {
     sbx_session *s = sb->sessions;
     sb->sessions = s->next;
@@ -319,63 +314,61 @@ static void sandbox_free(sbx_sandbox *sb) {
     sbx_env_clear(&s->env);
     free(s);
   }
+}
+
+/* Releases what a running sandbox holds: its processes (init's death takes
+ * the whole pid namespace, and with it every mount: the disk is gone), its
+ * cgroups, its root fd and sessions. The record stays. */
+static void stop_running(sbx_sandbox *sb) {
+  if (sb->init_pidfd >= 0) {
+    sbx_pidfd_send_signal(sb->init_pidfd, SIGKILL);
+    siginfo_t si;
+    /* init dies only after every process of its pid namespace is gone */
+    while (waitid(P_PIDFD, sb->init_pidfd, &si, WEXITED) < 0 && errno == EINTR) {
+    }
+    close(sb->init_pidfd);
+    sb->init_pidfd = -1;
+  }
+  if (sb->rootfd >= 0) close(sb->rootfd);
+  sb->rootfd = -1;
+  if (sb->cg.n) {
+    sbx_cg_kill(&sb->cg); /* supervisors' leftovers, if any */
+    sbx_cg_remove(&sb->cg);
+  }
+  sbx_cg_free(&sb->cg);
+  for (int i = 0; i < sb->cg_pool_n; i++) sbx_cg_free(&sb->cg_pool[i]);
+  sb->cg_pool_n = 0;
+  free_sessions(sb);
+}
+
+static void sandbox_free(sbx_sandbox *sb) {
+  stop_running(sb);
+  sbx_env_clear(&sb->opts.env);
   free(sb);
 }
 
-static void kill_and_reap(sbx_sandbox *sb) {
-  if (sb->init_pidfd < 0) return;
-  sbx_pidfd_send_signal(sb->init_pidfd, SIGKILL);
-  siginfo_t si;
-  /* init dies only after every process of its pid namespace is gone */
-  while (waitid(P_PIDFD, sb->init_pidfd, &si, WEXITED) < 0 && errno == EINTR) {
-  }
-}
-
-int sbx_sandbox_create(const char *id, const sbx_sandbox_opts *opts, sbx_sandbox **out, bool *created,
-                       sbx_error *err) {
-  if (!sbx_valid_id(id)) return sbx_err(err, "VALIDATION_FAILED", "sandboxId must be 1-63 of [a-z0-9-], got '%s'", id);
-  if (!eng.etc_template) return sbx_err(err, "INTERNAL", "the sandbox engine is not running");
-  sbx_sandbox *sb = sbx_sandbox_find(id);
-  if (created) *created = false;
-  if (sb) {
-    sbx_sandbox_touch(sb);
-    *out = sb;
-    return 0;
-  }
-  if (eng.count >= SBX_MAX_SANDBOXES)
-    return sbx_err(err, "RESOURCE_LIMIT", "at most %d sandboxes may exist at once", SBX_MAX_SANDBOXES);
-  int slot = 0;
-  while (slot < SBX_MAX_SANDBOXES && eng.slots[slot]) slot++;
-
-  sb = calloc(1, sizeof *sb);
-  if (!sb) return sbx_err(err, "INTERNAL", "out of memory");
-  snprintf(sb->id, sizeof sb->id, "%s", id);
-  sb->slot = slot;
-  sb->init_pidfd = sb->rootfd = -1;
-  sb->opts = *opts;
-  sb->opts.env = (sbx_env){0};
-  sbx_env_copy(&sb->opts.env, &opts->env);
-  sb->uid_base = eng.cfg.rootless ? getuid() : UID_POOL_BASE + (uid_t)slot * UID_RANGE;
-
+/* Starts a sandbox from its record: cgroup, namespaces, root filesystem,
+ * init, the default session. */
+static int start(sbx_sandbox *sb, sbx_error *err) {
+  const char *id = sb->id;
+  const sbx_sandbox_opts *opts = &sb->opts;
   if (sbx_cg_available()) {
     int r = sbx_cg_create(NULL, id, &sb->cg);
     if (r == 0) r = sbx_cg_apply(&sb->cg, &opts->limits);
     if (r < 0 && (opts->limits_explicit || !eng.cfg.rootless)) {
       sbx_cg_remove(&sb->cg);
-      sandbox_free(sb);
+      sbx_cg_free(&sb->cg);
       return sbx_err_errno(err, "RESOURCE_LIMIT", -r, "applying limits to sandbox '%s'", id);
     }
     if (r < 0) sbx_cg_free(&sb->cg);
   } else if (opts->limits_explicit) {
-    sandbox_free(sb);
     return sbx_err(err, "RESOURCE_LIMIT",
                    "limits cannot be enforced: this daemon has no cgroup it may write (see `sbx doctor`)");
   }
 
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) {
-    sbx_cg_remove(&sb->cg);
-    sandbox_free(sb);
+    stop_running(sb);
     return sbx_err_errno(err, "INTERNAL", errno, "socketpair");
   }
   sbx_init_args args = {.sock = sv[1], .id = sb->id, .idmapped = !eng.cfg.rootless,
@@ -394,8 +387,7 @@ int sbx_sandbox_create(const char *id, const sbx_sandbox_opts *opts, sbx_sandbox
   if (pid < 0) {
     int e = errno;
     close(sv[0]);
-    sbx_cg_remove(&sb->cg);
-    sandbox_free(sb);
+    stop_running(sb);
     return sbx_err_errno(err, "INTERNAL", e, "creating the namespaces of sandbox '%s'", id);
   }
   sb->init_pid = pid;
@@ -423,19 +415,52 @@ int sbx_sandbox_create(const char *id, const sbx_sandbox_opts *opts, sbx_sandbox
   ssize_t n = pr > 0 ? recv_reply(sv[0], reply, sizeof reply - 1, &rootfd) : -1;
   if (n > 0) reply[n] = 0;
   sb->rootfd = rootfd;
-  if (n <= 0 || strcmp(reply, "ok")) {
+  if (n <= 0 || strcmp(reply, "ok") || sb->rootfd < 0) {
     sbx_err(err, "INTERNAL", "setting up sandbox '%s': %s", id,
-            n > 0 ? reply : pr == 0 ? "timed out" : "its init died");
+            n > 0 && strcmp(reply, "ok") ? reply : pr == 0 ? "timed out" : "its init died");
     goto fail;
   }
   close(sv[0]);
-  if (sb->rootfd < 0) {
-    sbx_err(err, "INTERNAL", "sandbox '%s' sent no root directory", id);
-    sv[0] = -1;
-    goto fail;
-  }
   sbx_session *def;
   sbx_session_create(sb, "default", "/workspace", &sb->opts.env, &def, NULL);
+  sb->asleep = false;
+  return 0;
+fail:
+  close(sv[0]);
+  stop_running(sb);
+  return -1;
+}
+
+int sbx_sandbox_create(const char *id, const sbx_sandbox_opts *opts, sbx_sandbox **out, bool *created,
+                       sbx_error *err) {
+  if (!sbx_valid_id(id)) return sbx_err(err, "VALIDATION_FAILED", "sandboxId must be 1-63 of [a-z0-9-], got '%s'", id);
+  if (!eng.etc_template) return sbx_err(err, "INTERNAL", "the sandbox engine is not running");
+  sbx_sandbox *sb = sbx_sandbox_find(id);
+  if (created) *created = false;
+  if (sb) {
+    if (sb->asleep && sbx_sandbox_wake(sb, err) < 0) return -1;
+    sbx_sandbox_touch(sb);
+    *out = sb;
+    return 0;
+  }
+  if (eng.count >= SBX_MAX_SANDBOXES)
+    return sbx_err(err, "RESOURCE_LIMIT", "at most %d sandboxes may exist at once", SBX_MAX_SANDBOXES);
+  int slot = 0;
+  while (slot < SBX_MAX_SANDBOXES && eng.slots[slot]) slot++;
+
+  sb = calloc(1, sizeof *sb);
+  if (!sb) return sbx_err(err, "INTERNAL", "out of memory");
+  snprintf(sb->id, sizeof sb->id, "%s", id);
+  sb->slot = slot;
+  sb->init_pidfd = sb->rootfd = -1;
+  sb->opts = *opts;
+  sb->opts.env = (sbx_env){0};
+  sbx_env_copy(&sb->opts.env, &opts->env);
+  sb->uid_base = eng.cfg.rootless ? getuid() : UID_POOL_BASE + (uid_t)slot * UID_RANGE;
+  if (start(sb, err) < 0) {
+    sandbox_free(sb);
+    return -1;
+  }
   sb->created_wall_ms = sb->last_activity_wall_ms = wall_ms();
   eng.slots[slot] = 1;
   eng.count++;
@@ -444,12 +469,39 @@ int sbx_sandbox_create(const char *id, const sbx_sandbox_opts *opts, sbx_sandbox
   *out = sb;
   if (created) *created = true;
   return 0;
-fail:
-  if (sv[0] >= 0) close(sv[0]);
-  kill_and_reap(sb);
-  sbx_cg_remove(&sb->cg);
-  sandbox_free(sb);
-  return -1;
+}
+
+int sbx_sandbox_reset(sbx_sandbox *sb) {
+  if (sb->asleep) return 0;
+  stop_running(sb);
+  sb->asleep = true;
+  sb->reset_pending = true;
+  return 0;
+}
+
+int sbx_sandbox_wake(sbx_sandbox *sb, sbx_error *err) {
+  if (!sb->asleep) return 0;
+  if (start(sb, err) < 0) return -1;
+  sbx_sandbox_touch(sb);
+  return 0;
+}
+
+bool sbx_sandbox_take_reset(sbx_sandbox *sb) {
+  bool r = sb->reset_pending;
+  sb->reset_pending = false;
+  return r;
+}
+
+int sbx_sandbox_sweep_idle(char ids[][64], int max) {
+  uint64_t now = wall_ms();
+  int n = 0;
+  for (sbx_sandbox *sb = eng.list; sb; sb = sb->next) {
+    if (sb->asleep || sb->opts.keep_alive || sb->running > 0 || sb->opts.sleep_after_ms <= 0) continue;
+    if (now - sb->last_activity_wall_ms < (uint64_t)sb->opts.sleep_after_ms) continue;
+    sbx_sandbox_reset(sb);
+    if (n < max) snprintf(ids[n++], 64, "%s", sb->id);
+  }
+  return n;
 }
 
 int sbx_sandbox_destroy(const char *id, sbx_error *err) {
@@ -460,11 +512,6 @@ int sbx_sandbox_destroy(const char *id, sbx_error *err) {
   *pp = sb->next;
   eng.count--;
   eng.slots[sb->slot] = 0;
-  kill_and_reap(sb);
-  if (sb->cg.n) {
-    sbx_cg_kill(&sb->cg); /* supervisors' leftovers, if any */
-    sbx_cg_remove(&sb->cg);
-  }
   sandbox_free(sb);
   return 0;
 }

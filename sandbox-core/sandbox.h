@@ -56,7 +56,8 @@ typedef struct sbx_sandbox {
   uint64_t created_wall_ms, last_activity_wall_ms;
   uint64_t exec_seq;
   int running; /* execs in flight */
-  uint64_t oom_seen;
+  bool asleep;        /* reset for idleness: only the record is left */
+  bool reset_pending; /* the next result tells the caller its files are gone */
   struct sbx_sandbox *next;
 } sbx_sandbox;
 
@@ -79,8 +80,17 @@ sbx_sandbox *sbx_sandbox_list(void);
 int sbx_sandbox_create(const char *id, const sbx_sandbox_opts *opts, sbx_sandbox **out, bool *created,
                        sbx_error *err);
 int sbx_sandbox_destroy(const char *id, sbx_error *err);
+/* Idle lifecycle: reset kills every process and discards the root layer and
+ * /workspace, keeping the record; wake starts it fresh. */
+int sbx_sandbox_reset(sbx_sandbox *sb);
+int sbx_sandbox_wake(sbx_sandbox *sb, sbx_error *err);
+/* True once after a reset: for the `reset: true` of the next result. */
+bool sbx_sandbox_take_reset(sbx_sandbox *sb);
+/* Resets every sandbox idle past its sleepAfter (not keepAlive, nothing
+ * running); fills ids with those reset; returns how many. */
+int sbx_sandbox_sweep_idle(char ids[][64], int max);
 void sbx_sandbox_touch(sbx_sandbox *sb);
-/* True while the sandbox's init is alive. */
+/* True while the sandbox's init is alive (false while asleep). */
 bool sbx_sandbox_alive(sbx_sandbox *sb);
 
 sbx_session *sbx_session_find(sbx_sandbox *sb, const char *id);
