@@ -1,0 +1,47 @@
+"""The examples run as a user would run them, and save a real PNG."""
+import os
+import struct
+import subprocess
+import sys
+
+from sbxtest import SBX, Env, run_tests
+
+EX = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'examples')
+
+
+class Ctx:
+    def __init__(self):
+        self.env = Env()
+
+    def close(self):
+        self.env.close()
+
+
+def check_png(t, path, name):
+    data = open(path, 'rb').read() if os.path.exists(path) else b''
+    ok = data[:8] == b'\x89PNG\r\n\x1a\n' and data[12:16] == b'IHDR'
+    w, h = struct.unpack('>II', data[16:24]) if ok else (0, 0)
+    t.ok(ok and (w, h) == (320, 200), '%s saves a 320x200 PNG' % name, (len(data), w, h))
+
+
+def test_python(t, x):
+    out = os.path.join(x.env.root, 'py.png')
+    p = subprocess.run([sys.executable, os.path.join(EX, 'python', 'client.py'), out], env=dict(x.env.env, SBX=SBX),
+                       capture_output=True, timeout=120, cwd=x.env.root)
+    t.ok(p.returncode == 0 and b'wrote /workspace/plot.png' in p.stdout, 'python example runs', p.stderr[-800:])
+    check_png(t, out, 'python example')
+
+
+def test_node(t, x):
+    if not os.path.isdir(os.path.join(EX, 'node', 'node_modules')):
+        t.skip('node example', 'run scripts/bootstrap first')
+        return
+    out = os.path.join(x.env.root, 'node.png')
+    p = subprocess.run(['node', os.path.join(EX, 'node', 'client.mjs'), out], env=dict(x.env.env, SBX=SBX),
+                       capture_output=True, timeout=120, cwd=x.env.root)
+    t.ok(p.returncode == 0 and b'saved' in p.stdout, 'node example runs', p.stderr[-800:])
+    check_png(t, out, 'node example')
+
+
+if __name__ == '__main__':
+    sys.exit(run_tests([test_python, test_node], Ctx))
