@@ -34,7 +34,8 @@ class Ctx:
         self.daemon = subprocess.Popen([SBX, 'daemon', '--http', '127.0.0.1:%d' % self.port], env=self.env.env,
                                        cwd='/', stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         tok = os.path.join(self.env.state, 'http-token')
-        wait_until(lambda: os.path.exists(os.path.join(self.env.runtime, 'sbx.sock')), 20, 'daemon socket')
+        # the pid file is written once both the socket and HTTP listen
+        wait_until(lambda: os.path.exists(os.path.join(self.env.runtime, 'sbx.pid')), 20, 'the daemon to listen')
         self.token = open(tok).read().strip()
 
     def post(self, body, headers=None, token=True, raw=None):
