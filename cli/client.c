@@ -61,16 +61,7 @@ int sbx_client_open(sbx_client *c, const char *default_sandbox, char *err, size_
   if (sbx_paths_init(&p, err, errlen) < 0) return -1;
   c->fd = sbx_connect(&p, true, err, errlen);
   if (c->fd < 0) return -1;
-  char id[64];
-  if (default_sandbox) {
-    snprintf(id, sizeof id, "%s", default_sandbox);
-  } else {
-    char cwd[4096];
-    sbx_default_id(getcwd(cwd, sizeof cwd) ? cwd : "/", id);
-  }
-  snprintf(c->default_sandbox, sizeof c->default_sandbox, "%s", id);
-  send_msg(c, json_pack("{s:s, s:s, s:{s:s}}", "jsonrpc", "2.0", "method", "notifications/sbx/hello", "params",
-                        "defaultSandboxId", id));
+  send_msg(c, sbx_hello(default_sandbox, NULL, false, c->default_sandbox));
   json_t *r = sbx_client_request(c, "initialize",
                                  json_pack("{s:s, s:{}, s:{s:s, s:s}}", "protocolVersion", "2025-11-25",
                                            "capabilities", "clientInfo", "name", "sbx-cli", "version", "0.1.0"),
@@ -81,42 +72,17 @@ int sbx_client_open(sbx_client *c, const char *default_sandbox, char *err, size_
   return 0;
 }
 
-json_t *sbx_client_request(sbx_client *c, const char *method, json_t *params, char *err, size_t errlen) {
+/* Sends a request and waits for its response, handing progress
+ * notifications to `progress` meanwhile; a set *interrupted cancels it. */
+static json_t *roundtrip(sbx_client *c, const char *method, json_t *params, sbx_progress_fn progress, void *ud,
+                         volatile sig_atomic_t *interrupted, char *err, size_t errlen) {
   int id = c->next_id++;
+  if (progress) {
+    json_t *meta = json_object_get(params, "_meta");
+    if (!meta) json_object_set_new(params, "_meta", meta = json_object());
+    json_object_set_new(meta, "progressToken", json_integer(id));
+  }
   if (send_msg(c, json_pack("{s:s, s:i, s:s, s:o}", "jsonrpc", "2.0", "id", id, "method", method, "params",
-                            params ? params : json_object())) < 0) {
-    snprintf(err, errlen, "the daemon went away");
-    return NULL;
-  }
-  for (;;) {
-    bool intr = false;
-    json_t *m = recv_msg(c, NULL, &intr);
-    if (!m) {
-      snprintf(err, errlen, "the daemon closed the connection");
-      return NULL;
-    }
-    if (json_integer_value(json_object_get(m, "id")) == id && !json_object_get(m, "method")) {
-      json_t *e = json_object_get(m, "error");
-      if (e) {
-        snprintf(err, errlen, "%s (%lld)", json_string_value(json_object_get(e, "message")),
-                 (long long)json_integer_value(json_object_get(e, "code")));
-        json_decref(m);
-        return NULL;
-      }
-      json_t *res = json_incref(json_object_get(m, "result"));
-      json_decref(m);
-      return res;
-    }
-    json_decref(m);
-  }
-}
-
-json_t *sbx_client_call(sbx_client *c, const char *tool, json_t *args, sbx_progress_fn progress, void *ud,
-                        volatile sig_atomic_t *interrupted, char *err, size_t errlen) {
-  int id = c->next_id++;
-  json_t *params = json_pack("{s:s, s:o}", "name", tool, "arguments", args);
-  if (progress) json_object_set_new(params, "_meta", json_pack("{s:i}", "progressToken", id));
-  if (send_msg(c, json_pack("{s:s, s:i, s:s, s:o}", "jsonrpc", "2.0", "id", id, "method", "tools/call", "params",
                             params)) < 0) {
     snprintf(err, errlen, "the daemon went away");
     return NULL;
@@ -134,22 +100,30 @@ json_t *sbx_client_call(sbx_client *c, const char *tool, json_t *args, sbx_progr
       snprintf(err, errlen, "the daemon closed the connection");
       return NULL;
     }
-    const char *method = json_string_value(json_object_get(m, "method"));
-    if (method && !strcmp(method, "notifications/progress") && progress) {
+    const char *mth = json_string_value(json_object_get(m, "method"));
+    if (mth && !strcmp(mth, "notifications/progress") && progress) {
       progress(ud, json_object_get(m, "params"));
-    } else if (!method && json_integer_value(json_object_get(m, "id")) == id) {
+    } else if (!mth && json_integer_value(json_object_get(m, "id")) == id) {
       json_t *e = json_object_get(m, "error");
-      if (e) {
-        snprintf(err, errlen, "%s", json_string_value(json_object_get(e, "message")));
-        json_decref(m);
-        return NULL;
-      }
-      json_t *res = json_incref(json_object_get(m, "result"));
+      json_t *res = e ? NULL : json_incref(json_object_get(m, "result"));
+      if (e)
+        snprintf(err, errlen, "%s (%lld)", json_string_value(json_object_get(e, "message")),
+                 (long long)json_integer_value(json_object_get(e, "code")));
       json_decref(m);
       return res;
     }
     json_decref(m);
   }
+}
+
+json_t *sbx_client_request(sbx_client *c, const char *method, json_t *params, char *err, size_t errlen) {
+  return roundtrip(c, method, params ? params : json_object(), NULL, NULL, NULL, err, errlen);
+}
+
+json_t *sbx_client_call(sbx_client *c, const char *tool, json_t *args, sbx_progress_fn progress, void *ud,
+                        volatile sig_atomic_t *interrupted, char *err, size_t errlen) {
+  return roundtrip(c, "tools/call", json_pack("{s:s, s:o}", "name", tool, "arguments", args), progress, ud,
+                   interrupted, err, errlen);
 }
 
 void sbx_client_close(sbx_client *c) {

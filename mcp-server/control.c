@@ -2,6 +2,8 @@
 #include "control.h"
 #include "../sandbox-core/util.h"
 
+#include <jansson.h>
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -191,4 +193,24 @@ int sbx_daemon_stop(const sbx_paths *p, char *err, size_t errlen) {
     return -1;
   }
   return 0;
+}
+
+json_t *sbx_hello(const char *default_sandbox, const char *tools_csv, bool read_only, char id_out[64]) {
+  if (default_sandbox) {
+    snprintf(id_out, 64, "%s", default_sandbox);
+  } else {
+    char cwd[4096];
+    sbx_default_id(getcwd(cwd, sizeof cwd) ? cwd : "/", id_out);
+  }
+  json_t *hello = json_pack("{s:s, s:s, s:{s:s, s:b}}", "jsonrpc", "2.0", "method", "notifications/sbx/hello",
+                            "params", "defaultSandboxId", id_out, "readOnly", read_only);
+  if (tools_csv) { /* only these tools are listed and callable */
+    json_t *names = json_array();
+    char *copy = strdup(tools_csv), *save = NULL;
+    for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save))
+      if (*t) json_array_append_new(names, json_string(t));
+    free(copy);
+    json_object_set_new(json_object_get(hello, "params"), "tools", names);
+  }
+  return hello;
 }

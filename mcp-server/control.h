@@ -24,5 +24,11 @@ int sbx_paths_init(sbx_paths *p, char *err, size_t errlen);
  * ready. Returns the connected fd or -1 with a message. */
 int sbx_connect(const sbx_paths *p, bool autostart, char *err, size_t errlen);
 
+/* The first message of every client of the socket: names the connection's
+ * default sandbox (given, or derived from the cwd, written to id_out) and
+ * its tool filters (tools_csv may be NULL). Returns a new json_t. */
+struct json_t;
+struct json_t *sbx_hello(const char *default_sandbox, const char *tools_csv, bool read_only, char id_out[64]);
+
 /* Stops the running daemon (SIGTERM) and waits for it; 0 when none runs. */
 int sbx_daemon_stop(const sbx_paths *p, char *err, size_t errlen);

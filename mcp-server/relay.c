@@ -25,22 +25,7 @@ int sbx_relay_main(const char *default_sandbox, const char *tools_csv, bool read
     return 1;
   }
   char id[64];
-  if (default_sandbox) {
-    snprintf(id, sizeof id, "%s", default_sandbox);
-  } else {
-    char cwd[4096];
-    sbx_default_id(getcwd(cwd, sizeof cwd) ? cwd : "/", id);
-  }
-  json_t *hello = json_pack("{s:s, s:s, s:{s:s, s:b}}", "jsonrpc", "2.0", "method", "notifications/sbx/hello",
-                            "params", "defaultSandboxId", id, "readOnly", read_only);
-  if (tools_csv) { /* only these tools are listed and callable */
-    json_t *names = json_array();
-    char *copy = strdup(tools_csv), *save = NULL;
-    for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save))
-      if (*t) json_array_append_new(names, json_string(t));
-    free(copy);
-    json_object_set_new(json_object_get(hello, "params"), "tools", names);
-  }
+  json_t *hello = sbx_hello(default_sandbox, tools_csv, read_only, id);
   char *line = json_dumps(hello, JSON_COMPACT);
   json_decref(hello);
   size_t n = strlen(line);

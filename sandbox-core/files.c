@@ -212,32 +212,6 @@ int sbx_fs_mkdir(sbx_sandbox *sb, const char *path, bool recursive, sbx_error *e
   return 0;
 }
 
-/* Removes a tree without following symlinks or leaving its filesystem. */
-static int remove_tree(int dfd, const char *name, dev_t dev, int depth) {
-  if (depth > 256) return -ELOOP;
-  struct stat st;
-  if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) return -errno;
-  if (!S_ISDIR(st.st_mode)) return unlinkat(dfd, name, 0) < 0 ? -errno : 0;
-  if (st.st_dev != dev) return -EBUSY; /* a mount point */
-  int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) return -errno;
-  DIR *d = fdopendir(fd);
-  if (!d) {
-    close(fd);
-    return -errno;
-  }
-  struct dirent *e;
-  int r = 0;
-  while ((e = readdir(d)))
-    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-      int q = remove_tree(dirfd(d), e->d_name, dev, depth + 1);
-      if (q < 0 && !r) r = q;
-    }
-  closedir(d);
-  if (r < 0) return r;
-  return unlinkat(dfd, name, AT_REMOVEDIR) < 0 ? -errno : 0;
-}
-
 int sbx_fs_delete(sbx_sandbox *sb, const char *path, bool recursive, sbx_error *err) {
   AS_SANDBOX(sb);
   char abs[4096];
@@ -249,7 +223,7 @@ int sbx_fs_delete(sbx_sandbox *sb, const char *path, bool recursive, sbx_error *
   if (fstatat(dfd, base, &st, AT_SYMLINK_NOFOLLOW) < 0) return fail_errno(err, errno, "deleting", abs);
   if (S_ISDIR(st.st_mode)) {
     if (!recursive) return sbx_err(err, "IS_DIRECTORY", "%s is a directory (pass recursive: true)", abs);
-    int r = remove_tree(dfd, base, st.st_dev, 0);
+    int r = sbx_remove_tree_at(dfd, base, true);
     if (r < 0) return fail_errno(err, -r, "deleting", abs);
     return 0;
   }

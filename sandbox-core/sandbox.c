@@ -177,28 +177,10 @@ int sbx_engine_init(const sbx_engine_config *cfg, sbx_error *err) {
   return 0;
 }
 
-static int rm_rf_at(int dfd, const char *name, int depth) {
-  if (depth > 32) return -ELOOP;
-  if (unlinkat(dfd, name, 0) == 0 || errno == ENOENT) return 0;
-  if (errno != EISDIR && errno != EPERM) return -errno;
-  int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) return -errno;
-  DIR *d = fdopendir(fd);
-  if (!d) {
-    close(fd);
-    return -errno;
-  }
-  struct dirent *e;
-  while ((e = readdir(d)))
-    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) rm_rf_at(dirfd(d), e->d_name, depth + 1);
-  closedir(d);
-  return unlinkat(dfd, name, AT_REMOVEDIR) < 0 ? -errno : 0;
-}
-
 void sbx_engine_shutdown(void) {
   while (eng.list) sbx_sandbox_destroy(eng.list->id, NULL);
   sbx_cg_shutdown();
-  if (eng.etc_template) rm_rf_at(AT_FDCWD, eng.etc_template, 0);
+  if (eng.etc_template) sbx_remove_tree_at(AT_FDCWD, eng.etc_template, true);
 }
 
 /* ---- sandboxes --------------------------------------------------------- */

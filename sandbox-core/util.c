@@ -1,6 +1,7 @@
 #define _GNU_SOURCE
 #include "util.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -378,3 +379,32 @@ void sbx_iso_time(uint64_t wall_ms, char out[32]) {
   size_t n = strftime(out, 32, "%Y-%m-%dT%H:%M:%S", &tm);
   snprintf(out + n, 32 - n, ".%03uZ", (unsigned)(wall_ms % 1000));
 }
+
+/* Removes a tree without following symlinks or leaving its filesystem. */
+static int remove_tree(int dfd, const char *name, bool one_fs, dev_t dev, int depth) {
+  if (depth > 256) return -ELOOP;
+  struct stat st;
+  if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) return -errno;
+  if (!S_ISDIR(st.st_mode)) return unlinkat(dfd, name, 0) < 0 ? -errno : 0;
+  if (one_fs && depth > 0 && st.st_dev != dev) return -EBUSY; /* a mount point */
+  if (depth == 0) dev = st.st_dev;
+  int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return -errno;
+  DIR *d = fdopendir(fd);
+  if (!d) {
+    close(fd);
+    return -errno;
+  }
+  struct dirent *e;
+  int r = 0;
+  while ((e = readdir(d)))
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+      int q = remove_tree(dirfd(d), e->d_name, one_fs, dev, depth + 1);
+      if (q < 0 && !r) r = q;
+    }
+  closedir(d);
+  if (r < 0) return r;
+  return unlinkat(dfd, name, AT_REMOVEDIR) < 0 ? -errno : 0;
+}
+
+int sbx_remove_tree_at(int dfd, const char *name, bool one_fs) { return remove_tree(dfd, name, one_fs, 0, 0); }

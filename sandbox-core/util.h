@@ -99,6 +99,9 @@ int sbx_write_string(const char *path, const char *s); /* -errno */
 /* Creates or truncates path (0644) and writes s. -errno. */
 int sbx_write_string_create(const char *path, const char *s);
 int sbx_mkdir_p(const char *path, mode_t mode);        /* -errno */
+/* Removes name (below dfd) and everything under it without following
+ * symlinks; with one_fs, refuses to cross into another filesystem (-EBUSY). */
+int sbx_remove_tree_at(int dfd, const char *name, bool one_fs);
 char *sbx_strdup_printf(const char *fmt, ...) SBX_PRINTF(1, 2);
 uint64_t sbx_now_ms(void);
 uint64_t sbx_now_us(void);

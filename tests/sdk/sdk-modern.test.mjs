@@ -3,24 +3,9 @@
 // envelope. Drives `sbx mcp` over stdio. Prints TAP.
 import { Client } from '@modelcontextprotocol/client';
 import { StdioClientTransport } from '@modelcontextprotocol/client/stdio';
-import { execFileSync } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { SBX, setup } from './harness.mjs';
 
-const SBX = process.env.SBX;
-const root = mkdtempSync(join(tmpdir(), 'sbxt-sdk2-'));
-const env = { ...process.env, SBX_RUNTIME_DIR: join(root, 'run'), SBX_STATE_DIR: join(root, 'state') };
-
-let n = 0, failed = 0;
-function ok(cond, name, diag) {
-  n++;
-  console.log(`${cond ? 'ok' : 'not ok'} ${n} - ${name}`);
-  if (!cond) {
-    failed++;
-    if (diag !== undefined) for (const l of String(JSON.stringify(diag)).slice(0, 2000).split('\n')) console.log('#   ' + l);
-  }
-}
+const { root, env, ok, finish } = setup('sbxt-sdk2-');
 
 async function connect(mode) {
   const transport = new StdioClientTransport({ command: SBX, args: ['mcp', '--sandbox', 'modern'], env, cwd: root, stderr: 'pipe' });
@@ -77,8 +62,5 @@ try {
   ok(false, 'SDK 2.x session raised', String(e && e.stack || e));
 } finally {
   await client?.close().catch(() => {});
-  try { execFileSync(SBX, ['daemon', 'stop'], { env, timeout: 40000 }); } catch {}
-  rmSync(root, { recursive: true, force: true });
 }
-console.log(`1..${n}`);
-process.exit(failed ? 1 : 0);
+finish();

@@ -2,29 +2,10 @@
 // over stdio, with its output-schema validation on. Prints TAP.
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
-import { execFileSync } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { SBX, setup } from './harness.mjs';
 
-const SBX = process.env.SBX;
-const root = mkdtempSync(join(tmpdir(), 'sbxt-sdk-'));
-const env = { ...process.env, SBX_RUNTIME_DIR: join(root, 'run'), SBX_STATE_DIR: join(root, 'state') };
+const { root, env, ok, finish } = setup('sbxt-sdk-');
 
-let n = 0, failed = 0;
-function ok(cond, name, diag) {
-  n++;
-  console.log(`${cond ? 'ok' : 'not ok'} ${n} - ${name}`);
-  if (!cond) {
-    failed++;
-    if (diag !== undefined) for (const l of String(JSON.stringify(diag)).slice(0, 2000).split('\n')) console.log('#   ' + l);
-  }
-}
-
-function cleanup() {
-  try { execFileSync(SBX, ['daemon', 'stop'], { env, timeout: 40000 }); } catch {}
-  rmSync(root, { recursive: true, force: true });
-}
 
 const transport = new StdioClientTransport({ command: SBX, args: ['mcp', '--sandbox', 'sdk'], env, cwd: root, stderr: 'pipe' });
 const client = new Client({ name: 'sbx-sdk-test', version: '1.0.0' });
@@ -89,7 +70,5 @@ try {
   ok(false, 'SDK session raised', String(e && e.stack || e));
 } finally {
   await client.close().catch(() => {});
-  cleanup();
 }
-console.log(`1..${n}`);
-process.exit(failed ? 1 : 0);
+finish();
