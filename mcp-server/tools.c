@@ -47,6 +47,8 @@ static void h_create(mcp_call *call, json_t *args, sbx_sandbox *unused) {
     return mcp_call_fail(call, &err);
   }
   o.keep_alive = flag(args, "keepAlive");
+  const char *net = str(args, "network");
+  o.egress = net && !strcmp(net, "egress");
   json_t *lim = json_object_get(args, "limits");
   if (lim) {
     o.limits_explicit = true;

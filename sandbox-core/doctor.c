@@ -3,6 +3,7 @@
  * numbers. */
 #define _GNU_SOURCE
 #include "doctor.h"
+#include "network.h"
 #include "cgroup.h"
 #include "seccomp.h"
 #include "util.h"
@@ -136,6 +137,10 @@ int sbx_doctor(FILE *out) {
   LINE(fuse, "/dev/fuse", fuse ? "present: FUSE view and bucket mounts possible" : "missing: no FUSE features");
   bool pidfd = probe_pidfd();
   LINE(pidfd, "pidfd", pidfd ? "processes supervised by pidfd on the event loop" : "missing: sbx needs Linux >= 5.3");
+  const char *why = NULL;
+  bool egress = sbx_net_egress_available(&why);
+  LINE(true, "network egress", egress ? "pasta + an nftables filter (no private, link-local or host-loopback destinations)"
+                                       : why);
   bool c3 = probe_clone3();
   LINE(true, "clone3", c3 ? "available (sandbox commands get ENOSYS for it, so glibc uses clone)"
                           : "absent: clone is used");

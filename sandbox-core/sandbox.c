@@ -1,6 +1,7 @@
 #define _GNU_SOURCE
 #include "sandbox.h"
 #include "rootfs.h"
+#include "network.h"
 #include "seccomp.h"
 
 #include <dirent.h>
@@ -302,6 +303,7 @@ static void free_sessions(sbx_sandbox *sb) {
  * the whole pid namespace, and with it every mount: the disk is gone), its
  * cgroups, its root fd and sessions. The record stays. */
 static void stop_running(sbx_sandbox *sb) {
+  sbx_net_stop(sb);
   if (sb->init_pidfd >= 0) {
     sbx_pidfd_send_signal(sb->init_pidfd, SIGKILL);
     siginfo_t si;
@@ -403,6 +405,10 @@ static int start(sbx_sandbox *sb, sbx_error *err) {
     goto fail;
   }
   close(sv[0]);
+  if (opts->egress && sbx_net_egress_start(sb, err) < 0) {
+    stop_running(sb);
+    return -1;
+  }
   sbx_session *def;
   sbx_session_create(sb, "default", "/workspace", &sb->opts.env, &def, NULL);
   sb->asleep = false;
@@ -434,7 +440,7 @@ int sbx_sandbox_create(const char *id, const sbx_sandbox_opts *opts, sbx_sandbox
   if (!sb) return sbx_err(err, "INTERNAL", "out of memory");
   snprintf(sb->id, sizeof sb->id, "%s", id);
   sb->slot = slot;
-  sb->init_pidfd = sb->rootfd = -1;
+  sb->init_pidfd = sb->rootfd = sb->net_pidfd = -1;
   sb->opts = *opts;
   sb->opts.env = (sbx_env){0};
   sbx_env_copy(&sb->opts.env, &opts->env);

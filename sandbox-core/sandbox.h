@@ -38,6 +38,7 @@ typedef struct sbx_sandbox_opts {
   bool limits_explicit; /* the caller named limits: refuse when unenforceable */
   int64_t sleep_after_ms;
   bool keep_alive;
+  bool egress; /* network "egress" (else "none": loopback only) */
   sbx_env env;
 } sbx_sandbox_opts;
 
@@ -46,6 +47,8 @@ typedef struct sbx_sandbox {
   pid_t init_pid;
   int init_pidfd;
   int rootfd; /* the sandbox's / (O_PATH), for the files API */
+  pid_t net_pid; /* pasta, for network "egress" */
+  int net_pidfd;
   uid_t uid_base;
   int slot;
   sbx_cgroup cg;

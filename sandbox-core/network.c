@@ -1,0 +1,192 @@
+/* Network "egress": a sandbox reaches the outside through pasta, attached
+ * to its network namespace with no port forwarding either way and no
+ * mapping of the gateway to the host (so the host's loopback services stay
+ * out of reach), behind an nftables filter inside the sandbox's namespace
+ * that refuses private and link-local destinations. */
+#define _GNU_SOURCE
+#include "network.h"
+#include "files.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+
+/* Refused destinations: every address that is not the public internet
+ * from the host's point of view (its own networks, metadata services). */
+static const char nft_rules[] =
+    "table inet sbx {\n"
+    "  chain out {\n"
+    "    type filter hook output priority 0; policy accept;\n"
+    "    oifname \"lo\" accept\n"
+    "    ip daddr %s udp dport 53 accept\n"
+    "    ip daddr %s tcp dport 53 accept\n"
+    "    ip daddr { 0.0.0.0/8, 10.0.0.0/8, 100.64.0.0/10, 127.0.0.0/8, 169.254.0.0/16, 172.16.0.0/12,\n"
+    "               192.168.0.0/16, 224.0.0.0/4, 240.0.0.0/4 } reject with icmp type admin-prohibited\n"
+    "    ip6 daddr { ::1, fc00::/7, fe80::/10, ff00::/8, ::ffff:0:0/96 } reject with icmpv6 type admin-prohibited\n"
+    "    ip daddr %s reject with icmp type admin-prohibited\n"
+    "  }\n"
+    "}\n";
+
+static const char *find_tool(const char *name) {
+  static const char *const dirs[] = {"/usr/bin", "/usr/sbin", "/bin", "/sbin"};
+  static char path[64];
+  for (size_t i = 0; i < SBX_ARRAY_SIZE(dirs); i++) {
+    snprintf(path, sizeof path, "%s/%s", dirs[i], name);
+    if (access(path, X_OK) == 0) return path;
+  }
+  return NULL;
+}
+
+bool sbx_net_egress_available(const char **why) {
+  if (!find_tool("pasta")) {
+    if (why) *why = "pasta (Debian package passt) is not installed";
+    return false;
+  }
+  if (!find_tool("nft")) {
+    if (why) *why = "nft (Debian package nftables) is not installed";
+    return false;
+  }
+  return true;
+}
+
+/* The host's IPv4 default gateway, from /proc/net/route. */
+static int default_gateway(char out[INET_ADDRSTRLEN]) {
+  _cleanup_fclose_ FILE *f = fopen("/proc/net/route", "re");
+  if (!f) return -errno;
+  char line[256], ifname[64];
+  unsigned dest, gw, flags;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "%63s %x %x %x", ifname, &dest, &gw, &flags) == 4 && dest == 0 && (flags & 2)) {
+      struct in_addr a = {.s_addr = gw};
+      inet_ntop(AF_INET, &a, out, INET_ADDRSTRLEN);
+      return 0;
+    }
+  return -ENETUNREACH;
+}
+
+/* Runs argv with the sandbox's user and network namespaces joined (and no
+ * other), stdin fed from `input`; returns its exit status or -errno. */
+static int run_in_netns(sbx_sandbox *sb, char *const argv[], const char *input) {
+  int p[2];
+  if (pipe2(p, O_CLOEXEC) < 0) return -errno;
+  pid_t pid = fork();
+  if (pid < 0) return -errno;
+  if (pid == 0) {
+    /* as sandbox root: netlink wants an identity mapped in the namespace */
+    if (setns(sb->init_pidfd, CLONE_NEWUSER | CLONE_NEWNET) < 0 || setresgid(0, 0, 0) < 0 || setresuid(0, 0, 0) < 0)
+      _exit(126);
+    dup2(p[0], 0);
+    int null = open("/dev/null", O_WRONLY | O_CLOEXEC);
+    if (null >= 0) dup2(null, 1);
+    char *envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", NULL};
+    execve(argv[0], argv, envp);
+    _exit(127);
+  }
+  close(p[0]);
+  int r = sbx_write_all(p[1], input, strlen(input));
+  close(p[1]);
+  int st;
+  while (waitpid(pid, &st, 0) < 0)
+    if (errno != EINTR) return -errno;
+  if (r < 0) return r;
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+int sbx_net_egress_start(sbx_sandbox *sb, sbx_error *err) {
+  const char *why;
+  if (!sbx_net_egress_available(&why)) return sbx_err(err, "VALIDATION_FAILED", "network \"egress\": %s", why);
+  char gw[INET_ADDRSTRLEN];
+  int r = default_gateway(gw);
+  if (r < 0) return sbx_err_errno(err, "INTERNAL", -r, "network \"egress\" needs a default route on the host");
+
+  /* the filter first: nothing leaves before it stands */
+  char rules[2048];
+  snprintf(rules, sizeof rules, nft_rules, gw, gw, gw);
+  char nft[64];
+  snprintf(nft, sizeof nft, "%s", find_tool("nft"));
+  char *nft_argv[] = {nft, "-f", "-", NULL};
+  r = run_in_netns(sb, nft_argv, rules);
+  if (r != 0) return sbx_err(err, "INTERNAL", "installing the egress filter of sandbox '%s' failed (%d)", sb->id, r);
+
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/ns/net", sb->init_pid);
+  _cleanup_close_ int netfd = open(path, O_RDONLY | O_CLOEXEC);
+  snprintf(path, sizeof path, "/proc/%d/ns/user", sb->init_pid);
+  _cleanup_close_ int userfd = open(path, O_RDONLY | O_CLOEXEC);
+  if (netfd < 0 || userfd < 0) return sbx_err_errno(err, "INTERNAL", errno, "opening the namespaces of '%s'", sb->id);
+  char pasta[64];
+  snprintf(pasta, sizeof pasta, "%s", find_tool("pasta"));
+  int pidfd = -1;
+  pid_t pid = (pid_t)syscall(SYS_clone, CLONE_PIDFD | SIGCHLD, NULL, &pidfd, NULL, 0);
+  if (pid < 0) return sbx_err_errno(err, "INTERNAL", errno, "fork");
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    signal(SIGPIPE, SIG_DFL); /* the daemon ignores it; pasta insists on finding it default */
+    /* the namespaces by fd: pasta opens them after dropping privileges;
+     * its complaints go to the daemon's log */
+    int n = fcntl(netfd, F_DUPFD, 10), u = fcntl(userfd, F_DUPFD, 10);
+    int null = open("/dev/null", O_RDWR);
+    if (n < 0 || u < 0 || null < 0) _exit(126);
+    dup2(null, 0), dup2(null, 1);
+    dup2(n, 3), dup2(u, 4);
+    close_range(5, ~0U, 0);
+    char *argv[] = {pasta, "--netns", "/proc/self/fd/3", "--userns", "/proc/self/fd/4",
+                    /* as root it must stay root to join a root-owned user namespace */
+                    "--runas", geteuid() == 0 ? "0" : "-1",
+                    "--config-net", "--foreground", "--quiet",
+                    /* no port forwarding either way, no host loopback behind the gateway */
+                    "-t", "none", "-u", "none", "-T", "none", "-U", "none", "--no-map-gw",
+                    "--dns-forward", gw, "--no-dhcp", "--no-dhcpv6", "--no-ndp", "--no-ra", NULL};
+    char *envp[] = {"PATH=/usr/bin:/usr/sbin:/bin:/sbin", NULL};
+    execve(pasta, argv, envp);
+    _exit(127);
+  }
+  sb->net_pid = pid;
+  sb->net_pidfd = pidfd;
+  /* pasta configures the namespace's interface: wait (bounded) until the
+   * sandbox has a default route */
+  for (int i = 0; i < 500; i++) {
+    char route[64];
+    snprintf(route, sizeof route, "/proc/%d/net/route", sb->init_pid);
+    FILE *f = fopen(route, "re");
+    bool up = false;
+    if (f) {
+      char line[256], ifn[64];
+      unsigned dest, g, flags;
+      while (fgets(line, sizeof line, f))
+        if (sscanf(line, "%63s %x %x %x", ifn, &dest, &g, &flags) == 4 && dest == 0) up = true;
+      fclose(f);
+    }
+    if (up) break;
+    siginfo_t si = {0};
+    if (waitid(P_PIDFD, pidfd, &si, WEXITED | WNOHANG) == 0 && si.si_pid) {
+      sb->net_pid = 0;
+      close(pidfd);
+      sb->net_pidfd = -1;
+      return sbx_err(err, "INTERNAL", "pasta exited (%d) before the network of '%s' was up", si.si_status, sb->id);
+    }
+    struct timespec ts = {0, 10 * 1000 * 1000};
+    nanosleep(&ts, NULL); /* pasta has no readiness signal when it stays in the foreground */
+  }
+  char resolv[128];
+  snprintf(resolv, sizeof resolv, "nameserver %s\n", gw);
+  return sbx_fs_write(sb, "/etc/resolv.conf", resolv, strlen(resolv), err);
+}
+
+void sbx_net_stop(sbx_sandbox *sb) {
+  if (sb->net_pidfd < 0) return;
+  sbx_pidfd_send_signal(sb->net_pidfd, SIGKILL);
+  siginfo_t si;
+  while (waitid(P_PIDFD, sb->net_pidfd, &si, WEXITED) < 0 && errno == EINTR) {
+  }
+  close(sb->net_pidfd);
+  sb->net_pidfd = -1;
+  sb->net_pid = 0;
+}

@@ -1,0 +1,140 @@
+"""Network: "none" has only loopback; "egress" reaches public addresses
+through pasta but never private or link-local ones, nor the host's loopback.
+The "internet" is a network namespace this test makes, with a web server at
+a 198.18.0.0/15 (benchmarking) address and another at a private one."""
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+from sbxtest import Env, run_tests, wait_until
+
+K = os.getpid() % 250 + 1
+NS = 'sbxt-inet-%d' % os.getpid()
+HOST_IF, NS_IF = 'sbxh%d' % K, 'sbxn%d' % K
+PUBLIC, PRIVATE = '198.18.%d.2' % K, '10.213.%d.2' % K
+
+PROBE = '''python3 - <<'PY'
+import socket
+for host, port in [("%s", 8080), ("%s", 8080), ("169.254.169.254", 80), ("127.0.0.1", %d)]:
+    s = socket.socket()
+    s.settimeout(5)
+    try:
+        s.connect((host, port)); print(host, "open")
+    except OSError as e:
+        print(host, "refused")
+PY'''
+
+
+def ip(*args):
+    subprocess.run(['ip'] + list(args), check=True, capture_output=True)
+
+
+class Ctx:
+    def __init__(self):
+        self.env = Env()
+        self.server = None
+        self.ready = False
+        self.host_srv = socket.socket()
+        self.host_srv.bind(('127.0.0.1', 0))
+        self.host_srv.listen(5)
+        self.host_port = self.host_srv.getsockname()[1]
+        if not (shutil.which('pasta') and shutil.which('nft')):
+            return
+        try:
+            ip('netns', 'add', NS)
+            ip('link', 'add', HOST_IF, 'type', 'veth', 'peer', 'name', NS_IF)
+            ip('link', 'set', NS_IF, 'netns', NS)
+            ip('addr', 'add', '198.18.%d.1/30' % K, 'dev', HOST_IF)
+            ip('addr', 'add', '10.213.%d.1/30' % K, 'dev', HOST_IF)
+            ip('link', 'set', HOST_IF, 'up')
+            for a in (PUBLIC + '/30', PRIVATE + '/30'):
+                ip('netns', 'exec', NS, 'ip', 'addr', 'add', a, 'dev', NS_IF)
+            ip('netns', 'exec', NS, 'ip', 'link', 'set', NS_IF, 'up')
+            ip('netns', 'exec', NS, 'ip', 'link', 'set', 'lo', 'up')
+            self.server = subprocess.Popen(['ip', 'netns', 'exec', NS, sys.executable, '-m', 'http.server', '8080',
+                                            '--bind', '0.0.0.0'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+            def listening():
+                try:
+                    socket.create_connection((PUBLIC, 8080), timeout=1).close()
+                    return True
+                except OSError:
+                    return False
+            self.ready = wait_until(listening, 20, 'the test web server')
+        except Exception:
+            self.close_net()
+            raise
+
+    def close_net(self):
+        if self.server:
+            self.server.kill()
+            self.server.wait()
+        subprocess.run(['ip', 'link', 'del', HOST_IF], capture_output=True)
+        subprocess.run(['ip', 'netns', 'del', NS], capture_output=True)
+
+    def close(self):
+        self.env.close()
+        self.close_net()
+        self.host_srv.close()
+
+
+def results(out):
+    return dict(l.split() for l in out.strip().splitlines())
+
+
+def test_none(t, x):
+    c = x.env.mcp(['--sandbox', 'net-none'])
+    c.initialize()
+    r = c.sh('ip -br link | cut -d" " -f1')
+    t.eq(r['stdout'].split(), ['lo'], 'network none: only loopback')
+    if not x.ready:
+        t.skip('network none reaches nothing', 'pasta or nft missing')
+        return
+    got = results(c.sh(PROBE % (PUBLIC, PRIVATE, x.host_port), wait=60)['stdout'])
+    t.eq(set(got.values()), {'refused'}, 'network none reaches nothing, not even the test internet', got)
+
+
+def test_egress(t, x):
+    if not x.ready:
+        t.skip('egress', 'pasta (passt) or nft (nftables) missing: scripts/bootstrap installs them')
+        return
+    c = x.env.mcp(['--sandbox', 'net-egress'])
+    c.initialize()
+    t.ok(socket.create_connection((PRIVATE, 8080), timeout=5) is not None, 'the host itself reaches the private server')
+    r = c.ok('createSandbox', {'sandboxId': 'net-egress', 'network': 'egress'})
+    t.eq(r['created'], True, 'createSandbox with network egress')
+    got = results(c.sh(PROBE % (PUBLIC, PRIVATE, x.host_port), wait=60)['stdout'])
+    t.eq(got.get(PUBLIC), 'open', 'egress reaches a public address', got)
+    t.eq(got.get(PRIVATE), 'refused', 'egress refuses private destinations', got)
+    t.eq(got.get('169.254.169.254'), 'refused', 'egress refuses link-local (metadata) destinations', got)
+    t.eq(got.get('127.0.0.1'), 'refused', "egress does not reach the host's loopback", got)
+    r = c.sh('nft flush ruleset 2>&1; echo rc=$?; ip link set eth0 down 2>&1; echo rc=$?')
+    t.ok(r['stdout'].count('rc=0') == 0, 'sandbox root cannot change the filter or the interface', r['stdout'])
+    t.ok(c.sh('cat /etc/resolv.conf')['stdout'].startswith('nameserver '), 'a resolver is configured')
+    daemon = x.env.daemon_pid()
+    t.eq(len(pastas(daemon)), 1, 'one pasta serves the sandbox')
+    c.ok('destroySandbox', {'sandboxId': 'net-egress'})
+    t.ok(wait_until(lambda: not pastas(daemon), 10, 'pasta to exit'), 'pasta ends with the sandbox')
+
+
+def pastas(daemon):
+    """pasta processes the daemon started."""
+    found = []
+    for p in os.listdir('/proc'):
+        try:
+            stat = open('/proc/%s/stat' % p).read()
+        except OSError:
+            continue
+        comm, rest = stat[stat.index('(') + 1:stat.rindex(')')], stat[stat.rindex(')') + 2:].split()
+        if comm.startswith('pas') and int(rest[1]) == daemon and rest[0] != 'Z':
+            found.append(p)
+    return found
+
+
+if __name__ == '__main__':
+    if os.geteuid() != 0:
+        print('1..0 # SKIP needs root to make a network namespace')
+        sys.exit(77)
+    sys.exit(run_tests([test_none, test_egress], Ctx))
