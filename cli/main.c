@@ -4,7 +4,6 @@
 #include "client.h"
 #include "../mcp-server/server.h"
 #include "../sandbox-core/doctor.h"
-#include "../sandbox-core/rootfs.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -307,7 +306,6 @@ int main(int argc, char **argv) {
     return 2;
   }
   const char *cmd = argv[1];
-  if (!strcmp(cmd, SBX_INIT_ARG) && getpid() == 1) sbx_rootfs_init_loop();
   if (!strcmp(cmd, "daemon")) {
     if (argc > 2 && !strcmp(argv[2], "stop")) {
       sbx_paths p;

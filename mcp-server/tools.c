@@ -49,6 +49,8 @@ static void h_create(mcp_call *call, json_t *args, sbx_sandbox *unused) {
   o.keep_alive = flag(args, "keepAlive");
   const char *net = str(args, "network");
   o.egress = net && !strcmp(net, "egress");
+  const char *image = str(args, "image");
+  if (image) snprintf(o.image, sizeof o.image, "%s", image);
   json_t *lim = json_object_get(args, "limits");
   if (lim) {
     o.limits_explicit = true;

@@ -9,6 +9,10 @@
 #include <sys/vfs.h>
 #include <linux/magic.h>
 
+static int for_each_pid(const char *dir, int depth, void (*fn)(pid_t, void *), void *ud);
+static void kill_pid(pid_t pid, void *ud);
+static int rm_tree(const char *dir, int depth);
+
 static const char *const v1_ctrls[SBX_CG_MAX] = {"memory", "pids", "cpu", "freezer"};
 
 static struct {
@@ -88,6 +92,25 @@ static bool is_cgroupfs(const char *path, bool v2) {
   return v2 ? s.f_type == CGROUP2_SUPER_MAGIC : s.f_type == CGROUP_SUPER_MAGIC;
 }
 
+/* Removes what daemons that died without cleaning up left beside us: the
+ * sbx-PID (and, on v2, sbx-daemon-PID) cgroups of pids that are gone. */
+static void remove_stale(const char *parent) {
+  DIR *d = opendir(parent);
+  if (!d) return;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    int pid;
+    char tail;
+    if (e->d_type != DT_DIR || sscanf(e->d_name, "sbx-%d%c", &pid, &tail) != 1 || pid == getpid()) continue;
+    if (kill(pid, 0) == 0 || errno != ESRCH) continue;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", parent, e->d_name);
+    for_each_pid(path, 0, kill_pid, NULL);
+    rm_tree(path, 0);
+  }
+  closedir(d);
+}
+
 int sbx_cg_init(void) {
   if (cg.ready) return 0;
   char own[1024];
@@ -111,6 +134,7 @@ int sbx_cg_init(void) {
     }
     cg.n = 1;
     cg.ctrl[0] = "unified";
+    remove_stale(ownd);
     cg.base[0] = sbx_strdup_printf("%s/sbx-%d", ownd, getpid());
     free(ownd), free(leaf), free(procs), free(stc);
     if (r < 0) return r;
@@ -124,6 +148,9 @@ int sbx_cg_init(void) {
       snprintf(mnt, sizeof mnt, "/sys/fs/cgroup/%s", v1_ctrls[i]);
       if (!is_cgroupfs(mnt, false)) continue;
       if (own_path(v1_ctrls[i], own, sizeof own) < 0) continue;
+      char *parent = sbx_strdup_printf("%s%s", mnt, strcmp(own, "/") ? own : "");
+      remove_stale(parent);
+      free(parent);
       char *base = sbx_strdup_printf("%s%s/sbx-%d", mnt, strcmp(own, "/") ? own : "", getpid());
       if (mkdir(base, 0755) < 0 && errno != EEXIST) {
         r = -errno;

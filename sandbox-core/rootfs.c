@@ -103,16 +103,34 @@ int sbx_rootfs_build_etc(const char *dir) {
   return 0;
 }
 
-int sbx_rootfs_layers(const char *etc_template, sbx_layer out[SBX_LAYERS_MAX]) {
-  static const sbx_layer fixed[] = {
-      {"/usr", "usr"}, {"/opt", "opt"}, {"/var/lib/dpkg", "var/lib/dpkg"}, {"/var/lib/apt", "var/lib/apt"}};
+int sbx_rootfs_layers(const char *image_dir, const char *etc_template, sbx_layer out[SBX_LAYERS_MAX]) {
+  static const char *const dirs[] = {"usr", "opt", "var/lib/dpkg", "var/lib/apt", "etc"};
   int n = 0;
-  for (size_t i = 0; i < SBX_ARRAY_SIZE(fixed); i++) {
+  for (size_t i = 0; i < SBX_ARRAY_SIZE(dirs); i++) {
+    bool etc = !strcmp(dirs[i], "etc");
+    if (etc && !image_dir) snprintf(out[n].host, sizeof out[n].host, "%s", etc_template);
+    else snprintf(out[n].host, sizeof out[n].host, "%s/%s", image_dir ? image_dir : "", dirs[i]);
+    out[n].target = dirs[i];
     struct stat st;
-    if (stat(fixed[i].host, &st) == 0 && S_ISDIR(st.st_mode)) out[n++] = fixed[i];
+    /* an image's symlinked dirs (usr/lib64...) are its business; a layer must be a real directory */
+    if (lstat(out[n].host, &st) == 0 && S_ISDIR(st.st_mode)) n++;
   }
-  out[n++] = (sbx_layer){etc_template, "etc"};
   return n;
+}
+
+void sbx_rootfs_links(const char *root, sbx_init_args *a) {
+  static const char *const names[] = {"bin", "sbin", "lib", "lib32", "lib64", "libx32"};
+  a->nlinks = 0;
+  for (size_t i = 0; i < SBX_ARRAY_SIZE(names); i++) {
+    char host[1100], target[64];
+    snprintf(host, sizeof host, "%s/%s", root, names[i]);
+    ssize_t n = readlink(host, target, sizeof target - 1);
+    if (n <= 0) continue;
+    target[n] = 0;
+    snprintf(a->links[a->nlinks].name, sizeof a->links[0].name, "%s", names[i]);
+    snprintf(a->links[a->nlinks].target, sizeof a->links[0].target, "%s", target);
+    a->nlinks++;
+  }
 }
 
 /* ---- inside the new namespaces ----------------------------------------- */
@@ -192,8 +210,7 @@ _Noreturn void sbx_rootfs_init_main(const sbx_init_args *a) {
   char path[4096], opts[8192];
   pid_t parent = getppid();
   prctl(PR_SET_PDEATHSIG, SIGKILL);
-  /* init re-executes sbx once the root is built (see below) */
-  int exe = open("/proc/self/exe", O_PATH | O_CLOEXEC);
+  int exe = a->init_exe_fd; /* the static sbx-init, executed once the root is built */
   int fds[SBX_LAYERS_MAX];
   int nfds = recv_go(a->sock, fds, SBX_LAYERS_MAX);
   if (nfds < 0) _exit(1);
@@ -205,8 +222,8 @@ _Noreturn void sbx_rootfs_init_main(const sbx_init_args *a) {
   TRY(unshare(CLONE_NEWCGROUP), "cgroup namespace");
   TRY(mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL), "making mounts private");
 
-  sbx_layer layers[SBX_LAYERS_MAX];
-  int nl = sbx_rootfs_layers(a->etc_template, layers);
+  const sbx_layer *layers = a->layers;
+  int nl = a->nlayers;
   if (a->idmapped && nfds != nl) {
     report(a->sock, "expected %d layer fds, got %d", nl, nfds);
     _exit(1);
@@ -235,16 +252,10 @@ _Noreturn void sbx_rootfs_init_main(const sbx_init_args *a) {
     TRY(mkdir(path, dirs[i].mode), path);
     chmod(path, dirs[i].mode); /* umask */
   }
-  /* the host's merged-usr symlinks */
-  static const char *const links[] = {"bin", "sbin", "lib", "lib32", "lib64", "libx32"};
-  for (size_t i = 0; i < SBX_ARRAY_SIZE(links); i++) {
-    char target[256], host[64];
-    snprintf(host, sizeof host, "/%s", links[i]);
-    ssize_t n = readlink(host, target, sizeof target - 1);
-    if (n <= 0) continue;
-    target[n] = 0;
-    snprintf(path, sizeof path, NEWROOT "/%s", links[i]);
-    TRY(symlink(target, path), "symlink");
+  /* the merged-usr symlinks of the host (or the image) */
+  for (int i = 0; i < a->nlinks; i++) {
+    snprintf(path, sizeof path, NEWROOT "/%s", a->links[i].name);
+    TRY(symlink(a->links[i].target, path), "symlink");
   }
 
   for (int i = 0; i < nl; i++) {
@@ -347,54 +358,22 @@ _Noreturn void sbx_rootfs_init_main(const sbx_init_args *a) {
   TRY(ioctl(s, SIOCSIFFLAGS, &ifr), "bringing lo up");
   close(s);
 
-  /* Become init by executing sbx again: an exec makes the sandbox's user
-   * namespace own init's memory, so the daemon (even rootless) may join it
-   * while processes inside, without CAP_SYS_PTRACE, may not touch it. */
-  TRY(exe, "opening /proc/self/exe");
+  /* Become init by executing sbx-init (static: it runs on any image): an
+   * exec makes the sandbox's user namespace own init's memory, so the
+   * daemon (even rootless) may join it while processes inside, without
+   * CAP_SYS_PTRACE, may not touch it. */
+  if (exe < 0) {
+    report(a->sock, "sbx-init was not found beside sbx");
+    _exit(1);
+  }
   if (exe == 3) TRY(exe = fcntl(exe, F_DUPFD_CLOEXEC, 4), "dup exe");
   if (a->sock != 3) TRY(dup2(a->sock, 3), "dup2");
   TRY(fcntl(3, F_SETFD, 0), "keeping the socket");
   int null = open("/dev/null", O_RDWR);
   if (null >= 0 && null != 0) dup2(null, 0);
-  char *argv[] = {"sbx-init", SBX_INIT_ARG, NULL}, *envp[] = {NULL};
+  char *argv[] = {"sbx-init", NULL}, *envp[] = {NULL};
   syscall(SYS_execveat, exe, "", argv, envp, AT_EMPTY_PATH);
   report(a->sock, "executing init: %s", strerror(errno));
   _exit(1);
 }
 
-_Noreturn void sbx_rootfs_init_loop(void) {
-  prctl(PR_SET_DUMPABLE, 0);
-  prctl(PR_SET_NAME, "sbx-init");
-  sigset_t set;
-  sigfillset(&set);
-  sigprocmask(SIG_BLOCK, &set, NULL);
-  close_range(1, 2, 0);
-  close_range(4, ~0U, 0); /* fd 3: the daemon's socket, kept open */
-  /* the daemon gets the sandbox's root from the sandbox itself: reading
-   * /proc/PID/root of a non-dumpable init needs privileges a rootless
-   * daemon lacks */
-  int rootfd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
-  if (rootfd < 0) _exit(1);
-  char ok[] = "ok";
-  struct iovec iov = {ok, 2};
-  union {
-    struct cmsghdr h;
-    char buf[CMSG_SPACE(sizeof(int))];
-  } u;
-  struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
-  struct cmsghdr *c = CMSG_FIRSTHDR(&m);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  memcpy(CMSG_DATA(c), &rootfd, sizeof(int));
-  if (sendmsg(3, &m, MSG_NOSIGNAL) < 0) _exit(1);
-  close(rootfd);
-
-  for (;;) {
-    siginfo_t si;
-    int sig = sigwaitinfo(&set, &si);
-    if (sig == SIGCHLD)
-      while (waitpid(-1, NULL, WNOHANG) > 0) {
-      }
-  }
-}

@@ -8,10 +8,13 @@
  * the order of the fds the daemon sends in root mode. */
 #define SBX_LAYERS_MAX 8
 typedef struct sbx_layer {
-  const char *host;   /* host path (the /etc template is filled in at run time) */
+  char host[1024];    /* the directory on the host */
   const char *target; /* path inside the sandbox, without leading '/' */
 } sbx_layer;
-int sbx_rootfs_layers(const char *etc_template, sbx_layer out[SBX_LAYERS_MAX]);
+/* The lower layers: the host's /usr, /opt, package databases and the /etc
+ * template, or, with image_dir, the image's own /usr, /opt, /var/lib/dpkg,
+ * /var/lib/apt and /etc. Only directories that exist are listed. */
+int sbx_rootfs_layers(const char *image_dir, const char *etc_template, sbx_layer out[SBX_LAYERS_MAX]);
 
 typedef struct sbx_init_args {
   int sock;           /* SOCK_SEQPACKET to the daemon */
@@ -19,16 +22,25 @@ typedef struct sbx_init_args {
   bool idmapped;      /* root mode: lower layers arrive as idmapped mount fds */
   uint64_t disk_mb;
   const char *etc_template;
+  const char *image_dir; /* NULL: the host's directories */
+  /* the lower layers, listed by the daemon (which can see them all) before
+   * the clone; in root mode their idmapped mounts arrive in this order */
+  sbx_layer layers[SBX_LAYERS_MAX];
+  int nlayers;
+  int init_exe_fd; /* O_PATH fd of the static sbx-init */
+  struct {
+    char name[16], target[64];
+  } links[8]; /* the root's merged-usr symlinks (bin -> usr/bin...) */
+  int nlinks;
 } sbx_init_args;
+
+/* Reads the merged-usr symlinks at the top of root (the host's / or an
+ * image) into a->links. */
+void sbx_rootfs_links(const char *root, sbx_init_args *a);
 
 /* Runs in the cloned child: waits for the daemon's go, builds the root,
  * reports "ok" or an error on the socket, then becomes init. Never returns. */
 _Noreturn void sbx_rootfs_init_main(const sbx_init_args *a);
-
-/* The argument by which sbx re-executes itself as a sandbox's init. */
-#define SBX_INIT_ARG "__sandbox-init"
-/* The init loop: reaps orphans forever. */
-_Noreturn void sbx_rootfs_init_loop(void);
 
 /* Builds the /etc template (allowlisted host files) into dir. */
 int sbx_rootfs_build_etc(const char *dir);

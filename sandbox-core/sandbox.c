@@ -24,6 +24,7 @@
 static struct {
   sbx_engine_config cfg;
   char *etc_template;
+  int init_exe_fd;
   sbx_sandbox *list;
   int count;
   unsigned char slots[SBX_MAX_SANDBOXES];
@@ -172,6 +173,28 @@ int sbx_engine_init(const sbx_engine_config *cfg, sbx_error *err) {
   }
   _cleanup_fclose_ FILE *f = fopen("/proc/sys/kernel/cap_last_cap", "re");
   if (!f || fscanf(f, "%d", &eng.cap_last) != 1) eng.cap_last = CAP_LAST_CAP;
+  /* sbx-init lives beside sbx (in the build dir, or where both are installed) */
+  char exe[4096];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 16);
+  if (n > 0) {
+    exe[n] = 0;
+    char *slash = strrchr(exe, '/');
+    strcpy(slash ? slash + 1 : exe, "sbx-init");
+    eng.init_exe_fd = open(exe, O_PATH | O_CLOEXEC);
+  }
+  if (n <= 0 || eng.init_exe_fd < 0) return sbx_err_errno(err, "INTERNAL", errno, "opening %s", n > 0 ? exe : "sbx-init");
+  /* templates of daemons that died without cleaning up */
+  char *rootfs = sbx_strdup_printf("%s/rootfs", cfg->state_dir);
+  DIR *d = opendir(rootfs);
+  if (d) {
+    struct dirent *e;
+    int pid;
+    while ((e = readdir(d)))
+      if (sscanf(e->d_name, "etc-%d", &pid) == 1 && pid != getpid() && kill(pid, 0) < 0 && errno == ESRCH)
+        sbx_remove_tree_at(dirfd(d), e->d_name, true);
+    closedir(d);
+  }
+  free(rootfs);
   eng.etc_template = sbx_strdup_printf("%s/rootfs/etc-%d", cfg->state_dir, getpid());
   r = sbx_rootfs_build_etc(eng.etc_template);
   if (r < 0) return sbx_err_errno(err, "INTERNAL", -r, "building the /etc template in %s", eng.etc_template);
@@ -233,9 +256,7 @@ static int write_maps(pid_t pid, uid_t base, bool rootless) {
 
 /* Root mode: the lower layers as mounts idmapped to the sandbox's user
  * namespace, so sandbox root owns them and overlay copy-up works. */
-static int idmapped_layers(pid_t pid, int *fds, int *n, sbx_error *err) {
-  sbx_layer layers[SBX_LAYERS_MAX];
-  int nl = sbx_rootfs_layers(eng.etc_template, layers);
+static int idmapped_layers(pid_t pid, const sbx_layer *layers, int nl, int *fds, int *n, sbx_error *err) {
   char path[64];
   snprintf(path, sizeof path, "/proc/%d/ns/user", pid);
   _cleanup_close_ int userns = open(path, O_RDONLY | O_CLOEXEC);
@@ -357,7 +378,26 @@ static int start(sbx_sandbox *sb, sbx_error *err) {
   }
   sbx_init_args args = {.sock = sv[1], .id = sb->id, .idmapped = !eng.cfg.rootless,
                         .disk_mb = opts->limits.disk_mb ? opts->limits.disk_mb : 8192,
-                        .etc_template = eng.etc_template};
+                        .etc_template = eng.etc_template, .init_exe_fd = eng.init_exe_fd};
+  char image_dir[1100];
+  if (opts->image[0]) {
+    snprintf(image_dir, sizeof image_dir, "%s/images/%s", eng.cfg.state_dir, opts->image);
+    struct stat st;
+    if (stat(image_dir, &st) < 0 || !S_ISDIR(st.st_mode)) {
+      stop_running(sb);
+      return sbx_err(err, "VALIDATION_FAILED", "no image '%s' (a directory under %s/images/)", opts->image,
+                     eng.cfg.state_dir);
+    }
+    snprintf(image_dir + strlen(image_dir), sizeof image_dir - strlen(image_dir), "/usr");
+    if (stat(image_dir, &st) < 0 || !S_ISDIR(st.st_mode)) {
+      stop_running(sb);
+      return sbx_err(err, "VALIDATION_FAILED", "image '%s' has no usr/ directory", opts->image);
+    }
+    image_dir[strlen(image_dir) - 4] = 0;
+    args.image_dir = image_dir;
+  }
+  args.nlayers = sbx_rootfs_layers(args.image_dir, eng.etc_template, args.layers);
+  sbx_rootfs_links(args.image_dir ? args.image_dir : "", &args);
   int pidfd = -1;
   pid_t pid = (pid_t)syscall(SYS_clone,
                              CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWUTS |
@@ -386,7 +426,7 @@ static int start(sbx_sandbox *sb, sbx_error *err) {
     sbx_err_errno(err, "INTERNAL", -r, "moving sandbox '%s' into its cgroup", id);
     goto fail;
   }
-  if (!eng.cfg.rootless && idmapped_layers(pid, fds, &nfds, err) < 0) goto fail;
+  if (!eng.cfg.rootless && idmapped_layers(pid, args.layers, args.nlayers, fds, &nfds, err) < 0) goto fail;
   r = send_go(sv[0], fds, nfds);
   for (int i = 0; i < nfds; i++) close(fds[i]);
   if (r < 0) {
