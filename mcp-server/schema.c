@@ -4,6 +4,21 @@
 #include <stdio.h>
 #include <string.h>
 
+/* Compiled patterns, kept: the catalog has a handful. */
+static regex_t *compiled(const char *pat) {
+  static struct {
+    char *pat;
+    regex_t re;
+  } cache[32];
+  static int n;
+  for (int i = 0; i < n; i++)
+    if (!strcmp(cache[i].pat, pat)) return &cache[i].re;
+  if (n == 32) return NULL;
+  if (regcomp(&cache[n].re, pat, REG_EXTENDED | REG_NOSUB) != 0) return NULL;
+  cache[n].pat = strdup(pat);
+  return &cache[n++].re;
+}
+
 static bool fail(char *msg, size_t len, const char *path, const char *what) {
   snprintf(msg, len, "%s%s%s", path[0] ? path : "", path[0] ? ": " : "", what);
   return false;
@@ -50,10 +65,9 @@ static bool validate(const json_t *s, const json_t *v, const char *path, char *m
     if (strlen(json_string_value(v)) != json_string_length(v)) return fail(msg, len, path, "must not contain NUL characters");
     const char *pat = json_string_value(json_object_get(s, "pattern"));
     if (pat) {
-      regex_t re;
-      if (regcomp(&re, pat, REG_EXTENDED | REG_NOSUB) == 0) {
-        int r = regexec(&re, json_string_value(v), 0, NULL, 0);
-        regfree(&re);
+      regex_t *re = compiled(pat);
+      if (re) {
+        int r = regexec(re, json_string_value(v), 0, NULL, 0);
         if (r != 0) {
           snprintf(what, sizeof what, "must match %s", pat);
           return fail(msg, len, path, what);

@@ -616,6 +616,47 @@ int sbx_spawn_exit_code(const siginfo_t *si) {
   return 128 + si->si_status;
 }
 
+struct command {
+  const sbx_spawn *sp;
+  const int *cgfds;
+  int ncg;
+  uint64_t capmask;
+  int cap_last;
+};
+
+/* The command, in the sandbox's namespaces: its cgroup, sandbox root,
+ * capabilities, no_new_privs, seccomp, its fds, exec. Runs on the
+ * supervisor's memory (CLONE_VM): no allocation here. */
+static int command_main(void *arg) {
+  const struct command *c = arg;
+  const sbx_spawn *sp = c->sp;
+  for (int i = 0; i < c->ncg; i++)
+    if (write(c->cgfds[i], "0", 1) != 1) child_fail("joining the command's cgroup");
+  setsid();
+  if (setgroups(0, NULL) < 0 && errno != EPERM) child_fail("setgroups");
+  if (setresgid(0, 0, 0) < 0) child_fail("setresgid");
+  if (setresuid(0, 0, 0) < 0) child_fail("setresuid");
+  if (chdir(sp->cwd ? sp->cwd : "/workspace") < 0 && chdir("/") < 0) child_fail("chdir");
+  for (int i = 0; i <= c->cap_last; i++)
+    if (!(c->capmask & (1ull << i)) && prctl(PR_CAPBSET_DROP, i, 0, 0, 0) < 0 && errno != EINVAL)
+      child_fail("dropping capabilities");
+  prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+  struct __user_cap_header_struct h = {_LINUX_CAPABILITY_VERSION_3, 0};
+  struct __user_cap_data_struct d[2] = {{(uint32_t)c->capmask, (uint32_t)c->capmask, 0},
+                                        {(uint32_t)(c->capmask >> 32), (uint32_t)(c->capmask >> 32), 0}};
+  if (syscall(SYS_capset, &h, d) < 0) child_fail("capset");
+  if (sbx_seccomp_install() < 0) child_fail("seccomp");
+  /* move the given fds to 0..n-1 without clobbering each other */
+  int tmp[8];
+  for (int i = 0; i < sp->nfds && i < 8; i++) tmp[i] = fcntl(sp->fds[i], F_DUPFD_CLOEXEC, 64);
+  for (int i = 0; i < sp->nfds && i < 8; i++)
+    if (dup2(tmp[i], i) < 0) child_fail("dup2");
+  close_range(sp->nfds, ~0U, 0);
+  execve(sp->argv[0], sp->argv, sp->envp);
+  child_fail(sp->argv[0]);
+  return 127;
+}
+
 pid_t sbx_sandbox_spawn(sbx_sandbox *sb, const sbx_spawn *sp, int *pidfd_out, sbx_error *err) {
   int cgfds[SBX_CG_MAX] = {-1, -1, -1, -1}, ncg = 0;
   if (sp->cg && sp->cg->n) {
@@ -646,34 +687,12 @@ pid_t sbx_sandbox_spawn(sbx_sandbox *sb, const sbx_spawn *sp, int *pidfd_out, sb
     if (setns(sb->init_pidfd, CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWUTS |
                                   CLONE_NEWIPC | CLONE_NEWCGROUP) < 0)
       child_fail("joining the sandbox");
-    pid_t g = fork();
-    if (g < 0) child_fail("fork");
-    if (g == 0) {
-      for (int i = 0; i < ncg; i++)
-        if (write(cgfds[i], "0", 1) != 1) child_fail("joining the command's cgroup");
-      setsid();
-      if (setgroups(0, NULL) < 0 && errno != EPERM) child_fail("setgroups");
-      if (setresgid(0, 0, 0) < 0) child_fail("setresgid");
-      if (setresuid(0, 0, 0) < 0) child_fail("setresuid");
-      if (chdir(sp->cwd ? sp->cwd : "/workspace") < 0 && chdir("/") < 0) child_fail("chdir");
-      for (int c = 0; c <= cap_last; c++)
-        if (!(capmask & (1ull << c)) && prctl(PR_CAPBSET_DROP, c, 0, 0, 0) < 0 && errno != EINVAL)
-          child_fail("dropping capabilities");
-      prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
-      struct __user_cap_header_struct h = {_LINUX_CAPABILITY_VERSION_3, 0};
-      struct __user_cap_data_struct d[2] = {
-          {(uint32_t)capmask, (uint32_t)capmask, 0}, {(uint32_t)(capmask >> 32), (uint32_t)(capmask >> 32), 0}};
-      if (syscall(SYS_capset, &h, d) < 0) child_fail("capset");
-      if (sbx_seccomp_install() < 0) child_fail("seccomp");
-      /* move the given fds to 0..n-1 without clobbering each other */
-      int tmp[8];
-      for (int i = 0; i < sp->nfds && i < 8; i++) tmp[i] = fcntl(sp->fds[i], F_DUPFD_CLOEXEC, 64);
-      for (int i = 0; i < sp->nfds && i < 8; i++)
-        if (dup2(tmp[i], i) < 0) child_fail("dup2");
-      close_range(sp->nfds, ~0U, 0);
-      execve(sp->argv[0], sp->argv, sp->envp);
-      child_fail(sp->argv[0]);
-    }
+    /* the command shares the supervisor's memory until it executes (no
+     * page tables to copy); it runs on its own stack */
+    static char stack[64 * 1024] __attribute__((aligned(16)));
+    struct command c = {.sp = sp, .cgfds = cgfds, .ncg = ncg, .capmask = capmask, .cap_last = cap_last};
+    pid_t g = clone(command_main, stack + sizeof stack, CLONE_VM | CLONE_VFORK | SIGCHLD, &c);
+    if (g < 0) child_fail("clone");
     supervised = g;
     signal(SIGTERM, kill_supervised);
     close_range(0, ~0U, 0);
