@@ -107,6 +107,24 @@ def test_json_and_sse(t, x):
     c.close()
 
 
+def test_hostile_http(t, x):
+    s = socket.create_connection(('127.0.0.1', x.port))
+    s.sendall(b'POST /mcp HTTP/1.1\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n'
+              % (x.token.encode(), 65 << 20))
+    t.ok(s.recv(100).startswith(b'HTTP/1.1 413'), 'a body over 64 MiB is refused with 413 before it is read')
+    s.close()
+    s = socket.create_connection(('127.0.0.1', x.port))
+    s.sendall(b'POST /mcp HTTP/1.1\r\nX-Junk: ' + b'a' * 70000 + b'\r\n')
+    t.ok(s.recv(100).startswith(b'HTTP/1.1 431'), 'endless headers are refused with 431')
+    s.close()
+    s = socket.create_connection(('127.0.0.1', x.port))
+    s.sendall(b'GARBAGE\r\n\r\n')
+    t.ok(s.recv(100).startswith(b'HTTP/1.1 400'), 'a malformed request line is 400')
+    s.close()
+    r, body = x.post({'jsonrpc': '2.0', 'id': 1, 'method': 'ping'})
+    t.eq(json.loads(body)['result'], {}, 'the daemon serves others afterwards')
+
+
 def test_disconnect_cancels(t, x):
     s = socket.create_connection(('127.0.0.1', x.port))
     body = json.dumps({'jsonrpc': '2.0', 'id': 9, 'method': 'tools/call',
@@ -147,4 +165,4 @@ def test_conformance(t, x):
 
 
 if __name__ == '__main__':
-    sys.exit(run_tests([test_auth, test_loopback_only, test_json_and_sse, test_disconnect_cancels, test_conformance], Ctx))
+    sys.exit(run_tests([test_auth, test_loopback_only, test_json_and_sse, test_hostile_http, test_disconnect_cancels, test_conformance], Ctx))
