@@ -6,6 +6,7 @@
 #include "framing.h"
 #include "http.h"
 #include "mcp.h"
+#include "../sandbox-core/process.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -136,6 +137,7 @@ static void on_idle_tick(uv_timer_t *t) {
   int n = sbx_sandbox_sweep_idle(ids, 16);
   for (int i = 0; i < n && i < 16; i++) {
     fprintf(stderr, "sbx daemon: sandbox %s reset after being idle\n", ids[i]);
+    sbx_process_forget_sandbox(ids[i]);
     mcp_broadcast_log("notice", ids[i], "sandbox %s was reset after being idle; its files are gone", ids[i]);
   }
 }

@@ -4,6 +4,10 @@
 #include "mcp.h"
 
 #include "../sandbox-core/files.h"
+#include "../sandbox-core/ports.h"
+#include "../sandbox-core/process.h"
+
+#include <signal.h>
 
 static const char *str(json_t *args, const char *key) { return json_string_value(json_object_get(args, key)); }
 static bool flag(json_t *args, const char *key) { return json_is_true(json_object_get(args, key)); }
@@ -96,6 +100,7 @@ static void h_destroy(mcp_call *call, json_t *args, sbx_sandbox *sb) {
   char id[64];
   snprintf(id, sizeof id, "%s", sb->id);
   sbx_exec_cancel_sandbox(sb);
+  sbx_process_forget_sandbox(id);
   if (sbx_sandbox_destroy(id, &err) < 0) return mcp_call_fail(call, &err);
   char text[128];
   snprintf(text, sizeof text, "sandbox %s destroyed", id);
@@ -171,6 +176,150 @@ static void h_exec(mcp_call *call, json_t *args, sbx_sandbox *sb) {
   int r = sbx_exec_start(mcp_call_loop(call), sb, &o, exec_chunk, exec_done, call, &call->exec, &err);
   sbx_env_clear(&env);
   if (r < 0) mcp_call_fail(call, &err);
+}
+
+/* ---- background processes ---------------------------------------------- */
+
+static json_t *process_json(sbx_process *p) {
+  char start[32], end[32];
+  sbx_iso_time(p->start_ms, start);
+  json_t *o = json_pack("{s:s, s:s, s:s, s:s}", "id", p->id, "command", p->command, "status", p->status, "startTime",
+                        start);
+  pid_t pid = p->done ? 0 : sbx_exec_pid_in_sandbox(p->x);
+  if (pid > 0) json_object_set_new(o, "pid", json_integer(pid));
+  if (p->done) {
+    sbx_iso_time(p->end_ms, end);
+    json_object_set_new(o, "exitCode", json_integer(p->exit_code));
+    json_object_set_new(o, "endTime", json_string(end));
+  }
+  return o;
+}
+
+static sbx_process *find_process(mcp_call *call, json_t *args, sbx_sandbox *sb) {
+  const char *id = str(args, "processId");
+  sbx_process *p = sbx_process_find(sb->id, id);
+  if (!p) {
+    sbx_error err;
+    sbx_err(&err, "PROCESS_NOT_FOUND", "no process '%s' in sandbox '%s' (see listProcesses)", id, sb->id);
+    mcp_call_fail(call, &err);
+  }
+  return p;
+}
+
+static void h_start_process(mcp_call *call, json_t *args, sbx_sandbox *sb) {
+  sbx_error err = {0};
+  sbx_env env = {0};
+  if (env_from_json(json_object_get(args, "env"), &env, &err) < 0) {
+    sbx_env_clear(&env);
+    return mcp_call_fail(call, &err);
+  }
+  sbx_exec_opts o = {.command = str(args, "command"), .cwd = str(args, "cwd"), .env = &env,
+                     .session_id = str(args, "sessionId")};
+  sbx_process *p;
+  int r = sbx_process_start(mcp_call_loop(call), sb, str(args, "processId"), &o, &p, &err);
+  sbx_env_clear(&env);
+  if (r < 0) return mcp_call_fail(call, &err);
+  char text[200];
+  snprintf(text, sizeof text, "started process %s", p->id);
+  mcp_call_ok(call, process_json(p), text);
+}
+
+static void h_list_processes(mcp_call *call, json_t *args, sbx_sandbox *sb) {
+  (void)args;
+  json_t *arr = json_array();
+  sbx_buf t = {0};
+  for (sbx_process *p = sbx_process_list(); p; p = p->next) {
+    if (p->orphaned || strcmp(p->sandbox, sb->id)) continue;
+    json_array_append_new(arr, process_json(p));
+    char line[256];
+    int n = snprintf(line, sizeof line, "%s\t%s\t%.150s\n", p->id, p->status, p->command);
+    sbx_buf_append(&t, line, n);
+  }
+  mcp_call_ok(call, json_pack("{s:o}", "processes", arr), t.data ? t.data : "no processes");
+  sbx_buf_free(&t);
+}
+
+static void h_get_process(mcp_call *call, json_t *args, sbx_sandbox *sb) {
+  sbx_process *p = find_process(call, args, sb);
+  if (!p) return;
+  char text[128];
+  snprintf(text, sizeof text, "%s: %s", p->id, p->status);
+  mcp_call_ok(call, process_json(p), text);
+}
+
+static void h_process_logs(mcp_call *call, json_t *args, sbx_sandbox *sb) {
+  sbx_process *p = find_process(call, args, sb);
+  if (!p) return;
+  size_t tail = json_integer_value(json_object_get(args, "tail")), ol = 0, el = 0;
+  char *out = sbx_process_logs(p, 1, tail, &ol), *err = sbx_process_logs(p, 2, tail, &el);
+  json_t *o = json_pack("{s:s, s:s%, s:s%, s:s}", "processId", p->id, "stdout", out ? out : "", ol, "stderr",
+                        err ? err : "", el, "status", p->status);
+  if (p->output_path[0]) json_object_set_new(o, "outputPath", json_string(p->output_path));
+  sbx_buf t = {0};
+  sbx_buf_append(&t, out ? out : "", ol);
+  if (el) {
+    sbx_buf_append(&t, "[stderr]\n", 9);
+    sbx_buf_append(&t, err, el);
+  }
+  mcp_call_ok(call, o, t.data ? t.data : "(no output yet)");
+  sbx_buf_free(&t);
+  free(out);
+  free(err);
+}
+
+static int signal_number(const char *name) {
+  static const struct {
+    const char *name;
+    int sig;
+  } t[] = {{"SIGTERM", SIGTERM}, {"SIGKILL", SIGKILL}, {"SIGINT", SIGINT},   {"SIGHUP", SIGHUP},
+           {"SIGQUIT", SIGQUIT}, {"SIGUSR1", SIGUSR1}, {"SIGUSR2", SIGUSR2}};
+  for (size_t i = 0; name && i < SBX_ARRAY_SIZE(t); i++)
+    if (!strcmp(name, t[i].name)) return t[i].sig;
+  return SIGTERM;
+}
+
+static void h_kill_process(mcp_call *call, json_t *args, sbx_sandbox *sb) {
+  sbx_process *p = find_process(call, args, sb);
+  if (!p) return;
+  int k = sbx_process_kill(p, signal_number(str(args, "signal")));
+  mcp_call_ok(call, json_pack("{s:s, s:b}", "processId", p->id, "killed", k), k ? "signalled" : "it had already ended");
+}
+
+static void h_kill_all(mcp_call *call, json_t *args, sbx_sandbox *sb) {
+  int sig = signal_number(str(args, "signal")), n = 0;
+  for (sbx_process *p = sbx_process_list(); p; p = p->next)
+    if (!p->orphaned && !strcmp(p->sandbox, sb->id)) n += sbx_process_kill(p, sig);
+  char text[64];
+  snprintf(text, sizeof text, "signalled %d processes", n);
+  mcp_call_ok(call, json_pack("{s:i}", "count", n), text);
+}
+
+struct port_wait {
+  mcp_call *call;
+  int port;
+};
+
+static void port_done(void *ud, bool ready, uint64_t waited) {
+  struct port_wait *w = ud;
+  char text[96];
+  snprintf(text, sizeof text, "port %d %s after %llu ms", w->port, ready ? "is ready" : "is not ready",
+           (unsigned long long)waited);
+  mcp_call_ok(w->call, json_pack("{s:b, s:i, s:I}", "ready", ready, "port", w->port, "waited", (json_int_t)waited), text);
+  free(w);
+}
+
+static void h_wait_port(mcp_call *call, json_t *args, sbx_sandbox *sb) {
+  sbx_error err = {0};
+  json_t *t = json_object_get(args, "timeout");
+  const char *mode = str(args, "mode");
+  struct port_wait *w = calloc(1, sizeof *w);
+  w->call = call;
+  w->port = (int)json_integer_value(json_object_get(args, "port"));
+  if (sbx_port_wait(mcp_call_loop(call), sb, w->port, t ? json_integer_value(t) : 30000, mode && !strcmp(mode, "http"),
+                    port_done, w, &err) < 0) {
+    free(w);
+    mcp_call_fail(call, &err);
+  }
 }
 
 /* ---- files ------------------------------------------------------------- */
@@ -387,6 +536,13 @@ const mcp_handler mcp_handlers[] = {
     {"listSandboxes", h_list, true},
     {"destroySandbox", h_destroy, false, true},
     {"exec", h_exec, false},
+    {"startProcess", h_start_process, false},
+    {"listProcesses", h_list_processes, false},
+    {"getProcess", h_get_process, false},
+    {"getProcessLogs", h_process_logs, false},
+    {"killProcess", h_kill_process, false},
+    {"killAllProcesses", h_kill_all, false},
+    {"waitForPort", h_wait_port, false},
     {"writeFile", h_write, false},
     {"readFile", h_read, false},
     {"listFiles", h_list_files, false},

@@ -303,6 +303,12 @@ int sbx_cg_kill(const sbx_cgroup *c) {
   return 0;
 }
 
+static void signal_pid(pid_t pid, void *ud) { kill(pid, *(int *)ud); }
+
+void sbx_cg_signal(const sbx_cgroup *c, int sig) {
+  if (c->n) for_each_pid(c->dirs[0], 0, signal_pid, &sig);
+}
+
 bool sbx_cg_populated(const sbx_cgroup *c) {
   /* every hierarchy holds the same tasks: one is enough to look at */
   return c->n > 0 && for_each_pid(c->dirs[0], 0, NULL, NULL) > 0;

@@ -47,6 +47,8 @@ int sbx_cg_add_pid(const sbx_cgroup *cg, pid_t pid);
  * SIGKILL each task, thaw). */
 int sbx_cg_kill(const sbx_cgroup *cg);
 bool sbx_cg_populated(const sbx_cgroup *cg);
+/* Sends sig to every process in the cgroup and below. */
+void sbx_cg_signal(const sbx_cgroup *cg, int sig);
 uint64_t sbx_cg_oom_kills(const sbx_cgroup *cg);
 /* Removes the directories (children first); keeps them when busy. */
 int sbx_cg_remove(sbx_cgroup *cg);

@@ -298,6 +298,45 @@ void sbx_exec_cancel(sbx_exec *x) {
   kill_tree(x);
 }
 
+void sbx_exec_signal(sbx_exec *x, int sig) {
+  if (x->done) return;
+  if (x->cg.n) sbx_cg_signal(&x->cg, sig);
+  else if (x->pidfd >= 0) sbx_pidfd_send_signal(x->pidfd, SIGTERM); /* the supervisor kills the group */
+}
+
+char *sbx_exec_output(sbx_exec *x, int stream, size_t *len) {
+  size_t raw_len;
+  char *raw = sbx_headtail_render(&x->s[stream == 2].ht, &raw_len);
+  char *text = sbx_utf8_repair(raw, raw_len, len);
+  free(raw);
+  return text;
+}
+
+pid_t sbx_exec_pid_in_sandbox(sbx_exec *x) {
+  if (x->done || x->exited) return 0;
+  /* the supervisor's one child is the command; its last NSpid is the pid
+   * inside the sandbox */
+  char path[96], buf[256];
+  snprintf(path, sizeof path, "/proc/%d/task/%d/children", x->pid, x->pid);
+  FILE *f = fopen(path, "re");
+  int child = 0;
+  if (f) {
+    if (fscanf(f, "%d", &child) != 1) child = 0;
+    fclose(f);
+  }
+  if (child <= 0) return 0;
+  snprintf(path, sizeof path, "/proc/%d/status", child);
+  f = fopen(path, "re");
+  pid_t inside = 0;
+  while (f && fgets(buf, sizeof buf, f))
+    if (!strncmp(buf, "NSpid:", 6)) {
+      char *last = strrchr(buf, '\t');
+      inside = last ? atoi(last + 1) : 0;
+    }
+  if (f) fclose(f);
+  return inside;
+}
+
 void sbx_exec_cancel_sandbox(sbx_sandbox *sb) {
   for (sbx_exec *x = all_execs; x; x = x->next)
     if (x->sb == sb && !x->done) {

@@ -41,5 +41,13 @@ int sbx_exec_start(uv_loop_t *loop, sbx_sandbox *sb, const sbx_exec_opts *o, sbx
                    sbx_exec_done_cb on_done, void *ud, sbx_exec **out, sbx_error *err);
 /* Kills the command's tree; done fires later with cancelled = true. */
 void sbx_exec_cancel(sbx_exec *x);
+/* Sends sig to every process of the command (its cgroup), or, without
+ * cgroups, to its process group. */
+void sbx_exec_signal(sbx_exec *x, int sig);
+/* What the command wrote so far (head and tail within its bound), as valid
+ * UTF-8; malloc'd. stream: 1 stdout, 2 stderr. */
+char *sbx_exec_output(sbx_exec *x, int stream, size_t *len);
+/* The command's pid as the sandbox sees it (0 once it is gone). */
+pid_t sbx_exec_pid_in_sandbox(sbx_exec *x);
 /* Kills every exec of a sandbox (before it is destroyed). */
 void sbx_exec_cancel_sandbox(sbx_sandbox *sb);

@@ -71,7 +71,17 @@ def run_tests(tests, setup=None):
             try:
                 t(tap, ctx) if ctx is not None else t(tap)
             except Exception:
-                tap.ok(False, t.__name__ + ' raised', traceback.format_exc())
+                diag = traceback.format_exc()
+                env = getattr(ctx, 'env', None)
+                if env is not None and env.root:
+                    try:  # what the daemon said, for a failure that is its doing
+                        diag += '\ndaemon log:\n' + open(os.path.join(env.state, 'daemon.log')).read()[-1500:]
+                    except OSError:
+                        pass
+                    for c in env.clients:
+                        if getattr(c, 'stderr', None):
+                            diag += '\nsbx mcp stderr: ' + repr(c.stderr[-5:])
+                tap.ok(False, t.__name__ + ' raised', diag)
     finally:
         if ctx is not None and hasattr(ctx, 'close'):
             ctx.close()

@@ -1,0 +1,141 @@
+/* Background processes of a sandbox (startProcess): commands that outlive
+ * the call that started them, with their logs and exit status kept. They
+ * are execs without a waiting caller, in their own session state. */
+#define _GNU_SOURCE
+#include "process.h"
+
+#include <signal.h>
+
+static sbx_process *all;
+
+static int count_in(const char *sandbox) {
+  int n = 0;
+  for (sbx_process *p = all; p; p = p->next)
+    if (!p->orphaned && !strcmp(p->sandbox, sandbox)) n++;
+  return n;
+}
+
+static void unlink_free(sbx_process *p) {
+  sbx_process **pp = &all;
+  while (*pp && *pp != p) pp = &(*pp)->next;
+  if (*pp) *pp = p->next;
+  free(p->command);
+  free(p->out);
+  free(p->err);
+  free(p);
+}
+
+/* Keeps at most SBX_MAX_PROCESSES records per sandbox: the oldest finished
+ * one goes first. */
+static bool make_room(const char *sandbox) {
+  if (count_in(sandbox) < SBX_MAX_PROCESSES) return true;
+  sbx_process *oldest = NULL;
+  for (sbx_process *p = all; p; p = p->next)
+    if (!p->orphaned && p->done && !strcmp(p->sandbox, sandbox) && (!oldest || p->end_ms < oldest->end_ms)) oldest = p;
+  if (!oldest) return false;
+  unlink_free(oldest);
+  return true;
+}
+
+static void on_done(void *ud, const sbx_exec_result *r, const sbx_error *err) {
+  sbx_process *p = ud;
+  p->x = NULL;
+  p->done = true;
+  p->end_ms = sbx_wall_ms();
+  if (err) {
+    p->status = "error";
+  } else {
+    p->exit_code = r->exit_code;
+    p->status = p->killed ? "killed" : r->exit_code == 0 ? "completed" : "failed";
+    p->out = strndup(r->out, r->out_len);
+    p->out_len = r->out_len;
+    p->err = strndup(r->err, r->err_len);
+    p->err_len = r->err_len;
+    if (r->output_path) snprintf(p->output_path, sizeof p->output_path, "%s", r->output_path);
+  }
+  if (p->orphaned) unlink_free(p);
+}
+
+sbx_process *sbx_process_find(const char *sandbox, const char *id) {
+  for (sbx_process *p = all; p; p = p->next)
+    if (!p->orphaned && !strcmp(p->sandbox, sandbox) && !strcmp(p->id, id)) return p;
+  return NULL;
+}
+
+sbx_process *sbx_process_list(void) { return all; }
+
+int sbx_process_start(uv_loop_t *loop, sbx_sandbox *sb, const char *id, const sbx_exec_opts *o, sbx_process **out,
+                      sbx_error *err) {
+  char gen[64];
+  if (!id) {
+    static unsigned long long seq;
+    snprintf(gen, sizeof gen, "proc-%llu", ++seq);
+    id = gen;
+  }
+  if (!sbx_valid_id(id)) return sbx_err(err, "VALIDATION_FAILED", "processId must be 1-63 of [a-z0-9-]");
+  sbx_process *old = sbx_process_find(sb->id, id);
+  if (old && !old->done) return sbx_err(err, "VALIDATION_FAILED", "process '%s' is still running", id);
+  if (old) unlink_free(old);
+  if (!make_room(sb->id))
+    return sbx_err(err, "RESOURCE_LIMIT", "at most %d processes per sandbox", SBX_MAX_PROCESSES);
+  sbx_process *p = calloc(1, sizeof *p);
+  if (!p) return sbx_err(err, "INTERNAL", "out of memory");
+  snprintf(p->id, sizeof p->id, "%s", id);
+  snprintf(p->sandbox, sizeof p->sandbox, "%s", sb->id);
+  p->command = strdup(o->command);
+  p->status = "running";
+  p->start_ms = sbx_wall_ms();
+  sbx_exec_opts opts = *o;
+  opts.keep_session = false;
+  opts.max_output = SBX_PROCESS_LOG;
+  if (sbx_exec_start(loop, sb, &opts, NULL, on_done, p, &p->x, err) < 0) {
+    free(p->command);
+    free(p);
+    return -1;
+  }
+  p->next = all;
+  all = p;
+  *out = p;
+  return 0;
+}
+
+int sbx_process_kill(sbx_process *p, int sig) {
+  if (p->done) return 0;
+  p->killed = sig == SIGKILL || sig == SIGTERM || sig == SIGINT;
+  sbx_exec_signal(p->x, sig);
+  return 1;
+}
+
+void sbx_process_forget_sandbox(const char *sandbox) {
+  for (sbx_process *p = all, *next; p; p = next) {
+    next = p->next;
+    if (strcmp(p->sandbox, sandbox) || p->orphaned) continue;
+    if (p->done) unlink_free(p);
+    else p->orphaned = true; /* freed when its exec ends */
+  }
+}
+
+char *sbx_process_logs(sbx_process *p, int stream, size_t tail_lines, size_t *len) {
+  char *text;
+  size_t n;
+  if (p->done) {
+    const char *src = stream == 2 ? p->err : p->out;
+    n = stream == 2 ? p->err_len : p->out_len;
+    text = strndup(src ? src : "", src ? n : 0);
+  } else {
+    text = sbx_exec_output(p->x, stream, &n);
+  }
+  if (!text) return NULL;
+  if (tail_lines > 0) { /* the last tail_lines lines */
+    size_t i = n, lines = 0;
+    if (i && text[i - 1] == '\n') i--;
+    while (i > 0) {
+      if (text[i - 1] == '\n' && ++lines == tail_lines) break;
+      i--;
+    }
+    memmove(text, text + i, n - i + 1);
+    n -= i;
+  }
+  *len = n;
+  return text;
+}

@@ -1,0 +1,32 @@
+/* Background processes (startProcess and friends). */
+#pragma once
+#include "exec.h"
+
+#define SBX_MAX_PROCESSES 64            /* records per sandbox, running or finished */
+#define SBX_PROCESS_LOG (1024 * 1024)   /* per stream kept in memory; the rest spills to a file */
+
+typedef struct sbx_process {
+  char id[64], sandbox[64];
+  char *command;
+  const char *status; /* running, completed, failed, killed, error */
+  int exit_code;
+  bool done, killed, orphaned;
+  uint64_t start_ms, end_ms;
+  sbx_exec *x; /* while running */
+  char *out, *err; /* once done */
+  size_t out_len, err_len;
+  char output_path[128];
+  struct sbx_process *next;
+} sbx_process;
+
+int sbx_process_start(uv_loop_t *loop, sbx_sandbox *sb, const char *id, const sbx_exec_opts *o, sbx_process **out,
+                      sbx_error *err);
+sbx_process *sbx_process_find(const char *sandbox, const char *id);
+/* Every record (filter by ->sandbox, skip ->orphaned). */
+sbx_process *sbx_process_list(void);
+/* Signals a running process's whole tree; returns 1 if it was running. */
+int sbx_process_kill(sbx_process *p, int sig);
+/* The sandbox was destroyed or reset: its records go. */
+void sbx_process_forget_sandbox(const char *sandbox);
+/* Its output so far (or final), optionally only the last tail_lines lines. */
+char *sbx_process_logs(sbx_process *p, int stream, size_t tail_lines, size_t *len);
