@@ -4,17 +4,7 @@ import os
 import sys
 import time
 
-from sbxtest import Env, Fail, run_tests, wait_until
-
-
-class Ctx:
-    def __init__(self):
-        self.env = Env()
-        self.c = self.env.mcp(['--sandbox', 'ex'])
-        self.c.initialize()
-
-    def close(self):
-        self.env.close()
+from sbxtest import Ctx, Env, Fail, run_tests, wait_until
 
 
 def test_basic(t, x):
@@ -161,4 +151,4 @@ def test_sandbox_creation_rules(t, x):
 if __name__ == '__main__':
     sys.exit(run_tests([test_basic, test_default_sandbox, test_session_state, test_stdin, test_timeout_kills_tree,
                         test_background_does_not_block, test_cancel, test_progress_streams, test_output_bound,
-                        test_utf8, test_env_is_clean, test_nonexistent_cwd, test_sandbox_creation_rules], Ctx))
+                        test_utf8, test_env_is_clean, test_nonexistent_cwd, test_sandbox_creation_rules], lambda: Ctx('ex')))

@@ -3,17 +3,7 @@ import base64
 import os
 import sys
 
-from sbxtest import Env, run_tests
-
-
-class Ctx:
-    def __init__(self):
-        self.env = Env()
-        self.c = self.env.mcp(['--sandbox', 'fs'])
-        self.c.initialize()
-
-    def close(self):
-        self.env.close()
+from sbxtest import Ctx, Env, run_tests
 
 
 def test_write_read(t, x):
@@ -96,4 +86,4 @@ def test_confinement(t, x):
 
 if __name__ == '__main__':
     sys.exit(run_tests([test_write_read, test_binary, test_limits, test_list, test_mkdir_delete_rename,
-                        test_confinement], Ctx))
+                        test_confinement], lambda: Ctx('fs')))

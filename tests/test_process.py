@@ -2,17 +2,7 @@
 killProcess of a whole tree, and their end with the sandbox."""
 import sys
 
-from sbxtest import Env, run_tests, wait_until
-
-
-class Ctx:
-    def __init__(self):
-        self.env = Env()
-        self.c = self.env.mcp(['--sandbox', 'procs'])
-        self.c.initialize()
-
-    def close(self):
-        self.env.close()
+from sbxtest import Ctx, Env, run_tests, wait_until
 
 
 def status(x, pid):
@@ -76,4 +66,4 @@ def test_with_sandbox(t, x):
 
 
 if __name__ == '__main__':
-    sys.exit(run_tests([test_server, test_exit_and_logs, test_tree_and_kill_all, test_with_sandbox], Ctx))
+    sys.exit(run_tests([test_server, test_exit_and_logs, test_tree_and_kill_all, test_with_sandbox], lambda: Ctx('procs')))

@@ -8,7 +8,7 @@ import socket
 import sys
 import threading
 
-from sbxtest import Env, Fail, run_tests
+from sbxtest import Ctx, Env, Fail, run_tests
 
 GOLDEN = os.path.join(os.path.dirname(__file__), 'golden')
 VOLATILE = {'duration', 'createdAt', 'lastActivity', 'modifiedAt'}
@@ -23,16 +23,6 @@ def normalize(v):
     if isinstance(v, str):
         return re.sub(r'\b\d+ ms\b', 'N ms', v)
     return v
-
-
-class Ctx:
-    def __init__(self):
-        self.env = Env()
-        self.c = self.env.mcp(['--sandbox', 'proto'])
-        self.c.initialize()
-
-    def close(self):
-        self.env.close()
 
 
 def test_golden(t, x):
@@ -275,4 +265,4 @@ def test_stdout_is_mcp_only(t, x):
 if __name__ == '__main__':
     sys.exit(run_tests([test_golden, test_modern_era, test_resources, test_logging, test_tool_filters, test_initialize_versions, test_tools_list, test_validation, test_hostile_bytes,
                         test_half_message_and_vanish, test_many_clients, test_peer_uid_checked,
-                        test_stdout_is_mcp_only], Ctx))
+                        test_stdout_is_mcp_only], lambda: Ctx('proto')))

@@ -192,6 +192,19 @@ def remove_cgroups(daemon_pid):
                 pass
 
 
+class Ctx:
+    """A private daemon and one initialized `sbx mcp` client whose default
+    sandbox is `sandbox`: what most test files start from."""
+
+    def __init__(self, sandbox, user=None):
+        self.env = Env(user)
+        self.c = self.env.mcp(['--sandbox', sandbox])
+        self.c.initialize()
+
+    def close(self):
+        self.env.close()
+
+
 # ---- MCP clients -----------------------------------------------------------
 
 class Client:
