@@ -1,9 +1,14 @@
 // The official MCP TypeScript SDK client 2.x in the modern era (2026-07-28):
 // it probes server/discover, negotiates, and attaches the per-request _meta
 // envelope. Drives `sbx mcp` over stdio. Prints TAP.
-import { Client } from '@modelcontextprotocol/client';
-import { StdioClientTransport } from '@modelcontextprotocol/client/stdio';
 import { SBX, setup } from './harness.mjs';
+
+if (Number(process.versions.node.split('.')[0]) < 20) {
+  console.log(`1..0 # SKIP the 2.x SDK client needs Node.js 20 or later (this is ${process.versions.node})`);
+  process.exit(77);
+}
+const { Client } = await import('@modelcontextprotocol/client');
+const { StdioClientTransport } = await import('@modelcontextprotocol/client/stdio');
 
 const { root, env, ok, finish } = setup('sbxt-sdk2-');
 
