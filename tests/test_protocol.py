@@ -8,7 +8,7 @@ import socket
 import sys
 import threading
 
-from sbxtest import Ctx, Env, Fail, run_tests
+from sbxtest import Ctx, Env, Fail, run_tests, wait_until
 
 GOLDEN = os.path.join(os.path.dirname(__file__), 'golden')
 VOLATILE = {'duration', 'createdAt', 'lastActivity', 'modifiedAt'}
@@ -212,6 +212,17 @@ def test_half_message_and_vanish(t, x):
     t.eq(x.c.request('ping')['result'], {}, 'daemon serves others after a client vanished mid-message')
 
 
+def test_disconnect_cancels(t, x):
+    c = x.env.socket_client()
+    c.send({'jsonrpc': '2.0', 'id': 1, 'method': 'tools/call',
+            'params': {'name': 'exec', 'arguments': {'sandboxId': 'proto', 'command': 'echo up; sleep 300'},
+                       '_meta': {'progressToken': 1}}})
+    c.next(lambda m: m.get('method') == 'notifications/progress')
+    c.close()
+    gone = lambda: x.c.sh('ps -e -o comm= | grep -c "^sleep$" || true')['stdout'].strip() == '0'
+    t.ok(wait_until(gone, 20, 'the call to be cancelled'), 'a client that disconnects mid-call has its work cancelled')
+
+
 def test_many_clients(t, x):
     clients = [x.env.socket_client() for _ in range(200)]
     errors = []
@@ -264,5 +275,5 @@ def test_stdout_is_mcp_only(t, x):
 
 if __name__ == '__main__':
     sys.exit(run_tests([test_golden, test_modern_era, test_resources, test_logging, test_tool_filters, test_initialize_versions, test_tools_list, test_validation, test_hostile_bytes,
-                        test_half_message_and_vanish, test_many_clients, test_peer_uid_checked,
+                        test_half_message_and_vanish, test_disconnect_cancels, test_many_clients, test_peer_uid_checked,
                         test_stdout_is_mcp_only], lambda: Ctx('proto')))
