@@ -358,6 +358,8 @@ int sbx_exec_start(uv_loop_t *loop, sbx_sandbox *sb, const sbx_exec_opts *o, sbx
     if (sbx_fs_check_dir(sb, cwd, err) < 0) cwd = "/";
   }
   if (o->stdin_len > SBX_MAX_STDIN) return sbx_err(err, "VALIDATION_FAILED", "stdin is limited to %d bytes", SBX_MAX_STDIN);
+  if (sb->running >= SBX_MAX_RUNNING)
+    return sbx_err(err, "RESOURCE_LIMIT", "sandbox '%s' already runs %d commands and processes", sb->id, sb->running);
 
   sbx_exec *x = calloc(1, sizeof *x);
   if (!x) return sbx_err(err, "INTERNAL", "out of memory");

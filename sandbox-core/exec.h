@@ -6,6 +6,7 @@
 
 #define SBX_DEFAULT_MAX_OUTPUT (64 * 1024)
 #define SBX_MAX_STDIN (16 * 1024 * 1024)
+#define SBX_MAX_RUNNING 256 /* commands and processes running at once in one sandbox */
 
 typedef struct sbx_exec sbx_exec;
 

@@ -91,10 +91,27 @@ def test_disk(t, x):
          'RESOURCE_LIMIT', 'writeFile past diskMB is RESOURCE_LIMIT')
 
 
+def test_running_cap(t, x):
+    c = x.env.socket_client()
+    c.initialize()
+    c.ok('createSandbox', {'sandboxId': 'many'})
+    for i in range(256):
+        c.send({'jsonrpc': '2.0', 'id': 1000 + i, 'method': 'tools/call',
+                'params': {'name': 'exec', 'arguments': {'sandboxId': 'many', 'command': 'sleep 300'}}})
+    res, _ = c.call('exec', {'sandboxId': 'many', 'command': 'true'}, timeout=60)
+    t.ok(res.get('isError') and res['structuredContent']['error']['code'] == 'RESOURCE_LIMIT',
+         'the 257th concurrent command is refused with RESOURCE_LIMIT', res)
+    t.eq(x.other.ok('exec', {'command': 'echo pong'})['stdout'], 'pong\n', 'other sandboxes are unaffected')
+    for i in range(256):
+        c.notify('notifications/cancelled', {'requestId': 1000 + i})
+    c.close()
+    x.c.ok('destroySandbox', {'sandboxId': 'many'})
+
+
 def test_flood(t, x):
     r = x.c.sh('yes flood | head -c 50000000; echo', timeout=60000)
     t.ok(r['truncated'] and len(r['stdout']) < 70000, 'a 50 MB flood is cut at the bound')
 
 
 if __name__ == '__main__':
-    sys.exit(run_tests([test_fork_bomb, test_memory_hog, test_disk, test_flood], Ctx))
+    sys.exit(run_tests([test_fork_bomb, test_memory_hog, test_disk, test_running_cap, test_flood], Ctx))
