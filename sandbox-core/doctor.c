@@ -139,8 +139,9 @@ int sbx_doctor(FILE *out) {
   LINE(pidfd, "pidfd", pidfd ? "processes supervised by pidfd on the event loop" : "missing: sbx needs Linux >= 5.3");
   const char *why = NULL;
   bool egress = sbx_net_egress_available(&why);
-  LINE(true, "network egress", egress ? "pasta + an nftables filter (no private, link-local or host-loopback destinations)"
-                                       : why);
+  /* optional: "none" works without it */
+  fprintf(out, "%-4s %-22s %s\n", egress ? "ok" : "--", "network egress",
+          egress ? "pasta + an nftables filter (no private, link-local or host-loopback destinations)" : why);
   bool c3 = probe_clone3();
   LINE(true, "clone3", c3 ? "available (sandbox commands get ENOSYS for it, so glibc uses clone)"
                           : "absent: clone is used");

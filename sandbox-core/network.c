@@ -50,6 +50,10 @@ bool sbx_net_egress_available(const char **why) {
     if (why) *why = "nft (Debian package nftables) is not installed";
     return false;
   }
+  if (access("/dev/net/tun", R_OK | W_OK) < 0) {
+    if (why) *why = "pasta needs read-write /dev/net/tun, which this user lacks (it is mode 0666 on most systems)";
+    return false;
+  }
   return true;
 }
 
@@ -138,12 +142,12 @@ int sbx_net_egress_start(sbx_sandbox *sb, sbx_error *err) {
     dup2(n, 3), dup2(u, 4);
     close_range(5, ~0U, 0);
     char *argv[] = {pasta, "--netns", "/proc/self/fd/3", "--userns", "/proc/self/fd/4",
-                    /* as root it must stay root to join a root-owned user namespace */
-                    "--runas", geteuid() == 0 ? "0" : "-1",
                     "--config-net", "--foreground", "--quiet",
                     /* no port forwarding either way, no host loopback behind the gateway */
                     "-t", "none", "-u", "none", "-T", "none", "-U", "none", "--no-map-gw",
-                    "--dns-forward", gw, "--no-dhcp", "--no-dhcpv6", "--no-ndp", "--no-ra", NULL};
+                    "--dns-forward", gw, "--no-dhcp", "--no-dhcpv6", "--no-ndp", "--no-ra",
+                    /* as root it must stay root to join a root-owned user namespace */
+                    geteuid() == 0 ? "--runas" : NULL, "0", NULL};
     char *envp[] = {"PATH=/usr/bin:/usr/sbin:/bin:/sbin", NULL};
     execve(pasta, argv, envp);
     _exit(127);
