@@ -38,12 +38,12 @@ PY
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1
 if build-fuzz/tests/fuzz-mcp -max_total_time="$secs" -max_len=65536 -rss_limit_mb=2048 -timeout=10 \
      -artifact_prefix=build-fuzz/crashes/ "$corpus" >build-fuzz/fuzz.log 2>&1; then
-  runs=$(grep -o 'Done [0-9]* runs' build-fuzz/fuzz.log | grep -o '[0-9]*' | tail -1)
+  runs=$(grep -ao 'Done [0-9]* runs' build-fuzz/fuzz.log | grep -o '[0-9]*' | tail -1)
   echo "ok 2 - fuzzed the message path for ${secs} s (${runs:-?} runs) without a crash"
   rc=0
 else
   echo "not ok 2 - the fuzzer found a crash (see build-fuzz/crashes/)"
-  grep -E 'ERROR|SUMMARY|runtime error' build-fuzz/fuzz.log | head -20 | sed 's/^/# /'
+  grep -aE 'ERROR|SUMMARY|runtime error' build-fuzz/fuzz.log | head -20 | sed 's/^/# /'
   rc=1
 fi
 echo "1..2"
