@@ -383,7 +383,8 @@ static int start(sbx_sandbox *sb, sbx_error *err) {
   if (opts->image[0]) {
     snprintf(image_dir, sizeof image_dir, "%s/images/%s", eng.cfg.state_dir, opts->image);
     struct stat st;
-    if (stat(image_dir, &st) < 0 || !S_ISDIR(st.st_mode)) {
+    /* a real directory: a symlink could name the host's own / (and its /etc) */
+    if (lstat(image_dir, &st) < 0 || !S_ISDIR(st.st_mode)) {
       stop_running(sb);
       return sbx_err(err, "VALIDATION_FAILED", "no image '%s' (a directory under %s/images/)", opts->image,
                      eng.cfg.state_dir);

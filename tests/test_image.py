@@ -29,6 +29,7 @@ class Ctx:
             with open(os.path.join(img, 'etc', 'os-release'), 'w') as f:
                 f.write('NAME="tiny image"\n')
         os.makedirs(os.path.join(self.env.state, 'images', 'empty'))
+        os.symlink('/', os.path.join(self.env.state, 'images', 'host'))
 
     def close(self):
         self.env.close()
@@ -56,7 +57,10 @@ def test_bad_images(t, x):
     t.eq(x.c.err('createSandbox', {'sandboxId': 'x2', 'image': 'empty'}), 'VALIDATION_FAILED', 'an image without usr/')
     t.eq(x.c.err('createSandbox', {'sandboxId': 'x3', 'image': '../../etc'}), 'VALIDATION_FAILED',
          'an image name cannot leave the images directory')
-    t.ok(not any(s['sandboxId'] in ('x1', 'x2', 'x3') for s in x.c.ok('listSandboxes')['sandboxes']),
+    t.ok(os.path.exists('/etc/shadow'), 'the host has an /etc/shadow to protect')
+    t.eq(x.c.err('createSandbox', {'sandboxId': 'x4', 'image': 'host'}), 'VALIDATION_FAILED',
+         "an image that is a symlink (here to the host's /) is refused")
+    t.ok(not any(s['sandboxId'] in ('x1', 'x2', 'x3', 'x4') for s in x.c.ok('listSandboxes')['sandboxes']),
          'failed creations leave nothing behind')
 
 
