@@ -134,7 +134,7 @@ int sbx_doctor(FILE *out) {
            sbx_seccomp_rule_count());
   LINE(sc, "seccomp", sc ? scdesc : "cannot compile the policy");
   bool fuse = access("/dev/fuse", F_OK) == 0;
-  LINE(fuse, "/dev/fuse", fuse ? "present: FUSE view and bucket mounts possible" : "missing: no FUSE features");
+  LINE(fuse, "/dev/fuse", fuse ? "present (for the FUSE view and bucket mounts, which are not built yet)" : "missing: no FUSE features");
   bool pidfd = probe_pidfd();
   LINE(pidfd, "pidfd", pidfd ? "processes supervised by pidfd on the event loop" : "missing: sbx needs Linux >= 5.3");
   const char *why = NULL;
