@@ -192,11 +192,6 @@ int sbx_cg_create(const sbx_cgroup *parent, const char *name, sbx_cgroup *out) {
       sbx_cg_remove(out);
       return r;
     }
-    if (cg.v2) {
-      char *sub = sbx_strdup_printf("%s/cgroup.subtree_control", out->dirs[i]);
-      (void)sub; /* leaves need no controllers delegated below them */
-      free(sub);
-    }
   }
   return 0;
 }

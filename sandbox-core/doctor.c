@@ -38,7 +38,7 @@ static int probe_overlay(void) {
 /* A child in new user and mount namespaces, mapped as sandboxes are (our
  * uid as its root). With fn it runs fn there and reports; without it waits
  * to be killed, so the caller can use its user namespace. */
-static pid_t userns_child(int (*fn)(void), int *status_fd) {
+static pid_t userns_child(int (*fn)(void)) {
   int go[2], ready[2];
   if (pipe(go) < 0 || pipe(ready) < 0) return -1;
   pid_t c = fork();
@@ -65,20 +65,17 @@ static pid_t userns_child(int (*fn)(void), int *status_fd) {
   sbx_write_string(path, map);
   (void)!write(go[1], "g", 1);
   close(go[0]), close(go[1]), close(ready[0]);
-  *status_fd = -1;
   return c;
 }
 
 static bool probe_in_userns(int (*fn)(void)) {
-  int unused;
-  pid_t c = userns_child(fn, &unused);
+  pid_t c = userns_child(fn);
   int st;
   return c > 0 && waitpid(c, &st, 0) == c && WIFEXITED(st) && WEXITSTATUS(st) == 0;
 }
 
 static bool probe_idmap(void) {
-  int unused;
-  pid_t c = userns_child(NULL, &unused);
+  pid_t c = userns_child(NULL);
   if (c < 0) return false;
   char path[64];
   snprintf(path, sizeof path, "/proc/%d/ns/user", c);

@@ -97,10 +97,11 @@ void sbx_headtail_add(sbx_headtail *h, const char *p, size_t n) {
     p += n - h->tail_cap;
     n = h->tail_cap;
   }
-  for (size_t i = 0; i < n; i++) {
-    h->tail[h->tail_pos] = p[i];
-    h->tail_pos = (h->tail_pos + 1) % h->tail_cap;
-  }
+  /* into the ring, in at most two pieces */
+  size_t first = h->tail_cap - h->tail_pos < n ? h->tail_cap - h->tail_pos : n;
+  memcpy(h->tail + h->tail_pos, p, first);
+  memcpy(h->tail, p + first, n - first);
+  h->tail_pos = (h->tail_pos + n) % h->tail_cap;
   h->tail_len = h->tail_len + n > h->tail_cap ? h->tail_cap : h->tail_len + n;
 }
 
@@ -123,7 +124,7 @@ char *sbx_headtail_render(const sbx_headtail *h, size_t *len_out) {
     sbx_buf_append(&out, h->tail + start, first);
     sbx_buf_append(&out, h->tail, h->tail_len - first);
   }
-  if (!out.data) sbx_buf_append(&out, "", 0), out.data = strdup("");
+  if (!out.data) out.data = strdup("");
   if (len_out) *len_out = out.len;
   return out.data;
 }
