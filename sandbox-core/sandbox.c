@@ -25,6 +25,7 @@ static struct {
   sbx_engine_config cfg;
   char *etc_template;
   int init_exe_fd;
+  uint64_t incarnations;
   sbx_sandbox *list;
   int count;
   unsigned char slots[SBX_MAX_SANDBOXES];
@@ -358,7 +359,11 @@ static int start(sbx_sandbox *sb, sbx_error *err) {
   const char *id = sb->id;
   const sbx_sandbox_opts *opts = &sb->opts;
   if (sbx_cg_available()) {
-    int r = sbx_cg_create(NULL, id, &sb->cg);
+    /* one name per incarnation: a command of a destroyed sandbox that is
+     * still winding down can never touch a new sandbox of the same id */
+    char name[96];
+    snprintf(name, sizeof name, "%s.%llu", id, (unsigned long long)++eng.incarnations);
+    int r = sbx_cg_create(NULL, name, &sb->cg);
     if (r == 0) r = sbx_cg_apply(&sb->cg, &opts->limits);
     if (r < 0 && (opts->limits_explicit || !eng.cfg.rootless)) {
       sbx_cg_remove(&sb->cg);
