@@ -77,9 +77,10 @@ static int default_gateway(char out[INET_ADDRSTRLEN]) {
 static int run_in_netns(sbx_sandbox *sb, char *const argv[], const char *input) {
   int p[2];
   if (pipe2(p, O_CLOEXEC) < 0) return -errno;
-  pid_t pid = fork();
+  pid_t pid = sbx_fork_child(0, NULL);
   if (pid < 0) return -errno;
   if (pid == 0) {
+    sbx_child_unblock();
     /* as sandbox root: netlink wants an identity mapped in the namespace */
     if (setns(sb->init_pidfd, CLONE_NEWUSER | CLONE_NEWNET) < 0 || setresgid(0, 0, 0) < 0 || setresuid(0, 0, 0) < 0)
       _exit(126);
@@ -125,14 +126,13 @@ int sbx_net_egress_start(sbx_sandbox *sb, sbx_error *err) {
   char pasta[64];
   snprintf(pasta, sizeof pasta, "%s", find_tool("pasta"));
   int pidfd = -1;
-  pid_t pid = (pid_t)syscall(SYS_clone, CLONE_PIDFD | SIGCHLD, NULL, &pidfd, NULL, 0);
+  /* every disposition default (pasta insists on finding SIGPIPE so, while
+   * the daemon ignores it) */
+  pid_t pid = sbx_fork_child(0, &pidfd);
   if (pid < 0) return sbx_err_errno(err, "INTERNAL", errno, "fork");
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, NULL);
-    signal(SIGPIPE, SIG_DFL); /* the daemon ignores it; pasta insists on finding it default */
+    sbx_child_unblock();
     /* the namespaces by fd: pasta opens them after dropping privileges;
      * its complaints go to the daemon's log */
     int n = fcntl(netfd, F_DUPFD, 10), u = fcntl(userfd, F_DUPFD, 10);

@@ -61,12 +61,11 @@ int sbx_port_wait(uv_loop_t *loop, sbx_sandbox *sb, int port, int64_t timeout_ms
                   sbx_error *err) {
   if (port < 1 || port > 65535) return sbx_err(err, "INVALID_PORT", "port must be 1-65535, got %d", port);
   int pidfd = -1;
-  pid_t pid = (pid_t)syscall(SYS_clone, CLONE_PIDFD | SIGCHLD, NULL, &pidfd, NULL, 0);
+  pid_t pid = sbx_fork_child(0, &pidfd);
   if (pid < 0) return sbx_err_errno(err, "INTERNAL", errno, "fork");
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
-    for (int s = 1; s < NSIG; s++)
-      if (s != SIGKILL && s != SIGSTOP) signal(s, SIG_DFL);
+    sbx_child_unblock();
     if (setns(sb->init_pidfd, CLONE_NEWUSER | CLONE_NEWNET) < 0) _exit(2);
     close_range(3, ~0U, 0); /* none of the daemon's sockets stay open in here */
     uint64_t deadline = sbx_now_ms() + (uint64_t)timeout_ms;

@@ -405,10 +405,9 @@ static int start(sbx_sandbox *sb, sbx_error *err) {
   args.nlayers = sbx_rootfs_layers(args.image_dir, eng.etc_template, args.layers);
   sbx_rootfs_links(args.image_dir ? args.image_dir : "", &args);
   int pidfd = -1;
-  pid_t pid = (pid_t)syscall(SYS_clone,
-                             CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWUTS |
-                                 CLONE_NEWIPC | CLONE_PIDFD | SIGCHLD,
-                             NULL, &pidfd, NULL, 0);
+  /* init keeps every signal blocked: sbx-init waits for SIGCHLD with sigwaitinfo */
+  pid_t pid = sbx_fork_child(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWIPC,
+                             &pidfd);
   if (pid == 0) {
     close(sv[0]);
     sbx_rootfs_init_main(&args);
@@ -658,6 +657,8 @@ static int command_main(void *arg) {
   for (int i = 0; i < sp->nfds && i < 8; i++)
     if (dup2(tmp[i], i) < 0) child_fail("dup2");
   close_range(sp->nfds, ~0U, 0);
+  signal(SIGTERM, SIG_DFL); /* the supervisor's handler is not the command's */
+  sbx_child_unblock();
   execve(sp->argv[0], sp->argv, sp->envp);
   child_fail(sp->argv[0]);
   return 127;
@@ -673,7 +674,7 @@ pid_t sbx_sandbox_spawn(sbx_sandbox *sb, const sbx_spawn *sp, int *pidfd_out, sb
   for (size_t i = 0; i < SBX_ARRAY_SIZE(default_caps); i++) capmask |= 1ull << default_caps[i];
   int cap_last = eng.cap_last;
   int pidfd = -1;
-  pid_t pid = (pid_t)syscall(SYS_clone, CLONE_PIDFD | SIGCHLD, NULL, &pidfd, NULL, 0);
+  pid_t pid = sbx_fork_child(0, &pidfd);
   if (pid < 0) {
     int e = errno;
     for (int i = 0; i < ncg; i++) close(cgfds[i]);
@@ -681,12 +682,9 @@ pid_t sbx_sandbox_spawn(sbx_sandbox *sb, const sbx_spawn *sp, int *pidfd_out, sb
   }
   if (pid == 0) {
     /* the supervisor: the daemon's own child, outside the sandbox's pid
-     * namespace and cgroup, so its exit status cannot be forged */
-    sigset_t all;
-    sigemptyset(&all);
-    sigprocmask(SIG_SETMASK, &all, NULL);
-    for (int s = 1; s < NSIG; s++)
-      if (s != SIGKILL && s != SIGSTOP) signal(s, SIG_DFL);
+     * namespace and cgroup, so its exit status cannot be forged. Signals
+     * stay blocked until its SIGTERM handler stands. */
+    signal(SIGTERM, kill_supervised);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     prctl(PR_SET_DUMPABLE, 0);
     prctl(PR_SET_NAME, "sbx-exec");
@@ -700,7 +698,7 @@ pid_t sbx_sandbox_spawn(sbx_sandbox *sb, const sbx_spawn *sp, int *pidfd_out, sb
     pid_t g = clone(command_main, stack + sizeof stack, CLONE_VM | CLONE_VFORK | SIGCHLD, &c);
     if (g < 0) child_fail("clone");
     supervised = g;
-    signal(SIGTERM, kill_supervised);
+    sbx_child_unblock(); /* a SIGTERM that came meanwhile now kills the command's group */
     close_range(0, ~0U, 0);
     siginfo_t si;
     for (;;) {

@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -305,6 +306,28 @@ void sbx_default_id(const char *dir, char out[64]) {
   while (n && slug[n - 1] == '-') n--;
   slug[n] = 0;
   snprintf(out, 64, "%s%s%08x", slug, n ? "-" : "", (unsigned)(h ^ (h >> 32)));
+}
+
+pid_t sbx_fork_child(unsigned long flags, int *pidfd) {
+  sigset_t all, old;
+  sigfillset(&all);
+  sigprocmask(SIG_SETMASK, &all, &old);
+  pid_t pid = (pid_t)syscall(SYS_clone, flags | (pidfd ? CLONE_PIDFD : 0) | SIGCHLD, NULL, pidfd, NULL, 0);
+  if (pid == 0) {
+    for (int s = 1; s < NSIG; s++)
+      if (s != SIGKILL && s != SIGSTOP) signal(s, SIG_DFL);
+    return 0;
+  }
+  int e = errno;
+  sigprocmask(SIG_SETMASK, &old, NULL);
+  errno = e;
+  return pid;
+}
+
+void sbx_child_unblock(void) {
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, NULL);
 }
 
 int sbx_pidfd_open(pid_t pid) { return (int)syscall(SYS_pidfd_open, pid, 0); }

@@ -114,6 +114,13 @@ bool sbx_valid_id(const char *id);
  * a hash of the full path. Writes into out (at least 64 bytes). */
 void sbx_default_id(const char *dir, char out[64]);
 
+/* fork() for the daemon's children (flags: extra clone flags, e.g. new
+ * namespaces). The child starts with every signal at its default
+ * disposition and still blocked: no signal can run a handler inherited from
+ * the daemon in between (libuv's would report it to the daemon's own loop).
+ * The child unblocks with sbx_child_unblock() once it is ready. */
+pid_t sbx_fork_child(unsigned long flags, int *pidfd);
+void sbx_child_unblock(void);
 int sbx_pidfd_open(pid_t pid);
 int sbx_pidfd_send_signal(int pidfd, int sig);
 

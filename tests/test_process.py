@@ -65,5 +65,31 @@ def test_with_sandbox(t, x):
     t.eq(c.err('listProcesses', {'sandboxId': 'never'}), 'SANDBOX_NOT_FOUND', 'listProcesses does not create')
 
 
+def test_early_signals(t, x):
+    """A command cancelled or destroyed the moment it starts: the signal must
+    reach the command's supervisor, never a handler it inherited from the
+    daemon (which would tell the daemon itself to shut down)."""
+    c = x.env.socket_client()
+    c.initialize()
+    c.ok('createSandbox', {'sandboxId': 'race'})
+    for i in range(100):
+        c.send({'jsonrpc': '2.0', 'id': 5000 + i, 'method': 'tools/call',
+                'params': {'name': 'exec', 'arguments': {'sandboxId': 'race', 'command': 'sleep 30'}}})
+        c.notify('notifications/cancelled', {'requestId': 5000 + i})
+    for i in range(20):
+        c.send({'jsonrpc': '2.0', 'id': 6000 + i, 'method': 'tools/call',
+                'params': {'name': 'startProcess', 'arguments': {'sandboxId': 'race%d' % i, 'command': 'sleep 30'}}})
+        c.send({'jsonrpc': '2.0', 'id': 7000 + i, 'method': 'tools/call',
+                'params': {'name': 'destroySandbox', 'arguments': {'sandboxId': 'race%d' % i}}})
+    for i in range(20):
+        c.next(lambda m: m.get('id') == 7000 + i, 60)
+    t.eq(c.request('ping').get('result'), {}, 'the daemon is still serving')
+    log = open(x.env.state + '/daemon.log').read()
+    t.ok('shutting down' not in log, 'and never began to shut down', log[-500:])
+    gone = lambda: x.c.sh('ps -e -o comm= | grep -c "^sleep$" || true', sandbox='race')['stdout'].strip() == '0'
+    t.ok(wait_until(gone, 20, 'cancelled commands to die'), 'every cancelled command is gone')
+    c.close()
+
+
 if __name__ == '__main__':
-    sys.exit(run_tests([test_server, test_exit_and_logs, test_tree_and_kill_all, test_with_sandbox], lambda: Ctx('procs')))
+    sys.exit(run_tests([test_server, test_exit_and_logs, test_tree_and_kill_all, test_with_sandbox, test_early_signals], lambda: Ctx('procs')))
