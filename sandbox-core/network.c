@@ -131,7 +131,6 @@ int sbx_net_egress_start(sbx_sandbox *sb, sbx_error *err) {
   pid_t pid = sbx_fork_child(0, &pidfd);
   if (pid < 0) return sbx_err_errno(err, "INTERNAL", errno, "fork");
   if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
     sbx_child_unblock();
     /* the namespaces by fd: pasta opens them after dropping privileges;
      * its complaints go to the daemon's log */

@@ -64,7 +64,6 @@ int sbx_port_wait(uv_loop_t *loop, sbx_sandbox *sb, int port, int64_t timeout_ms
   pid_t pid = sbx_fork_child(0, &pidfd);
   if (pid < 0) return sbx_err_errno(err, "INTERNAL", errno, "fork");
   if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
     sbx_child_unblock();
     if (setns(sb->init_pidfd, CLONE_NEWUSER | CLONE_NEWNET) < 0) _exit(2);
     close_range(3, ~0U, 0); /* none of the daemon's sockets stay open in here */

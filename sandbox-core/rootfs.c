@@ -208,8 +208,7 @@ static const char *const proc_ro[] = {"sys", "irq", "bus", "fs"};
 
 _Noreturn void sbx_rootfs_init_main(const sbx_init_args *a) {
   char path[4096], opts[8192];
-  pid_t parent = getppid();
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  pid_t parent = getppid(); /* the parent-death signal is already set (sbx_fork_child) */
   int exe = a->init_exe_fd; /* the static sbx-init, executed once the root is built */
   int fds[SBX_LAYERS_MAX];
   int nfds = recv_go(a->sock, fds, SBX_LAYERS_MAX);

@@ -685,7 +685,6 @@ pid_t sbx_sandbox_spawn(sbx_sandbox *sb, const sbx_spawn *sp, int *pidfd_out, sb
      * namespace and cgroup, so its exit status cannot be forged. Signals
      * stay blocked until its SIGTERM handler stands. */
     signal(SIGTERM, kill_supervised);
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
     prctl(PR_SET_DUMPABLE, 0);
     prctl(PR_SET_NAME, "sbx-exec");
     if (setns(sb->init_pidfd, CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWUTS |

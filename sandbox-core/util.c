@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -314,6 +315,7 @@ pid_t sbx_fork_child(unsigned long flags, int *pidfd) {
   sigprocmask(SIG_SETMASK, &all, &old);
   pid_t pid = (pid_t)syscall(SYS_clone, flags | (pidfd ? CLONE_PIDFD : 0) | SIGCHLD, NULL, pidfd, NULL, 0);
   if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* nothing the daemon starts outlives it */
     for (int s = 1; s < NSIG; s++)
       if (s != SIGKILL && s != SIGSTOP) signal(s, SIG_DFL);
     return 0;

@@ -115,7 +115,8 @@ bool sbx_valid_id(const char *id);
 void sbx_default_id(const char *dir, char out[64]);
 
 /* fork() for the daemon's children (flags: extra clone flags, e.g. new
- * namespaces). The child starts with every signal at its default
+ * namespaces). The child dies with the daemon (PR_SET_PDEATHSIG) and starts
+ * with every signal at its default
  * disposition and still blocked: no signal can run a handler inherited from
  * the daemon in between (libuv's would report it to the daemon's own loop).
  * The child unblocks with sbx_child_unblock() once it is ready. */

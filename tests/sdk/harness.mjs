@@ -27,3 +27,12 @@ export function setup(prefix) {
   }
   return { root, env, ok, finish };
 }
+
+// Polls, bounded, until no `sleep` runs in the client's default sandbox.
+export async function sleepsGone(client) {
+  for (let i = 0; i < 200; i++) {
+    const ps = await client.callTool({ name: 'exec', arguments: { command: 'ps -e -o comm= | grep -c "^sleep$" || true' } });
+    if (ps.structuredContent.stdout.trim() === '0') return true;
+  }
+  return false;
+}

@@ -1,7 +1,7 @@
 // The official MCP TypeScript SDK client 2.x in the modern era (2026-07-28):
 // it probes server/discover, negotiates, and attaches the per-request _meta
 // envelope. Drives `sbx mcp` over stdio. Prints TAP.
-import { SBX, setup } from './harness.mjs';
+import { SBX, setup, sleepsGone } from './harness.mjs';
 
 if (Number(process.versions.node.split('.')[0]) < 20) {
   console.log(`1..0 # SKIP the 2.x SDK client needs Node.js 20 or later (this is ${process.versions.node})`);
@@ -43,12 +43,7 @@ try {
   });
   await started;
   ac.abort('test');
-  let alive = '1';
-  for (let i = 0; i < 200 && alive !== '0'; i++) {
-    const ps = await client.callTool({ name: 'exec', arguments: { command: 'ps -e -o comm= | grep -c "^sleep$" || true' } });
-    alive = ps.structuredContent.stdout.trim();
-  }
-  ok(alive === '0', 'AbortSignal cancels the command');
+  ok(await sleepsGone(client), 'AbortSignal cancels the command');
 
   await client.callTool({ name: 'writeFile', arguments: { path: 'note.md', content: '# modern\n' } });
   const res = await client.readResource({ uri: 'sbx://modern/workspace/note.md' });

@@ -2,7 +2,7 @@
 // over stdio, with its output-schema validation on. Prints TAP.
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
-import { SBX, setup } from './harness.mjs';
+import { SBX, setup, sleepsGone } from './harness.mjs';
 
 const { root, env, ok, finish } = setup('sbxt-sdk-');
 
@@ -42,12 +42,7 @@ try {
   });
   await started;
   ac.abort('test');
-  let alive = '1';
-  for (let i = 0; i < 200 && alive !== '0'; i++) {
-    const ps = await client.callTool({ name: 'exec', arguments: { command: 'ps -e -o comm= | grep -c "^sleep$" || true' } });
-    alive = ps.structuredContent.stdout.trim();
-  }
-  ok(alive === '0', 'AbortSignal cancels the command; nothing keeps running');
+  ok(await sleepsGone(client), 'AbortSignal cancels the command; nothing keeps running');
 
   // files
   const w = await client.callTool({ name: 'writeFile', arguments: { path: 'sdk/hello.txt', content: 'from the sdk\n' } });
