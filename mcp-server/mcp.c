@@ -76,6 +76,9 @@ static json_t *output_schema(json_t *t) {
   json_t *req = json_object_get(t, "outputRequired");
   json_object_set_new(props, "reset", json_pack("{s:s, s:s}", "type", "boolean", "description",
                                                  "the sandbox had been reset for idleness: its files are gone"));
+  json_object_set_new(props, "restarted",
+                      json_pack("{s:s, s:s}", "type", "boolean", "description",
+                                "the sandbox's processes ended with an earlier daemon; its files and sessions are kept"));
   json_object_set_new(props, "error",
                       json_pack("{s:s, s:{s:{s:s}, s:{s:s}}, s:[s,s]}", "type", "object", "properties", "code", "type",
                                 "string", "message", "type", "string", "required", "code", "message"));
@@ -214,6 +217,11 @@ void mcp_call_ok(mcp_call *call, json_t *structured, const char *text) {
       json_object_set_new(structured, "reset", json_true());
       note = sbx_strdup_printf("%s\n[sandbox %s had been reset after being idle: its earlier files and processes are gone]",
                                text ? text : "", call->sandbox_id);
+    } else if (call->restarted) {
+      json_object_set_new(structured, "restarted", json_true());
+      note = sbx_strdup_printf("%s\n[sandbox %s was restarted after the sbx daemon restarted: its files and sessions are "
+                               "kept, its processes ended]",
+                               text ? text : "", call->sandbox_id);
     }
     json_t *res = json_pack("{s:[{s:s, s:s}], s:O, s:b}", "content", "type", "text", "text", note ? note : text ? text : "",
                             "structuredContent", structured, "isError", 0);
@@ -231,6 +239,7 @@ void mcp_call_fail(mcp_call *call, const sbx_error *err) {
     json_t *res = json_pack("{s:[{s:s, s:s}], s:{s:{s:s, s:s}}, s:b}", "content", "type", "text", "text", text,
                             "structuredContent", "error", "code", err->code, "message", err->message, "isError", 1);
     if (call->reset) json_object_set_new(json_object_get(res, "structuredContent"), "reset", json_true());
+    if (call->restarted) json_object_set_new(json_object_get(res, "structuredContent"), "restarted", json_true());
     send_result(call->conn, call->id, call->modern, res);
   }
   call_free(call);
@@ -368,12 +377,15 @@ static void do_tools_call(request *r) {
   sbx_sandbox *sb = NULL;
   if (!t->h->own_sandbox && !t->global) {
     sb = sbx_sandbox_find(call->sandbox_id);
-    if (sb && sb->asleep && !t->h->no_wake && sbx_sandbox_wake(sb, &err) < 0) {
+    if (sb && sb->state != SBX_RUNNING && !t->h->no_wake && sbx_sandbox_wake(sb, &err) < 0) {
       mcp_call_fail(call, &err);
       json_decref(owned);
       return;
     }
-    if (sb && !t->h->no_wake) call->reset = sbx_sandbox_take_reset(sb);
+    if (sb && !t->h->no_wake) {
+      call->reset = sbx_sandbox_take_reset(sb);
+      call->restarted = sbx_sandbox_take_restart(sb);
+    }
     if (!sb && t->creates) {
       sbx_sandbox_opts o;
       sbx_sandbox_default_opts(&o);

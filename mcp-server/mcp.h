@@ -49,6 +49,7 @@ typedef struct mcp_call {
   bool sandbox_created; /* this call created the sandbox */
   bool modern;          /* protocol 2026-07-28: results carry resultType */
   bool reset;           /* the sandbox was woken after an idle reset */
+  bool restarted;       /* ...after a daemon restart, its files intact */
   int log_level;        /* notifications/message at or above this; -1 none */
   struct mcp_call *next;
 } mcp_call;

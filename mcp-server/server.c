@@ -6,7 +6,10 @@
 #include "framing.h"
 #include "http.h"
 #include "mcp.h"
+#include "../sandbox-core/config.h"
 #include "../sandbox-core/process.h"
+
+#include <sys/resource.h>
 
 #include <fcntl.h>
 #include <signal.h>
@@ -33,6 +36,8 @@ static struct {
   sbx_paths paths;
   bool stopping;
 } d;
+
+static void log_warning(const char *msg) { fprintf(stderr, "sbx daemon: %s\n", msg); }
 
 static void client_closed(uv_handle_t *h) {
   client *c = h->data;
@@ -173,7 +178,21 @@ int sbx_daemon_main(const char *http_addr, bool http_allow_remote) {
     return 3;
   }
   signal(SIGPIPE, SIG_IGN);
-  sbx_engine_config cfg = {.state_dir = d.paths.state, .runtime_dir = d.paths.runtime, .rootless = geteuid() != 0};
+  static sbx_config conf;
+  if (sbx_config_load(&conf, err, sizeof err) < 0) {
+    fprintf(stderr, "sbx daemon: invalid configuration, not starting: %s\n", err);
+    return 1;
+  }
+  sbx_config_set(&conf);
+  if (!http_addr) http_addr = conf.http;
+  /* every sandbox holds a few descriptors: allow what the hard limit allows */
+  struct rlimit nofile;
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &nofile);
+  }
+  sbx_engine_config cfg = {.state_dir = d.paths.state, .runtime_dir = d.paths.runtime, .rootless = geteuid() != 0,
+                           .max_sandboxes = conf.max_sandboxes, .default_limits = conf.limits, .warn = log_warning};
   sbx_error e = {0};
   if (sbx_engine_init(&cfg, &e) < 0) {
     fprintf(stderr, "sbx daemon: %s\n", e.message);
@@ -213,9 +232,10 @@ int sbx_daemon_main(const char *http_addr, bool http_allow_remote) {
   uv_signal_init(d.loop, &d.sigint);
   uv_signal_start(&d.sigterm, on_signal, SIGTERM);
   uv_signal_start(&d.sigint, on_signal, SIGINT);
-  fprintf(stderr, "sbx daemon: pid %d listening on %s%s%s (%s, cgroups %s)\n", getpid(), d.paths.sock,
-          http_addr ? " and http://" : "", http_addr ? http_addr : "", cfg.rootless ? "rootless" : "root",
-          sbx_cg_describe());
+  fprintf(stderr, "sbx daemon: pid %d listening on %s%s%s (%s, cgroups %s, config %s%s, %d sandboxes on record)\n",
+          getpid(), d.paths.sock, http_addr ? " and http://" : "", http_addr ? http_addr : "",
+          cfg.rootless ? "rootless" : "root", sbx_cg_describe(), conf.path, conf.found ? "" : " (absent: defaults)",
+          sbx_sandbox_count());
   const char *ready = getenv("SBX_READY_FD");
   if (ready) {
     int fd = atoi(ready);

@@ -33,7 +33,7 @@ static json_t *sandbox_json(sbx_sandbox *sb) {
   int sessions = 0;
   for (sbx_session *s = sb->sessions; s; s = s->next) sessions++;
   return json_pack("{s:s, s:s, s:s, s:s, s:i, s:i}", "sandboxId", sb->id, "status",
-                   sb->asleep ? "sleeping" : sbx_sandbox_alive(sb) ? "running" : "failed", "createdAt", created,
+                   sbx_sandbox_status(sb), "createdAt", created,
                    "lastActivity", last,
                    "runningCommands", sb->running, "sessions", sessions);
 }
@@ -74,6 +74,7 @@ static void h_create(mcp_call *call, json_t *args, sbx_sandbox *unused) {
   sbx_env_clear(&o.env);
   if (r < 0) return mcp_call_fail(call, &err);
   call->reset = sbx_sandbox_take_reset(sb);
+  call->restarted = sbx_sandbox_take_restart(sb);
   char text[160];
   snprintf(text, sizeof text, "sandbox %s %s", sb->id, created ? "created" : "already exists");
   mcp_call_ok(call, json_pack("{s:s, s:s, s:b}", "sandboxId", sb->id, "status", "running", "created", created), text);

@@ -135,7 +135,7 @@ void sbx_rootfs_links(const char *root, sbx_init_args *a) {
 
 /* ---- inside the new namespaces ----------------------------------------- */
 
-#define STAGE "/tmp"           /* the sandbox's disk tmpfs, in its own mount ns */
+#define STAGE "/tmp"           /* where the sandbox's disk is mounted, in its own mount ns */
 #define NEWROOT STAGE "/root"
 
 static void report(int sock, const char *fmt, ...) SBX_PRINTF(2, 3);
@@ -183,7 +183,7 @@ static int recv_go(int sock, int *fds, int max) {
   struct iovec iov = {&byte, 1};
   union {
     struct cmsghdr h;
-    char buf[CMSG_SPACE(sizeof(int) * SBX_LAYERS_MAX)];
+    char buf[CMSG_SPACE(sizeof(int) * (SBX_LAYERS_MAX + 1))];
   } u;
   struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
   ssize_t n = recvmsg(sock, &m, MSG_CMSG_CLOEXEC);
@@ -206,12 +206,22 @@ static const char *const proc_masked_files[] = {"kcore", "keys", "timer_list", "
 static const char *const proc_masked_dirs[] = {"acpi", "scsi", "asound", "firmware", "driver"};
 static const char *const proc_ro[] = {"sys", "irq", "bus", "fs"};
 
+/* mkdir that accepts what an earlier start of the same disk made */
+static int mkdir_ok(const char *path, mode_t mode) {
+  if (mkdir(path, mode) == 0) return chmod(path, mode); /* umask */
+  return errno == EEXIST ? 0 : -1;
+}
+
+static int symlink_ok(const char *target, const char *path) {
+  return symlink(target, path) == 0 || errno == EEXIST ? 0 : -1;
+}
+
 _Noreturn void sbx_rootfs_init_main(const sbx_init_args *a) {
   char path[4096], opts[8192];
-  pid_t parent = getppid(); /* the parent-death signal is already set (sbx_fork_child) */
+  pid_t parent = getppid(); /* the daemon: it started us, directly or through CLONE_PARENT */
   int exe = a->init_exe_fd; /* the static sbx-init, executed once the root is built */
-  int fds[SBX_LAYERS_MAX];
-  int nfds = recv_go(a->sock, fds, SBX_LAYERS_MAX);
+  int fds[SBX_LAYERS_MAX + 1];
+  int nfds = recv_go(a->sock, fds, SBX_LAYERS_MAX + 1);
   if (nfds < 0) _exit(1);
   TRY(setresgid(0, 0, 0), "setresgid");
   TRY(setresuid(0, 0, 0), "setresuid");
@@ -223,19 +233,26 @@ _Noreturn void sbx_rootfs_init_main(const sbx_init_args *a) {
 
   const sbx_layer *layers = a->layers;
   int nl = a->nlayers;
-  if (a->idmapped && nfds != nl) {
-    report(a->sock, "expected %d layer fds, got %d", nl, nfds);
+  int *lfds = fds + (a->idmapped ? 1 : 0); /* root mode: the disk comes first */
+  if (a->idmapped && nfds != nl + 1) {
+    report(a->sock, "expected %d mount fds, got %d", nl + 1, nfds);
     _exit(1);
   }
   if (!a->idmapped) /* hold the host dirs before the stage hides any of them */
-    for (int i = 0; i < nl; i++) TRY(fds[i] = open(layers[i].host, O_PATH | O_DIRECTORY | O_CLOEXEC), layers[i].host);
+    for (int i = 0; i < nl; i++) TRY(lfds[i] = open(layers[i].host, O_PATH | O_DIRECTORY | O_CLOEXEC), layers[i].host);
 
-  snprintf(opts, sizeof opts, "size=%llum,mode=0755", (unsigned long long)a->disk_mb);
-  TRY(mount("sbx", STAGE, "tmpfs", MS_NOSUID | MS_NODEV, opts), "mounting the sandbox disk");
-  TRY(mkdir(NEWROOT, 0755), "mkdir root");
-  TRY(mkdir(STAGE "/upper", 0755), "mkdir upper");
-  TRY(mkdir(STAGE "/work", 0755), "mkdir work");
-  TRY(mkdir(STAGE "/lower", 0755), "mkdir lower");
+  /* the sandbox's disk: its writable layers, /workspace, /tmp, /root... */
+  if (a->idmapped) {
+    TRY(move_mount(fds[0], "", AT_FDCWD, STAGE, MOVE_MOUNT_F_EMPTY_PATH), "attaching the sandbox disk");
+    close(fds[0]);
+  } else {
+    TRY(mount(a->disk_dir, STAGE, NULL, MS_BIND, NULL), "binding the sandbox disk");
+    mount(NULL, STAGE, NULL, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV, NULL);
+  }
+  TRY(mkdir_ok(NEWROOT, 0755), "mkdir root");
+  TRY(mkdir_ok(STAGE "/upper", 0755), "mkdir upper");
+  TRY(mkdir_ok(STAGE "/work", 0755), "mkdir work");
+  TRY(mkdir_ok(STAGE "/lower", 0755), "mkdir lower");
   TRY(mount(NEWROOT, NEWROOT, NULL, MS_BIND, NULL), "binding the new root");
 
   static const struct {
@@ -248,42 +265,46 @@ _Noreturn void sbx_rootfs_init_main(const sbx_init_args *a) {
               {".oldroot", 0700}};
   for (size_t i = 0; i < SBX_ARRAY_SIZE(dirs); i++) {
     snprintf(path, sizeof path, NEWROOT "/%s", dirs[i].path);
-    TRY(mkdir(path, dirs[i].mode), path);
-    chmod(path, dirs[i].mode); /* umask */
+    TRY(mkdir_ok(path, dirs[i].mode), path);
   }
   /* the merged-usr symlinks of the host (or the image) */
   for (int i = 0; i < a->nlinks; i++) {
     snprintf(path, sizeof path, NEWROOT "/%s", a->links[i].name);
-    TRY(symlink(a->links[i].target, path), "symlink");
+    TRY(symlink_ok(a->links[i].target, path), "symlink");
   }
 
   for (int i = 0; i < nl; i++) {
     char held[64];
-    snprintf(held, sizeof held, "/proc/self/fd/%d", fds[i]);
+    snprintf(held, sizeof held, "/proc/self/fd/%d", lfds[i]);
     char target[512];
     snprintf(target, sizeof target, NEWROOT "/%s", layers[i].target);
     bool writable = a->idmapped || !strcmp(layers[i].target, "etc");
     if (!writable) { /* rootless: the host's system dirs stay read-only */
       TRY(bind_ro(held, target), layers[i].host);
-      close(fds[i]);
+      close(lfds[i]);
       continue;
     }
-    char lower[512], upper[512], work[512];
-    snprintf(lower, sizeof lower, STAGE "/lower/%d", i);
-    snprintf(upper, sizeof upper, STAGE "/upper/%d", i);
-    snprintf(work, sizeof work, STAGE "/work/%d", i);
-    TRY(mkdir(upper, 0755), "mkdir upper");
-    TRY(mkdir(work, 0755), "mkdir work");
+    /* upper and work dirs are named for their target, so a restart finds
+     * each layer's changes whatever layers exist now */
+    char name[128], lower[512], upper[512], work[512];
+    snprintf(name, sizeof name, "%s", layers[i].target);
+    for (char *c = name; *c; c++)
+      if (*c == '/') *c = '-';
+    snprintf(lower, sizeof lower, STAGE "/lower/%s", name);
+    snprintf(upper, sizeof upper, STAGE "/upper/%s", name);
+    snprintf(work, sizeof work, STAGE "/work/%s", name);
+    TRY(mkdir_ok(upper, 0755), "mkdir upper");
+    TRY(mkdir_ok(work, 0755), "mkdir work");
     if (a->idmapped) {
-      TRY(mkdir(lower, 0755), "mkdir lower");
-      TRY(move_mount(fds[i], "", AT_FDCWD, lower, MOVE_MOUNT_F_EMPTY_PATH), "attaching idmapped layer");
-      close(fds[i]);
+      TRY(mkdir_ok(lower, 0755), "mkdir lower");
+      TRY(move_mount(lfds[i], "", AT_FDCWD, lower, MOVE_MOUNT_F_EMPTY_PATH), "attaching idmapped layer");
+      close(lfds[i]);
     } else {
       snprintf(lower, sizeof lower, "%s", held);
     }
     snprintf(opts, sizeof opts, "lowerdir=%s,upperdir=%s,workdir=%s,userxattr", lower, upper, work);
     TRY(mount("overlay", target, "overlay", MS_NOSUID | MS_NODEV, opts), target);
-    if (!a->idmapped) close(fds[i]);
+    if (!a->idmapped) close(lfds[i]);
   }
 
   /* /dev */

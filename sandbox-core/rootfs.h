@@ -19,8 +19,9 @@ int sbx_rootfs_layers(const char *image_dir, const char *etc_template, sbx_layer
 typedef struct sbx_init_args {
   int sock;           /* SOCK_SEQPACKET to the daemon */
   const char *id;     /* hostname */
-  bool idmapped;      /* root mode: lower layers arrive as idmapped mount fds */
-  uint64_t disk_mb;
+  bool idmapped;      /* root mode: the disk and the lower layers arrive as
+                         idmapped mount fds, the disk first */
+  char disk_dir[1200]; /* rootless: the directory that is the sandbox's disk */
   const char *etc_template;
   const char *image_dir; /* NULL: the host's directories */
   /* the lower layers, listed by the daemon (which can see them all) before

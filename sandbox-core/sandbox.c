@@ -3,6 +3,8 @@
 #include "rootfs.h"
 #include "network.h"
 #include "seccomp.h"
+#include "disk.h"
+#include "record.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -28,9 +30,14 @@ static struct {
   uint64_t incarnations;
   sbx_sandbox *list;
   int count;
-  unsigned char slots[SBX_MAX_SANDBOXES];
+  unsigned char *slots; /* uid ranges in use (root), max_sandboxes of them */
   int cap_last;
 } eng;
+
+static void sandbox_free(sbx_sandbox *sb);
+static int session_new(sbx_sandbox *sb, const char *id, const char *cwd, const sbx_env *env, sbx_session **out,
+                       sbx_error *err);
+static uint64_t wall_ms(void);
 
 /* ---- environments ------------------------------------------------------ */
 
@@ -160,10 +167,62 @@ int sbx_env_parse_export(sbx_env *e, const char *t, size_t len) {
 
 const sbx_engine_config *sbx_engine_cfg(void) { return &eng.cfg; }
 
+static sbx_sandbox *sandbox_new(const char *id) {
+  sbx_sandbox *sb = calloc(1, sizeof *sb);
+  if (!sb) return NULL;
+  snprintf(sb->id, sizeof sb->id, "%.63s", id);
+  sb->slot = -1;
+  sb->init_pidfd = sb->rootfd = sb->net_pidfd = -1;
+  return sb;
+}
+
+static void sandbox_link(sbx_sandbox *sb) {
+  eng.count++;
+  sb->next = eng.list;
+  eng.list = sb;
+}
+
+/* The sandboxes of earlier daemons, from their records: stopped (their
+ * files intact) or asleep. Records that do not parse are left alone. */
+static void load_records(void) {
+  char dir[1200];
+  snprintf(dir, sizeof dir, "%s/sandboxes", eng.cfg.state_dir);
+  DIR *d = opendir(dir);
+  for (struct dirent *e; d && (e = readdir(d));) {
+    if (!sbx_valid_id(e->d_name) || sbx_sandbox_find(e->d_name)) continue;
+    char path[1500], why[256] = "";
+    snprintf(path, sizeof path, "%s/%s/record.json", dir, e->d_name);
+    json_error_t je;
+    json_t *rec = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    sbx_sandbox *sb = rec ? sandbox_new(e->d_name) : NULL;
+    if (!rec) snprintf(why, sizeof why, "%s", je.text);
+    if (sb && sbx_record_apply(sb, rec, why, sizeof why) == 0) {
+      sb->restart_pending = sb->state == SBX_STOPPED;
+      if (sb->state == SBX_STOPPED && !sbx_disk_exists(sb->id)) sb->state = SBX_ASLEEP, sb->reset_pending = true;
+      sb->last_activity_wall_ms = wall_ms();
+      sb->saved_record = json_dumps(rec, JSON_COMPACT | JSON_SORT_KEYS);
+      sandbox_link(sb);
+      sb = NULL;
+    } else if (eng.cfg.warn) {
+      char msg[1800];
+      snprintf(msg, sizeof msg, "sandbox record %s is not usable (%s); left as it is", path, why);
+      eng.cfg.warn(msg);
+    }
+    if (sb) sandbox_free(sb);
+    json_decref(rec);
+  }
+  if (d) closedir(d);
+}
+
 int sbx_engine_init(const sbx_engine_config *cfg, sbx_error *err) {
+  eng.cfg = *cfg;
   eng.cfg.state_dir = strdup(cfg->state_dir);
   eng.cfg.runtime_dir = strdup(cfg->runtime_dir);
-  eng.cfg.rootless = cfg->rootless;
+  if (eng.cfg.max_sandboxes <= 0) eng.cfg.max_sandboxes = 1024;
+  if (!eng.cfg.default_limits.disk_mb)
+    eng.cfg.default_limits = (sbx_limits){.memory_mb = 2048, .cpus = 1, .pids = 1024, .disk_mb = 8192};
+  eng.slots = calloc(eng.cfg.max_sandboxes, 1);
+  if (!eng.slots) return sbx_err(err, "INTERNAL", "out of memory");
   int r = sbx_seccomp_compile();
   if (r < 0) return sbx_err_errno(err, "INTERNAL", -r, "compiling the seccomp policy");
   if (!cfg->rootless) {
@@ -199,11 +258,21 @@ int sbx_engine_init(const sbx_engine_config *cfg, sbx_error *err) {
   eng.etc_template = sbx_strdup_printf("%s/rootfs/etc-%d", cfg->state_dir, getpid());
   r = sbx_rootfs_build_etc(eng.etc_template);
   if (r < 0) return sbx_err_errno(err, "INTERNAL", -r, "building the /etc template in %s", eng.etc_template);
+  if (sbx_disk_init(cfg->state_dir, cfg->rootless, err) < 0) return -1;
+  /* the default size is formatted now, not on the first create */
+  if (sbx_disk_template(eng.cfg.default_limits.disk_mb, err) < 0) return -1;
+  load_records();
   return 0;
 }
 
 void sbx_engine_shutdown(void) {
-  while (eng.list) sbx_sandbox_destroy(eng.list->id, NULL);
+  while (eng.list) {
+    sbx_sandbox *sb = eng.list;
+    eng.list = sb->next;
+    sbx_sandbox_save(sb); /* sessions as they are now */
+    sandbox_free(sb);
+  }
+  eng.count = 0;
   sbx_cg_shutdown();
   if (eng.etc_template) sbx_remove_tree_at(AT_FDCWD, eng.etc_template, true);
 }
@@ -212,7 +281,8 @@ void sbx_engine_shutdown(void) {
 
 void sbx_sandbox_default_opts(sbx_sandbox_opts *o) {
   *o = (sbx_sandbox_opts){
-      .limits = {.memory_mb = 2048, .cpus = 1, .pids = 1024, .disk_mb = 8192},
+      .limits = eng.cfg.default_limits.disk_mb ? eng.cfg.default_limits
+                                               : (sbx_limits){.memory_mb = 2048, .cpus = 1, .pids = 1024, .disk_mb = 8192},
       .sleep_after_ms = 10 * 60 * 1000,
   };
 }
@@ -224,6 +294,7 @@ sbx_sandbox *sbx_sandbox_find(const char *id) {
 }
 
 sbx_sandbox *sbx_sandbox_list(void) { return eng.list; }
+int sbx_sandbox_count(void) { return eng.count; }
 
 static uint64_t wall_ms(void) {
   struct timespec ts;
@@ -235,7 +306,38 @@ void sbx_sandbox_touch(sbx_sandbox *sb) { sb->last_activity_wall_ms = wall_ms();
 
 bool sbx_sandbox_alive(sbx_sandbox *sb) {
   struct pollfd p = {.fd = sb->init_pidfd, .events = POLLIN};
-  return sb->init_pidfd >= 0 && poll(&p, 1, 0) == 0;
+  return sb->state == SBX_RUNNING && sb->init_pidfd >= 0 && poll(&p, 1, 0) == 0;
+}
+
+const char *sbx_sandbox_status(sbx_sandbox *sb) {
+  switch (sb->state) {
+  case SBX_ASLEEP: return "sleeping";
+  case SBX_STOPPED: return "stopped";
+  default: return sbx_sandbox_alive(sb) ? "running" : "failed";
+  }
+}
+
+int sbx_sandbox_save(sbx_sandbox *sb) {
+  json_t *rec = sbx_record_json(sb);
+  char *text = json_dumps(rec, JSON_COMPACT | JSON_SORT_KEYS);
+  json_decref(rec);
+  if (!text) return -ENOMEM;
+  if (sb->saved_record && !strcmp(sb->saved_record, text)) {
+    free(text);
+    return 0;
+  }
+  char path[1300];
+  sbx_disk_dir(sb->id, path, sizeof path);
+  mkdir(path, 0700);
+  strcat(path, "/record.json");
+  int r = sbx_write_atomic(path, text, strlen(text));
+  if (r == 0) {
+    free(sb->saved_record);
+    sb->saved_record = text;
+  } else {
+    free(text);
+  }
+  return r;
 }
 
 static int write_maps(pid_t pid, uid_t base, bool rootless) {
@@ -255,24 +357,20 @@ static int write_maps(pid_t pid, uid_t base, bool rootless) {
   return sbx_write_string(path, map);
 }
 
+static int idmap(int fd, int userns, bool recursive) {
+  struct mount_attr attr = {.attr_set = MOUNT_ATTR_IDMAP, .userns_fd = userns};
+  return mount_setattr(fd, "", AT_EMPTY_PATH | (recursive ? AT_RECURSIVE : 0), &attr, sizeof attr) < 0 ? -errno : 0;
+}
+
 /* Root mode: the lower layers as mounts idmapped to the sandbox's user
  * namespace, so sandbox root owns them and overlay copy-up works. */
-static int idmapped_layers(pid_t pid, const sbx_layer *layers, int nl, int *fds, int *n, sbx_error *err) {
-  char path[64];
-  snprintf(path, sizeof path, "/proc/%d/ns/user", pid);
-  _cleanup_close_ int userns = open(path, O_RDONLY | O_CLOEXEC);
-  if (userns < 0) return sbx_err_errno(err, "INTERNAL", errno, "opening %s", path);
-  *n = 0;
+static int idmapped_layers(int userns, const sbx_layer *layers, int nl, int *fds, int *n, sbx_error *err) {
   for (int i = 0; i < nl; i++) {
     int fd = open_tree(AT_FDCWD, layers[i].host, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
     if (fd < 0) return sbx_err_errno(err, "INTERNAL", errno, "cloning %s", layers[i].host);
-    struct mount_attr attr = {.attr_set = MOUNT_ATTR_IDMAP, .userns_fd = userns};
-    if (mount_setattr(fd, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr, sizeof attr) < 0) {
-      int e = errno;
-      close(fd);
-      return sbx_err_errno(err, "INTERNAL", e, "idmapping %s", layers[i].host);
-    }
     fds[(*n)++] = fd;
+    int r = idmap(fd, userns, true);
+    if (r < 0) return sbx_err_errno(err, "INTERNAL", -r, "idmapping %s", layers[i].host);
   }
   return 0;
 }
@@ -282,7 +380,7 @@ static int send_go(int sock, const int *fds, int n) {
   struct iovec iov = {&byte, 1};
   union {
     struct cmsghdr h;
-    char buf[CMSG_SPACE(sizeof(int) * SBX_LAYERS_MAX)];
+    char buf[CMSG_SPACE(sizeof(int) * (SBX_LAYERS_MAX + 1))];
   } u;
   struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
   if (n > 0) {
@@ -322,8 +420,9 @@ static void free_sessions(sbx_sandbox *sb) {
 }
 
 /* Releases what a running sandbox holds: its processes (init's death takes
- * the whole pid namespace, and with it every mount: the disk is gone), its
- * cgroups, its root fd and sessions. The record stays. */
+ * the whole pid namespace, and with it every mount: its disk is unmounted),
+ * its cgroups, its root fd and its uid range. Record, sessions and disk
+ * stay. */
 static void stop_running(sbx_sandbox *sb) {
   sbx_net_stop(sb);
   if (sb->init_pidfd >= 0) {
@@ -344,20 +443,90 @@ static void stop_running(sbx_sandbox *sb) {
   sbx_cg_free(&sb->cg);
   for (int i = 0; i < sb->cg_pool_n; i++) sbx_cg_free(&sb->cg_pool[i]);
   sb->cg_pool_n = 0;
-  free_sessions(sb);
+  if (sb->slot >= 0) eng.slots[sb->slot] = 0;
+  sb->slot = -1;
 }
 
 static void sandbox_free(sbx_sandbox *sb) {
   stop_running(sb);
+  free_sessions(sb);
   sbx_env_clear(&sb->opts.env);
+  free(sb->saved_record);
   free(sb);
 }
 
-/* Starts a sandbox from its record: cgroup, namespaces, root filesystem,
- * init, the default session. */
+#define NS_FLAGS (CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWIPC)
+
+/* Clones the sandbox's init into new namespaces. As root, the user
+ * namespace is created by a short-lived child that has become the
+ * sandbox's own host uid first: the kernel charges per-user counts
+ * (inotify instances, message queues, pending signals...) of a namespace
+ * to its owner, so each sandbox gets its own instead of sharing host
+ * root's. Init's parent is the daemon either way (CLONE_PARENT). */
+static pid_t clone_init(sbx_sandbox *sb, const sbx_init_args *args, int sock_other, int *pidfd) {
+  if (eng.cfg.rootless) {
+    pid_t pid = sbx_fork_child(NS_FLAGS, pidfd);
+    if (pid == 0) {
+      close(sock_other);
+      sbx_rootfs_init_main(args);
+    }
+    return pid;
+  }
+  int p[2];
+  if (pipe2(p, O_CLOEXEC) < 0) return -1;
+  pid_t mid = sbx_fork_child(0, NULL);
+  if (mid == 0) {
+    close(p[0]);
+    close(sock_other);
+    uid_t u = sb->uid_base;
+    if (setgroups(0, NULL) < 0 || setresgid(u, u, u) < 0 || setresuid(u, u, u) < 0) _exit(1);
+    pid_t g = (pid_t)syscall(SYS_clone, NS_FLAGS | CLONE_PARENT | SIGCHLD, NULL, NULL, NULL, 0);
+    if (g == 0) sbx_rootfs_init_main(args);
+    (void)!write(p[1], &g, sizeof g);
+    _exit(g < 0 ? 1 : 0);
+  }
+  close(p[1]);
+  pid_t g = -1;
+  int e = errno;
+  if (mid > 0) {
+    int st;
+    while (waitpid(mid, &st, 0) < 0 && errno == EINTR) {
+    }
+    if (read(p[0], &g, sizeof g) != sizeof g) g = -1, e = ENOMEM;
+  }
+  close(p[0]);
+  if (g <= 0) {
+    errno = e ? e : EAGAIN;
+    return -1;
+  }
+  /* the daemon's own child: its pid cannot be reused before we reap it */
+  *pidfd = sbx_pidfd_open(g);
+  if (*pidfd < 0) return -1;
+  return g;
+}
+
+static int take_slot(sbx_sandbox *sb, sbx_error *err) {
+  if (eng.cfg.rootless) {
+    sb->uid_base = getuid();
+    return 0;
+  }
+  int slot = 0;
+  while (slot < eng.cfg.max_sandboxes && eng.slots[slot]) slot++;
+  if (slot >= eng.cfg.max_sandboxes)
+    return sbx_err(err, "RESOURCE_LIMIT", "at most %d sandboxes may run at once", eng.cfg.max_sandboxes);
+  eng.slots[slot] = 1;
+  sb->slot = slot;
+  sb->uid_base = UID_POOL_BASE + (uid_t)slot * UID_RANGE;
+  return 0;
+}
+
+/* Starts a sandbox from its record: uid range, cgroup, disk, namespaces,
+ * root filesystem, init, sessions. */
 static int start(sbx_sandbox *sb, sbx_error *err) {
   const char *id = sb->id;
   const sbx_sandbox_opts *opts = &sb->opts;
+  int diskfd = -1;
+  if (take_slot(sb, err) < 0) return -1;
   if (sbx_cg_available()) {
     /* one name per incarnation: a command of a destroyed sandbox that is
      * still winding down can never touch a new sandbox of the same id */
@@ -366,36 +535,49 @@ static int start(sbx_sandbox *sb, sbx_error *err) {
     int r = sbx_cg_create(NULL, name, &sb->cg);
     if (r == 0) r = sbx_cg_apply(&sb->cg, &opts->limits);
     if (r < 0 && (opts->limits_explicit || !eng.cfg.rootless)) {
-      sbx_cg_remove(&sb->cg);
-      sbx_cg_free(&sb->cg);
+      stop_running(sb);
       return sbx_err_errno(err, "RESOURCE_LIMIT", -r, "applying limits to sandbox '%s'", id);
     }
     if (r < 0) sbx_cg_free(&sb->cg);
   } else if (opts->limits_explicit) {
+    stop_running(sb);
     return sbx_err(err, "RESOURCE_LIMIT",
                    "limits cannot be enforced: this daemon has no cgroup it may write (see `sbx doctor`)");
+  }
+  if (sbx_disk_ensure(id, opts->limits.disk_mb, err) < 0) {
+    stop_running(sb);
+    return -1;
+  }
+  if (!eng.cfg.rootless && (diskfd = sbx_disk_mount(id, err)) < 0) {
+    stop_running(sb);
+    return -1;
   }
 
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) {
+    if (diskfd >= 0) close(diskfd);
     stop_running(sb);
     return sbx_err_errno(err, "INTERNAL", errno, "socketpair");
   }
   sbx_init_args args = {.sock = sv[1], .id = sb->id, .idmapped = !eng.cfg.rootless,
-                        .disk_mb = opts->limits.disk_mb ? opts->limits.disk_mb : 8192,
                         .etc_template = eng.etc_template, .init_exe_fd = eng.init_exe_fd};
+  if (eng.cfg.rootless) sbx_disk_path(id, args.disk_dir, sizeof args.disk_dir);
   char image_dir[1100];
   if (opts->image[0]) {
     snprintf(image_dir, sizeof image_dir, "%s/images/%s", eng.cfg.state_dir, opts->image);
     struct stat st;
     /* a real directory: a symlink could name the host's own / (and its /etc) */
     if (lstat(image_dir, &st) < 0 || !S_ISDIR(st.st_mode)) {
+      close(sv[0]), close(sv[1]);
+      if (diskfd >= 0) close(diskfd);
       stop_running(sb);
       return sbx_err(err, "VALIDATION_FAILED", "no image '%s' (a directory under %s/images/)", opts->image,
                      eng.cfg.state_dir);
     }
     snprintf(image_dir + strlen(image_dir), sizeof image_dir - strlen(image_dir), "/usr");
     if (stat(image_dir, &st) < 0 || !S_ISDIR(st.st_mode)) {
+      close(sv[0]), close(sv[1]);
+      if (diskfd >= 0) close(diskfd);
       stop_running(sb);
       return sbx_err(err, "VALIDATION_FAILED", "image '%s' has no usr/ directory", opts->image);
     }
@@ -406,22 +588,18 @@ static int start(sbx_sandbox *sb, sbx_error *err) {
   sbx_rootfs_links(args.image_dir ? args.image_dir : "", &args);
   int pidfd = -1;
   /* init keeps every signal blocked: sbx-init waits for SIGCHLD with sigwaitinfo */
-  pid_t pid = sbx_fork_child(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWIPC,
-                             &pidfd);
-  if (pid == 0) {
-    close(sv[0]);
-    sbx_rootfs_init_main(&args);
-  }
+  pid_t pid = clone_init(sb, &args, sv[0], &pidfd);
   close(sv[1]);
   if (pid < 0) {
     int e = errno;
     close(sv[0]);
+    if (diskfd >= 0) close(diskfd);
     stop_running(sb);
     return sbx_err_errno(err, "INTERNAL", e, "creating the namespaces of sandbox '%s'", id);
   }
   sb->init_pid = pid;
   sb->init_pidfd = pidfd;
-  int fds[SBX_LAYERS_MAX], nfds = 0, r = 0;
+  int fds[SBX_LAYERS_MAX + 1], nfds = 0, r = 0;
   char reply[512] = "";
   if ((r = write_maps(pid, sb->uid_base, eng.cfg.rootless)) < 0) {
     sbx_err_errno(err, "INTERNAL", -r, "writing the uid map of sandbox '%s'", id);
@@ -431,9 +609,27 @@ static int start(sbx_sandbox *sb, sbx_error *err) {
     sbx_err_errno(err, "INTERNAL", -r, "moving sandbox '%s' into its cgroup", id);
     goto fail;
   }
-  if (!eng.cfg.rootless && idmapped_layers(pid, args.layers, args.nlayers, fds, &nfds, err) < 0) goto fail;
+  if (!eng.cfg.rootless) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/ns/user", pid);
+    _cleanup_close_ int userns = open(path, O_RDONLY | O_CLOEXEC);
+    if (userns < 0) {
+      sbx_err_errno(err, "INTERNAL", errno, "opening %s", path);
+      goto fail;
+    }
+    /* the disk's files are stored as the sandbox sees them (root is 0), so
+     * they keep their owners whatever host range the next start gets */
+    fds[nfds++] = diskfd;
+    diskfd = -1;
+    if ((r = idmap(fds[0], userns, false)) < 0) {
+      sbx_err_errno(err, "INTERNAL", -r, "idmapping the disk of sandbox '%s'", id);
+      goto fail;
+    }
+    if (idmapped_layers(userns, args.layers, args.nlayers, fds, &nfds, err) < 0) goto fail;
+  }
   r = send_go(sv[0], fds, nfds);
   for (int i = 0; i < nfds; i++) close(fds[i]);
+  nfds = 0;
   if (r < 0) {
     sbx_err_errno(err, "INTERNAL", -r, "starting sandbox '%s'", id);
     goto fail;
@@ -450,15 +646,20 @@ static int start(sbx_sandbox *sb, sbx_error *err) {
     goto fail;
   }
   close(sv[0]);
+  sb->state = SBX_RUNNING;
   if (opts->egress && sbx_net_egress_start(sb, err) < 0) {
     stop_running(sb);
+    sb->state = SBX_STOPPED;
     return -1;
   }
-  sbx_session *def;
-  sbx_session_create(sb, "default", "/workspace", &sb->opts.env, &def, NULL);
-  sb->asleep = false;
+  if (!sbx_session_find(sb, "default")) {
+    sbx_session *def;
+    session_new(sb, "default", "/workspace", &sb->opts.env, &def, NULL);
+  }
   return 0;
 fail:
+  for (int i = 0; i < nfds; i++) close(fds[i]);
+  if (diskfd >= 0) close(diskfd);
   close(sv[0]);
   stop_running(sb);
   return -1;
@@ -471,57 +672,65 @@ int sbx_sandbox_create(const char *id, const sbx_sandbox_opts *opts, sbx_sandbox
   sbx_sandbox *sb = sbx_sandbox_find(id);
   if (created) *created = false;
   if (sb) {
-    if (sb->asleep && sbx_sandbox_wake(sb, err) < 0) return -1;
+    if (sbx_sandbox_wake(sb, err) < 0) return -1;
     sbx_sandbox_touch(sb);
     *out = sb;
     return 0;
   }
-  if (eng.count >= SBX_MAX_SANDBOXES)
-    return sbx_err(err, "RESOURCE_LIMIT", "at most %d sandboxes may exist at once", SBX_MAX_SANDBOXES);
-  int slot = 0;
-  while (slot < SBX_MAX_SANDBOXES && eng.slots[slot]) slot++;
-
-  sb = calloc(1, sizeof *sb);
+  if (eng.count >= eng.cfg.max_sandboxes)
+    return sbx_err(err, "RESOURCE_LIMIT", "at most %d sandboxes may exist at once (maxSandboxes in %s)",
+                   eng.cfg.max_sandboxes, "the daemon's configuration");
+  sb = sandbox_new(id);
   if (!sb) return sbx_err(err, "INTERNAL", "out of memory");
-  snprintf(sb->id, sizeof sb->id, "%s", id);
-  sb->slot = slot;
-  sb->init_pidfd = sb->rootfd = sb->net_pidfd = -1;
   sb->opts = *opts;
   sb->opts.env = (sbx_env){0};
   sbx_env_copy(&sb->opts.env, &opts->env);
-  sb->uid_base = eng.cfg.rootless ? getuid() : UID_POOL_BASE + (uid_t)slot * UID_RANGE;
+  sb->state = SBX_STOPPED;
+  /* a directory left by a crash between making a disk and its record */
+  sbx_disk_remove(id);
   if (start(sb, err) < 0) {
+    sbx_disk_remove(id);
     sandbox_free(sb);
     return -1;
   }
   sb->created_wall_ms = sb->last_activity_wall_ms = wall_ms();
-  eng.slots[slot] = 1;
-  eng.count++;
-  sb->next = eng.list;
-  eng.list = sb;
+  sandbox_link(sb);
+  sbx_sandbox_save(sb);
   *out = sb;
   if (created) *created = true;
   return 0;
 }
 
 int sbx_sandbox_reset(sbx_sandbox *sb) {
-  if (sb->asleep) return 0;
+  if (sb->state == SBX_ASLEEP) return 0;
   stop_running(sb);
-  sb->asleep = true;
+  free_sessions(sb);
+  sbx_disk_discard(sb->id);
+  sb->state = SBX_ASLEEP;
   sb->reset_pending = true;
+  sb->restart_pending = false;
+  sbx_sandbox_save(sb);
   return 0;
 }
 
 int sbx_sandbox_wake(sbx_sandbox *sb, sbx_error *err) {
-  if (!sb->asleep) return 0;
+  if (sb->state == SBX_RUNNING) return 0;
   if (start(sb, err) < 0) return -1;
   sbx_sandbox_touch(sb);
+  sbx_sandbox_save(sb);
   return 0;
 }
 
 bool sbx_sandbox_take_reset(sbx_sandbox *sb) {
   bool r = sb->reset_pending;
   sb->reset_pending = false;
+  if (r) sbx_sandbox_save(sb);
+  return r;
+}
+
+bool sbx_sandbox_take_restart(sbx_sandbox *sb) {
+  bool r = sb->restart_pending && sb->state == SBX_RUNNING;
+  if (r) sb->restart_pending = false;
   return r;
 }
 
@@ -529,7 +738,7 @@ int sbx_sandbox_sweep_idle(char ids[][64], int max) {
   uint64_t now = wall_ms();
   int n = 0;
   for (sbx_sandbox *sb = eng.list; sb; sb = sb->next) {
-    if (sb->asleep || sb->opts.keep_alive || sb->running > 0 || sb->opts.sleep_after_ms <= 0) continue;
+    if (sb->state == SBX_ASLEEP || sb->opts.keep_alive || sb->running > 0 || sb->opts.sleep_after_ms <= 0) continue;
     if (now - sb->last_activity_wall_ms < (uint64_t)sb->opts.sleep_after_ms) continue;
     sbx_sandbox_reset(sb);
     if (n < max) snprintf(ids[n++], 64, "%s", sb->id);
@@ -544,7 +753,8 @@ int sbx_sandbox_destroy(const char *id, sbx_error *err) {
   sbx_sandbox *sb = *pp;
   *pp = sb->next;
   eng.count--;
-  eng.slots[sb->slot] = 0;
+  stop_running(sb);
+  sbx_disk_remove(sb->id);
   sandbox_free(sb);
   return 0;
 }
@@ -557,7 +767,7 @@ sbx_session *sbx_session_find(sbx_sandbox *sb, const char *id) {
   return NULL;
 }
 
-int sbx_session_create(sbx_sandbox *sb, const char *id, const char *cwd, const sbx_env *env, sbx_session **out,
+static int session_new(sbx_sandbox *sb, const char *id, const char *cwd, const sbx_env *env, sbx_session **out,
                        sbx_error *err) {
   if (!sbx_valid_id(id)) return sbx_err(err, "VALIDATION_FAILED", "session id must be 1-63 of [a-z0-9-]");
   if (sbx_session_find(sb, id)) return sbx_err(err, "VALIDATION_FAILED", "session '%s' exists", id);
@@ -582,6 +792,13 @@ int sbx_session_create(sbx_sandbox *sb, const char *id, const char *cwd, const s
   return 0;
 }
 
+int sbx_session_create(sbx_sandbox *sb, const char *id, const char *cwd, const sbx_env *env, sbx_session **out,
+                       sbx_error *err) {
+  if (session_new(sb, id, cwd, env, out, err) < 0) return -1;
+  sbx_sandbox_save(sb);
+  return 0;
+}
+
 int sbx_session_delete(sbx_sandbox *sb, const char *id, sbx_error *err) {
   sbx_session **pp = &sb->sessions;
   while (*pp && strcmp((*pp)->id, id)) pp = &(*pp)->next;
@@ -592,6 +809,7 @@ int sbx_session_delete(sbx_sandbox *sb, const char *id, sbx_error *err) {
   free(s->cwd);
   sbx_env_clear(&s->env);
   free(s);
+  sbx_sandbox_save(sb);
   return 0;
 }
 

@@ -8,7 +8,6 @@
 #include <signal.h>
 #include <uv.h>
 
-#define SBX_MAX_SANDBOXES 256
 #define SBX_MAX_SESSIONS 64
 #define SBX_MAX_ENV 512
 
@@ -43,8 +42,14 @@ typedef struct sbx_sandbox_opts {
   sbx_env env;
 } sbx_sandbox_opts;
 
+/* running: its init is up (or it failed: sbx_sandbox_alive says);
+ * stopped: its files are on disk, nothing runs (after a daemon restart);
+ * asleep: reset for idleness, only the record is left. */
+typedef enum { SBX_RUNNING, SBX_STOPPED, SBX_ASLEEP } sbx_state;
+
 typedef struct sbx_sandbox {
   char id[64];
+  sbx_state state;
   pid_t init_pid;
   int init_pidfd;
   int rootfd; /* the sandbox's / (O_PATH), for the files API */
@@ -60,8 +65,9 @@ typedef struct sbx_sandbox {
   uint64_t created_wall_ms, last_activity_wall_ms;
   uint64_t exec_seq;
   int running; /* execs in flight */
-  bool asleep;        /* reset for idleness: only the record is left */
-  bool reset_pending; /* the next result tells the caller its files are gone */
+  bool reset_pending;     /* the next result tells the caller its files are gone */
+  bool restart_pending;   /* ...that its processes ended with an earlier daemon */
+  char *saved_record;     /* the record as last written */
   struct sbx_sandbox *next;
 } sbx_sandbox;
 
@@ -69,11 +75,16 @@ typedef struct sbx_engine_config {
   char *state_dir;
   char *runtime_dir;
   bool rootless; /* daemon not root: no idmapped mounts, no subordinate ranges */
+  int max_sandboxes;
+  sbx_limits default_limits;
+  void (*warn)(const char *msg); /* what the daemon's log should hear of */
 } sbx_engine_config;
 
-/* Prepares the engine: cgroups, seccomp, the /etc template. Call before the
- * event loop starts (it forks cp). */
+/* Prepares the engine: cgroups, seccomp, the /etc template, the disks, and
+ * the sandboxes of earlier daemons (from their records: stopped, to be
+ * started by their next call). Call before the event loop starts. */
 int sbx_engine_init(const sbx_engine_config *cfg, sbx_error *err);
+/* Stops every sandbox; records and disks stay for the next daemon. */
 void sbx_engine_shutdown(void);
 const sbx_engine_config *sbx_engine_cfg(void);
 
@@ -85,16 +96,25 @@ int sbx_sandbox_create(const char *id, const sbx_sandbox_opts *opts, sbx_sandbox
                        sbx_error *err);
 int sbx_sandbox_destroy(const char *id, sbx_error *err);
 /* Idle lifecycle: reset kills every process and discards the root layer and
- * /workspace, keeping the record; wake starts it fresh. */
+ * /workspace, keeping the record; wake starts it (fresh after a reset, on
+ * its own files when stopped). */
 int sbx_sandbox_reset(sbx_sandbox *sb);
 int sbx_sandbox_wake(sbx_sandbox *sb, sbx_error *err);
 /* True once after a reset: for the `reset: true` of the next result. */
 bool sbx_sandbox_take_reset(sbx_sandbox *sb);
+/* True once after a start that followed a daemon restart (`restarted`). */
+bool sbx_sandbox_take_restart(sbx_sandbox *sb);
+/* Writes the sandbox's record (options, sessions) when it changed:
+ * write, fsync, rename. */
+int sbx_sandbox_save(sbx_sandbox *sb);
+/* "running", "stopped", "sleeping" or "failed". */
+const char *sbx_sandbox_status(sbx_sandbox *sb);
+int sbx_sandbox_count(void);
 /* Resets every sandbox idle past its sleepAfter (not keepAlive, nothing
  * running); fills ids with those reset; returns how many. */
 int sbx_sandbox_sweep_idle(char ids[][64], int max);
 void sbx_sandbox_touch(sbx_sandbox *sb);
-/* True while the sandbox's init is alive (false while asleep). */
+/* True while the sandbox's init is alive (false while asleep or stopped). */
 bool sbx_sandbox_alive(sbx_sandbox *sb);
 
 sbx_session *sbx_session_find(sbx_sandbox *sb, const char *id);

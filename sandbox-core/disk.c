@@ -1,0 +1,338 @@
+#define _GNU_SOURCE
+#include "disk.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/loop.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#define MAX_STALE 64
+
+static struct {
+  char *state;
+  bool rootless;
+  bool loop; /* images on loop devices (else directories) */
+  /* loop devices bound to images of ours when we started */
+  struct {
+    char path[1200];
+    char loop[260];
+  } stale[MAX_STALE];
+  int nstale;
+} dk;
+
+bool sbx_disk_quota_enforced(void) { return dk.loop; }
+
+void sbx_disk_dir(const char *id, char *out, size_t len) { snprintf(out, len, "%s/sandboxes/%s", dk.state, id); }
+
+static void image_path(const char *id, char *out, size_t len) {
+  snprintf(out, len, "%s/sandboxes/%s/disk.img", dk.state, id);
+}
+
+void sbx_disk_path(const char *id, char *out, size_t len) { snprintf(out, len, "%s/sandboxes/%s/disk", dk.state, id); }
+
+static int read_line(const char *path, char *out, size_t len) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -errno;
+  ssize_t n = read(fd, out, len - 1);
+  close(fd);
+  if (n < 0) return -errno;
+  while (n > 0 && out[n - 1] == '\n') n--;
+  out[n] = 0;
+  return 0;
+}
+
+/* Removes a tree in a process of its own (it may be large, and it is the
+ * sandbox's making: no symlink is followed, no mount crossed). */
+static void remove_in_background(const char *path) {
+  pid_t pid = sbx_fork_child(0, NULL);
+  if (pid == 0) {
+    if (fork() == 0) { /* reparented: nobody waits for it */
+      setsid();
+      sbx_remove_tree_at(AT_FDCWD, path, true);
+    }
+    _exit(0);
+  }
+  if (pid > 0) waitpid(pid, NULL, 0);
+}
+
+int sbx_disk_init(const char *state_dir, bool rootless, sbx_error *err) {
+  free(dk.state);
+  dk.state = strdup(state_dir);
+  dk.rootless = rootless;
+  char path[1200];
+  static const char *const dirs[] = {"sandboxes", "templates", "trash"};
+  for (size_t i = 0; i < SBX_ARRAY_SIZE(dirs); i++) {
+    snprintf(path, sizeof path, "%s/%s", state_dir, dirs[i]);
+    int r = sbx_mkdir_p(path, 0700);
+    if (r < 0) return sbx_err_errno(err, "INTERNAL", -r, "creating %s", path);
+  }
+  /* what a dead daemon left to delete */
+  snprintf(path, sizeof path, "%s/trash", state_dir);
+  DIR *d = opendir(path);
+  for (struct dirent *e; d && (e = readdir(d));)
+    if (e->d_name[0] != '.') {
+      char sub[1500];
+      snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
+      remove_in_background(sub);
+    }
+  if (d) closedir(d);
+  dk.loop = !rootless && access("/dev/loop-control", R_OK | W_OK) == 0;
+  dk.nstale = 0;
+  if (!dk.loop) return 0;
+  d = opendir("/sys/block");
+  size_t pl = snprintf(path, sizeof path, "%s/sandboxes/", state_dir);
+  for (struct dirent *e; d && (e = readdir(d));) {
+    if (strncmp(e->d_name, "loop", 4) || dk.nstale >= MAX_STALE) continue;
+    char f[512], back[1200];
+    snprintf(f, sizeof f, "/sys/block/%s/loop/backing_file", e->d_name);
+    if (read_line(f, back, sizeof back) < 0 || strncmp(back, path, pl) || strstr(back, " (deleted)")) continue;
+    snprintf(dk.stale[dk.nstale].path, sizeof dk.stale[0].path, "%s", back);
+    snprintf(dk.stale[dk.nstale].loop, sizeof dk.stale[0].loop, "%s", e->d_name);
+    dk.nstale++;
+  }
+  if (d) closedir(d);
+  return 0;
+}
+
+/* A sandbox of a daemon that died may still be tearing down its mount of
+ * this image: mounting it again through another loop device would put two
+ * filesystems on one disk. Wait (bounded) until the old one lets go. */
+static int wait_stale(const char *img, sbx_error *err) {
+  for (int i = 0; i < dk.nstale; i++) {
+    if (strcmp(dk.stale[i].path, img)) continue;
+    char f[512], back[1200];
+    snprintf(f, sizeof f, "/sys/block/%s/loop/backing_file", dk.stale[i].loop);
+    uint64_t deadline = sbx_now_ms() + 10000;
+    while (read_line(f, back, sizeof back) == 0 && !strcmp(back, img)) {
+      if (sbx_now_ms() > deadline)
+        return sbx_err(err, "INTERNAL", "%s is still mounted by a sandbox of an earlier daemon (/dev/%s)", img,
+                       dk.stale[i].loop);
+      struct timespec ts = {0, 5 * 1000 * 1000}; /* the kernel gives no event for a loop device's release */
+      nanosleep(&ts, NULL);
+    }
+    dk.stale[i] = dk.stale[--dk.nstale];
+    return 0;
+  }
+  return 0;
+}
+
+static int run_mkfs(const char *path, uint64_t mb) {
+  static const char *const tools[] = {"/usr/sbin/mkfs.ext4", "/sbin/mkfs.ext4", "/usr/sbin/mke2fs", "/sbin/mke2fs"};
+  const char *tool = NULL;
+  for (size_t i = 0; i < SBX_ARRAY_SIZE(tools) && !tool; i++)
+    if (access(tools[i], X_OK) == 0) tool = tools[i];
+  if (!tool) return -ENOENT;
+  pid_t pid = sbx_fork_child(0, NULL);
+  if (pid < 0) return -errno;
+  if (pid == 0) {
+    sbx_child_unblock();
+    int null = open("/dev/null", O_RDWR);
+    if (null >= 0) dup2(null, 0), dup2(null, 1);
+    close_range(3, ~0U, 0);
+    /* inode tables and journal zeroed now (as unwritten extents: holes to
+     * a sparse copy), no reserved blocks (sandbox root is not the
+     * filesystem's root), no resize reservation; small disks skip the
+     * journal, which would take a good part of them */
+    char *argv[] = {(char *)tool, "-q", "-F", "-t", "ext4", "-m", "0", "-b", "4096", "-E",
+                    "lazy_itable_init=0,lazy_journal_init=0,nodiscard", "-O",
+                    mb < 256 ? "^resize_inode,^has_journal" : "^resize_inode", (char *)path, NULL};
+    char *envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", NULL};
+    execve(tool, argv, envp);
+    _exit(127);
+  }
+  int st;
+  while (waitpid(pid, &st, 0) < 0)
+    if (errno != EINTR) return -errno;
+  return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -EIO;
+}
+
+static void template_path(uint64_t mb, char *out, size_t len) {
+  snprintf(out, len, "%s/templates/ext4-%lluM.img", dk.state, (unsigned long long)mb);
+}
+
+int sbx_disk_template(uint64_t mb, sbx_error *err) {
+  if (!dk.loop) return 0;
+  char path[1200], tmp[1300];
+  template_path(mb, path, sizeof path);
+  if (access(path, F_OK) == 0) return 0;
+  snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, getpid());
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return sbx_err_errno(err, "INTERNAL", errno, "creating %s", tmp);
+  int r = ftruncate(fd, (off_t)mb << 20) < 0 ? -errno : 0;
+  if (r == 0) r = run_mkfs(tmp, mb);
+  /* written and out of the page cache: zeroed extents that are not cached
+   * read as holes to SEEK_DATA, so copies take only the metadata */
+  if (r == 0 && fsync(fd) < 0) r = -errno;
+  if (r == 0) posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  /* and what reads as a hole need not hold host disk blocks */
+  for (off_t off = 0; r == 0;) {
+    off_t hole = lseek(fd, off, SEEK_HOLE), data = hole < 0 ? -1 : lseek(fd, hole, SEEK_DATA);
+    if (hole < 0 || hole >= (off_t)mb << 20) break;
+    off_t end = data < 0 ? (off_t)mb << 20 : data;
+    fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, hole, end - hole);
+    if (data < 0) break;
+    off = data;
+  }
+  close(fd);
+  if (r == 0 && rename(tmp, path) < 0) r = -errno;
+  if (r < 0) {
+    unlink(tmp);
+    return sbx_err_errno(err, "INTERNAL", -r, "formatting a %llu MB disk (mkfs.ext4, from e2fsprogs)",
+                         (unsigned long long)mb);
+  }
+  return 0;
+}
+
+/* Copies the data of a sparse file and leaves its holes as holes. */
+static int sparse_copy(const char *src, const char *dst) {
+  _cleanup_close_ int in = open(src, O_RDONLY | O_CLOEXEC);
+  if (in < 0) return -errno;
+  struct stat st;
+  if (fstat(in, &st) < 0) return -errno;
+  _cleanup_close_ int out = open(dst, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (out < 0) return -errno;
+  if (ftruncate(out, st.st_size) < 0) return -errno;
+  off_t off = 0;
+  while (off < st.st_size) {
+    off_t data = lseek(in, off, SEEK_DATA);
+    if (data < 0) {
+      if (errno == ENXIO) break; /* only a hole is left */
+      return -errno;
+    }
+    off_t hole = lseek(in, data, SEEK_HOLE);
+    if (hole < 0) return -errno;
+    off_t o_in = data, o_out = data;
+    while (o_in < hole) {
+      ssize_t n = copy_file_range(in, &o_in, out, &o_out, hole - o_in, 0);
+      if (n < 0) return -errno;
+      if (n == 0) break;
+    }
+    off = hole;
+  }
+  return 0;
+}
+
+bool sbx_disk_exists(const char *id) {
+  char path[1200];
+  if (dk.loop) image_path(id, path, sizeof path);
+  else sbx_disk_path(id, path, sizeof path);
+  return access(path, F_OK) == 0;
+}
+
+int sbx_disk_ensure(const char *id, uint64_t mb, sbx_error *err) {
+  char dir[1200], path[1200];
+  sbx_disk_dir(id, dir, sizeof dir);
+  if (mkdir(dir, 0700) < 0 && errno != EEXIST) return sbx_err_errno(err, "INTERNAL", errno, "creating %s", dir);
+  if (!dk.loop) {
+    sbx_disk_path(id, path, sizeof path);
+    if (mkdir(path, 0755) < 0 && errno != EEXIST) return sbx_err_errno(err, "INTERNAL", errno, "creating %s", path);
+    return 0;
+  }
+  image_path(id, path, sizeof path);
+  if (access(path, F_OK) == 0) return 0;
+  if (sbx_disk_template(mb, err) < 0) return -1;
+  char tpl[1200], tmp[1300];
+  template_path(mb, tpl, sizeof tpl);
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  int r = sparse_copy(tpl, tmp);
+  if (r == 0 && rename(tmp, path) < 0) r = -errno;
+  if (r < 0) {
+    unlink(tmp);
+    return sbx_err_errno(err, r == -ENOSPC ? "RESOURCE_LIMIT" : "INTERNAL", -r, "making the disk of sandbox '%s'", id);
+  }
+  return 0;
+}
+
+/* Returns an open fd of the loop device now bound to img: it must stay
+ * open until the filesystem holds the device, or autoclear unbinds it. */
+static int attach_loop(int img, char *dev, size_t len) {
+  _cleanup_close_ int ctl = open("/dev/loop-control", O_RDWR | O_CLOEXEC);
+  if (ctl < 0) return -errno;
+  for (int attempt = 0; attempt < 16; attempt++) {
+    int nr = ioctl(ctl, LOOP_CTL_GET_FREE);
+    if (nr < 0) return -errno;
+    snprintf(dev, len, "/dev/loop%d", nr);
+    int l = open(dev, O_RDWR | O_CLOEXEC);
+    if (l < 0) return -errno;
+    /* autoclear: the device lets go of the image once the filesystem does;
+     * direct I/O: the image's pages are not cached twice */
+    struct loop_config c = {.fd = img, .block_size = 4096,
+                            .info = {.lo_flags = LO_FLAGS_AUTOCLEAR | LO_FLAGS_DIRECT_IO}};
+    if (ioctl(l, LOOP_CONFIGURE, &c) == 0) return l;
+    if (errno == EINVAL) { /* no direct I/O on this host filesystem */
+      c.info.lo_flags &= ~LO_FLAGS_DIRECT_IO;
+      c.block_size = 0;
+      if (ioctl(l, LOOP_CONFIGURE, &c) == 0) return l;
+    }
+    int e = errno;
+    close(l);
+    if (e != EBUSY) return -e; /* EBUSY: another process took it first */
+  }
+  return -EBUSY;
+}
+
+static int fsmount_ext4(const char *dev) {
+  _cleanup_close_ int fs = (int)syscall(SYS_fsopen, "ext4", FSOPEN_CLOEXEC);
+  if (fs < 0) return -errno;
+  if (syscall(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "source", dev, 0) < 0) return -errno;
+  /* deleted files give their space back to the host */
+  syscall(SYS_fsconfig, fs, FSCONFIG_SET_FLAG, "discard", NULL, 0);
+  if (syscall(SYS_fsconfig, fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0) return -errno;
+  int m = (int)syscall(SYS_fsmount, fs, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
+  return m < 0 ? -errno : m;
+}
+
+int sbx_disk_mount(const char *id, sbx_error *err) {
+  char path[1200];
+  if (!dk.loop) { /* root without loop devices: the directory, as a detached bind */
+    sbx_disk_path(id, path, sizeof path);
+    int fd = (int)syscall(SYS_open_tree, AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+    if (fd < 0) return sbx_err_errno(err, "INTERNAL", errno, "binding %s", path);
+    return fd;
+  }
+  image_path(id, path, sizeof path);
+  if (wait_stale(path, err) < 0) return -1;
+  _cleanup_close_ int img = open(path, O_RDWR | O_CLOEXEC | O_DIRECT);
+  if (img < 0 && errno == EINVAL) img = open(path, O_RDWR | O_CLOEXEC);
+  if (img < 0) return sbx_err_errno(err, "INTERNAL", errno, "opening %s", path);
+  char dev[64];
+  _cleanup_close_ int loop = attach_loop(img, dev, sizeof dev);
+  if (loop < 0) return sbx_err_errno(err, "INTERNAL", -loop, "attaching %s to a loop device", path);
+  int m = fsmount_ext4(dev);
+  if (m < 0) {
+    /* the loop device clears itself once its last opener is gone */
+    return sbx_err_errno(err, "INTERNAL", -m, "mounting the disk of sandbox '%s' (%s)", id, dev);
+  }
+  return m;
+}
+
+static void move_to_trash(const char *path, const char *id) {
+  char trash[1300];
+  snprintf(trash, sizeof trash, "%s/trash/%s-%llu", dk.state, id, (unsigned long long)sbx_now_us());
+  if (rename(path, trash) == 0) remove_in_background(trash);
+  else if (errno != ENOENT) remove_in_background(path);
+}
+
+void sbx_disk_discard(const char *id) {
+  char path[1200];
+  image_path(id, path, sizeof path);
+  unlink(path);
+  sbx_disk_path(id, path, sizeof path);
+  move_to_trash(path, id);
+}
+
+void sbx_disk_remove(const char *id) {
+  sbx_disk_discard(id);
+  char dir[1200];
+  sbx_disk_dir(id, dir, sizeof dir);
+  DIR *d = opendir(dir);
+  for (struct dirent *e; d && (e = readdir(d));)
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) unlinkat(dirfd(d), e->d_name, 0);
+  if (d) closedir(d);
+  rmdir(dir);
+}

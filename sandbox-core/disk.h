@@ -1,0 +1,40 @@
+/* A sandbox's disk: where its writable root layer and /workspace live, on
+ * the host's disk under $SBX_STATE_DIR/sandboxes/<id>/.
+ *
+ * As root it is a sparse ext4 image (disk.img) of diskMB on a loop device:
+ * a hard quota independent of memory. Images are copies of a template
+ * formatted once per size (only the few KiB of metadata are data; the
+ * rest are holes), and the filesystem is mounted detached (fsmount), so it
+ * appears only in the sandbox's own mount namespace. Rootless, it is a
+ * plain directory (disk/) and diskMB is not enforced. */
+#pragma once
+#include "util.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Prepares the disk layer: the sandboxes/ and templates/ directories, and
+ * (root) the loop devices still bound to images of this state dir, which
+ * belong to sandboxes of a daemon that died and are being torn down. */
+int sbx_disk_init(const char *state_dir, bool rootless, sbx_error *err);
+/* Makes sure the template of that size exists (root); slow the first time. */
+int sbx_disk_template(uint64_t disk_mb, sbx_error *err);
+/* The sandbox's directory ($SBX_STATE_DIR/sandboxes/<id>); out >= 1200. */
+void sbx_disk_dir(const char *id, char *out, size_t len);
+/* Whether the sandbox's disk exists (its files survive). */
+bool sbx_disk_exists(const char *id);
+/* Creates the sandbox's disk when it does not exist (fresh and empty). */
+int sbx_disk_ensure(const char *id, uint64_t disk_mb, sbx_error *err);
+/* Root: attaches the image to a loop device and mounts it detached;
+ * returns the mount fd (to be idmapped and moved into the sandbox). */
+int sbx_disk_mount(const char *id, sbx_error *err);
+/* Rootless: the directory to bind as the sandbox's disk. */
+void sbx_disk_path(const char *id, char *out, size_t len);
+/* Discards the disk's contents (idle reset): the image is unlinked (a
+ * mount still tearing down keeps its own inode), the directory moved away
+ * and removed in the background. */
+void sbx_disk_discard(const char *id);
+/* Removes everything of the sandbox (destroy). */
+void sbx_disk_remove(const char *id);
+/* Whether diskMB is a hard quota here. */
+bool sbx_disk_quota_enforced(void);

@@ -1,0 +1,121 @@
+#define _GNU_SOURCE
+#include "record.h"
+
+#include <fcntl.h>
+#include <libgen.h>
+
+json_t *sbx_env_to_json(const sbx_env *e) {
+  json_t *o = json_object();
+  for (size_t i = 0; i < e->n; i++) {
+    const char *eq = strchr(e->v[i], '=');
+    if (!eq) continue;
+    char *key = strndup(e->v[i], eq - e->v[i]);
+    json_object_set_new(o, key, json_string(eq + 1));
+    free(key);
+  }
+  return o;
+}
+
+int sbx_env_from_json(sbx_env *e, json_t *obj) {
+  const char *k;
+  json_t *v;
+  json_object_foreach(obj, k, v) {
+    if (!json_is_string(v) || !*k || strchr(k, '=')) return -EINVAL;
+    int r = sbx_env_set(e, k, json_string_value(v));
+    if (r < 0) return r;
+  }
+  return 0;
+}
+
+json_t *sbx_record_json(const sbx_sandbox *sb) {
+  const sbx_sandbox_opts *o = &sb->opts;
+  json_t *sessions = json_array();
+  for (const sbx_session *s = sb->sessions; s; s = s->next)
+    json_array_append_new(sessions, json_pack("{s:s, s:s, s:o}", "id", s->id, "cwd", s->cwd, "env", sbx_env_to_json(&s->env)));
+  json_t *opts = json_pack("{s:{s:I, s:f, s:I, s:I}, s:b, s:I, s:b, s:s, s:o}", "limits", "memoryMB",
+                           (json_int_t)o->limits.memory_mb, "cpus", o->limits.cpus, "pids", (json_int_t)o->limits.pids,
+                           "diskMB", (json_int_t)o->limits.disk_mb, "limitsExplicit", o->limits_explicit, "sleepAfterMs",
+                           (json_int_t)o->sleep_after_ms, "keepAlive", o->keep_alive, "network",
+                           o->egress ? "egress" : "none", "env", sbx_env_to_json(&o->env));
+  if (o->image[0]) json_object_set_new(opts, "image", json_string(o->image));
+  return json_pack("{s:i, s:s, s:I, s:s, s:b, s:o, s:o}", "version", SBX_RECORD_VERSION, "sandboxId", sb->id, "createdAt",
+                   (json_int_t)sb->created_wall_ms, "state", sb->state == SBX_ASLEEP ? "asleep" : "active",
+                   "resetPending", sb->reset_pending, "options", opts, "sessions", sessions);
+}
+
+#define BAD(...)                                                               \
+  do {                                                                         \
+    snprintf(err, errlen, __VA_ARGS__);                                        \
+    return -1;                                                                 \
+  } while (0)
+
+int sbx_record_apply(sbx_sandbox *sb, json_t *rec, char *err, size_t errlen) {
+  if (json_integer_value(json_object_get(rec, "version")) != SBX_RECORD_VERSION) BAD("unknown record version");
+  const char *id = json_string_value(json_object_get(rec, "sandboxId"));
+  if (!id || strcmp(id, sb->id)) BAD("the record names another sandbox");
+  json_t *o = json_object_get(rec, "options"), *lim = json_object_get(o, "limits");
+  if (!json_is_object(o) || !json_is_object(lim)) BAD("no options");
+  sbx_sandbox_opts *op = &sb->opts;
+  op->limits.memory_mb = json_integer_value(json_object_get(lim, "memoryMB"));
+  op->limits.cpus = json_number_value(json_object_get(lim, "cpus"));
+  op->limits.pids = json_integer_value(json_object_get(lim, "pids"));
+  op->limits.disk_mb = json_integer_value(json_object_get(lim, "diskMB"));
+  if (!op->limits.disk_mb) BAD("no diskMB");
+  op->limits_explicit = json_is_true(json_object_get(o, "limitsExplicit"));
+  op->sleep_after_ms = json_integer_value(json_object_get(o, "sleepAfterMs"));
+  op->keep_alive = json_is_true(json_object_get(o, "keepAlive"));
+  const char *net = json_string_value(json_object_get(o, "network"));
+  op->egress = net && !strcmp(net, "egress");
+  const char *image = json_string_value(json_object_get(o, "image"));
+  if (image && (strlen(image) >= sizeof op->image || strchr(image, '/') || image[0] == '.')) BAD("bad image name");
+  snprintf(op->image, sizeof op->image, "%s", image ? image : "");
+  if (sbx_env_from_json(&op->env, json_object_get(o, "env")) < 0) BAD("bad env");
+  sb->created_wall_ms = json_integer_value(json_object_get(rec, "createdAt"));
+  const char *state = json_string_value(json_object_get(rec, "state"));
+  sb->state = state && !strcmp(state, "asleep") ? SBX_ASLEEP : SBX_STOPPED;
+  sb->reset_pending = json_is_true(json_object_get(rec, "resetPending"));
+  /* sessions are made again when the sandbox starts; keep them meanwhile */
+  size_t i;
+  json_t *s;
+  json_array_foreach(json_object_get(rec, "sessions"), i, s) {
+    const char *sid = json_string_value(json_object_get(s, "id")), *cwd = json_string_value(json_object_get(s, "cwd"));
+    if (!sid || !sbx_valid_id(sid) || !cwd || cwd[0] != '/' || i >= SBX_MAX_SESSIONS) BAD("bad session");
+    sbx_session *ns = calloc(1, sizeof *ns);
+    if (!ns) BAD("out of memory");
+    snprintf(ns->id, sizeof ns->id, "%s", sid);
+    ns->cwd = strdup(cwd);
+    if (sbx_env_from_json(&ns->env, json_object_get(s, "env")) < 0) {
+      sbx_env_clear(&ns->env);
+      free(ns->cwd);
+      free(ns);
+      BAD("bad session env");
+    }
+    sbx_session **tail = &sb->sessions;
+    while (*tail) tail = &(*tail)->next;
+    *tail = ns;
+  }
+  return 0;
+}
+
+int sbx_write_atomic(const char *path, const char *text, size_t len) {
+  char tmp[4200];
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) return -errno;
+  int r = sbx_write_all(fd, text, len);
+  if (r == 0 && fsync(fd) < 0) r = -errno;
+  if (close(fd) < 0 && r == 0) r = -errno;
+  if (r == 0 && rename(tmp, path) < 0) r = -errno;
+  if (r < 0) {
+    unlink(tmp);
+    return r;
+  }
+  char dir[4200];
+  snprintf(dir, sizeof dir, "%s", path);
+  int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    fsync(dfd);
+    close(dfd);
+  }
+  return 0;
+}
