@@ -300,6 +300,50 @@ static int cmd_cp(int argc, char **argv) {
   return rc;
 }
 
+/* Stops the daemon and says what became of the sandboxes: their records
+ * and disks stay, and each starts again on its next call. */
+static int cmd_daemon_stop(void) {
+  sbx_paths p;
+  char err[600];
+  if (sbx_paths_init(&p, err, sizeof err) < 0) {
+    fprintf(stderr, "sbx daemon stop: %s\n", err);
+    return 1;
+  }
+  int kept = -1, running = 0;
+  int fd = sbx_connect(&p, false, err, sizeof err);
+  if (fd >= 0) {
+    close(fd);
+    sbx_client c;
+    if (sbx_client_open(&c, NULL, err, sizeof err) == 0) {
+      json_t *r = sbx_client_call(&c, "listSandboxes", json_object(), NULL, NULL, NULL, err, sizeof err);
+      size_t i;
+      json_t *s;
+      if (r) kept = 0;
+      json_array_foreach(json_object_get(sc(r), "sandboxes"), i, s) {
+        kept++;
+        running += !strcmp(json_string_value(json_object_get(s, "status")), "running");
+      }
+      json_decref(r);
+      sbx_client_close(&c);
+    }
+  }
+  int pid = sbx_daemon_stop(&p, err, sizeof err);
+  if (pid < 0) {
+    fprintf(stderr, "sbx daemon stop: %s\n", err);
+    return 1;
+  }
+  if (pid == 0) {
+    printf("no sbx daemon was running (%s)\n", p.sock);
+    return 0;
+  }
+  printf("stopped the sbx daemon (pid %d)", pid);
+  if (kept >= 0)
+    printf("; sandboxes kept with their files in %s/sandboxes: %d (%d were running and start again on their next call)",
+           p.state, kept, running);
+  printf("\n");
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     usage(stderr);
@@ -307,15 +351,7 @@ int main(int argc, char **argv) {
   }
   const char *cmd = argv[1];
   if (!strcmp(cmd, "daemon")) {
-    if (argc > 2 && !strcmp(argv[2], "stop")) {
-      sbx_paths p;
-      char err[600];
-      if (sbx_paths_init(&p, err, sizeof err) < 0 || sbx_daemon_stop(&p, err, sizeof err) < 0) {
-        fprintf(stderr, "sbx daemon stop: %s\n", err);
-        return 1;
-      }
-      return 0;
-    }
+    if (argc > 2 && !strcmp(argv[2], "stop")) return cmd_daemon_stop();
     const char *http = NULL;
     bool remote = false;
     for (int i = 2; i < argc; i++) {

@@ -192,7 +192,7 @@ int sbx_daemon_stop(const sbx_paths *p, char *err, size_t errlen) {
     snprintf(err, errlen, "daemon %d did not stop within 30 s", pid);
     return -1;
   }
-  return 0;
+  return pid;
 }
 
 json_t *sbx_hello(const char *default_sandbox, const char *tools_csv, bool read_only, char id_out[64]) {

@@ -30,5 +30,6 @@ int sbx_connect(const sbx_paths *p, bool autostart, char *err, size_t errlen);
 struct json_t;
 struct json_t *sbx_hello(const char *default_sandbox, const char *tools_csv, bool read_only, char id_out[64]);
 
-/* Stops the running daemon (SIGTERM) and waits for it; 0 when none runs. */
+/* Stops the running daemon (SIGTERM) and waits for it; returns its pid,
+ * 0 when none runs, -1 with a message when it would not stop. */
 int sbx_daemon_stop(const sbx_paths *p, char *err, size_t errlen);

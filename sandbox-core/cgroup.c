@@ -102,7 +102,7 @@ static void remove_stale(const char *parent) {
     int pid;
     char tail;
     if (e->d_type != DT_DIR || sscanf(e->d_name, "sbx-%d%c", &pid, &tail) != 1 || pid == getpid()) continue;
-    if (kill(pid, 0) == 0 || errno != ESRCH) continue;
+    if (sbx_daemon_alive(pid)) continue;
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", parent, e->d_name);
     for_each_pid(path, 0, kill_pid, NULL);

@@ -5,6 +5,7 @@
 #include "doctor.h"
 #include "network.h"
 #include "cgroup.h"
+#include "config.h"
 #include "seccomp.h"
 #include "util.h"
 
@@ -142,6 +143,25 @@ int sbx_doctor(FILE *out) {
   bool c3 = probe_clone3();
   LINE(true, "clone3", c3 ? "available (sandbox commands get ENOSYS for it, so glibc uses clone)"
                           : "absent: clone is used");
+  bool loop = root && access("/dev/loop-control", R_OK | W_OK) == 0;
+  LINE(loop || !root, "disk quota",
+       loop ? "each sandbox's disk is an ext4 image on a loop device: diskMB is a hard quota"
+            : root ? "no /dev/loop-control: disks are directories and diskMB is not enforced"
+                   : "rootless: disks are directories in the state dir and diskMB is not enforced");
+  sbx_config conf;
+  char err[600];
+  if (sbx_config_load(&conf, err, sizeof err) < 0) {
+    LINE(false, "configuration", err);
+  } else {
+    LINE(true, "configuration", conf.found ? conf.path : "defaults (no file)");
+    json_t *j = sbx_config_json(&conf);
+    char *text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    fprintf(out, "configuration in force (%s%s, secrets masked):\n%s\n", conf.path, conf.found ? "" : ": absent",
+            text);
+    free(text);
+    json_decref(j);
+    sbx_config_free(&conf);
+  }
   fprintf(out, "%d problem%s\n", problems, problems == 1 ? "" : "s");
   return problems;
 }

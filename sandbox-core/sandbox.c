@@ -250,7 +250,7 @@ int sbx_engine_init(const sbx_engine_config *cfg, sbx_error *err) {
     struct dirent *e;
     int pid;
     while ((e = readdir(d)))
-      if (sscanf(e->d_name, "etc-%d", &pid) == 1 && pid != getpid() && kill(pid, 0) < 0 && errno == ESRCH)
+      if (sscanf(e->d_name, "etc-%d", &pid) == 1 && pid != getpid() && !sbx_daemon_alive(pid))
         sbx_remove_tree_at(dirfd(d), e->d_name, true);
     closedir(d);
   }

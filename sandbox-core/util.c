@@ -434,3 +434,20 @@ static int remove_tree(int dfd, const char *name, bool one_fs, dev_t dev, int de
 }
 
 int sbx_remove_tree_at(int dfd, const char *name, bool one_fs) { return remove_tree(dfd, name, one_fs, 0, 0); }
+
+bool sbx_daemon_alive(pid_t pid) {
+  char path[64], st[512];
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  ssize_t n = read(fd, st, sizeof st - 1);
+  close(fd);
+  if (n <= 0) return false;
+  st[n] = 0;
+  /* "pid (comm) S ...": a zombie nobody reaps, or a pid reused by another
+   * program, is no daemon of ours */
+  char *open_p = strchr(st, '('), *close_p = strrchr(st, ')');
+  if (!open_p || !close_p || close_p[1] != ' ') return false;
+  *close_p = 0;
+  return strcmp(open_p + 1, "sbx") == 0 && close_p[2] != 'Z' && close_p[2] != 'X';
+}

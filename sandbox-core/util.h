@@ -123,6 +123,8 @@ void sbx_default_id(const char *dir, char out[64]);
 pid_t sbx_fork_child(unsigned long flags, int *pidfd);
 void sbx_child_unblock(void);
 int sbx_pidfd_open(pid_t pid);
+/* Whether pid is a live sbx daemon (not gone, not a zombie, not reused). */
+bool sbx_daemon_alive(pid_t pid);
 int sbx_pidfd_send_signal(int pidfd, int sig);
 
 /* Standard base64 (RFC 4648, padded). encode: malloc'd NUL-terminated.

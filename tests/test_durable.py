@@ -1,0 +1,262 @@
+"""Durable sandboxes: the disk is on the host's disk with a hard quota
+(not memory), and a daemon that stops or is killed loses no sandbox and no
+file: the next one finds every sandbox, its files and sessions, and the
+first call after says restarted: true. `sbx mcp` outlives the daemon. The
+configuration file is read and checked."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+from sbxtest import SBX, Env, run_tests, wait_until
+
+
+class Ctx:
+    def __init__(self):
+        self.env = Env()
+        self.c = self.env.mcp(['--sandbox', 'dur'])
+        self.c.initialize()
+
+    def close(self):
+        self.env.close()
+
+
+def init_pids(daemon_pid):
+    """Host pids of the sandbox inits a daemon started (its sbx-init children)."""
+    pids = []
+    for p in os.listdir('/proc'):
+        if not p.isdigit():
+            continue
+        try:
+            with open('/proc/%s/stat' % p) as f:
+                st = f.read()
+        except OSError:
+            continue
+        comm = st[st.index('(') + 1:st.rindex(')')]
+        ppid = int(st[st.rindex(')') + 2:].split()[1])
+        if comm == 'sbx-init' and ppid == daemon_pid:
+            pids.append(int(p))
+    return pids
+
+
+def gone(pid):
+    try:
+        with open('/proc/%d/stat' % pid) as f:
+            return f.read().split(') ')[1][0] == 'Z'  # a zombie nobody reaps is gone too
+    except OSError:
+        return True
+
+
+def test_disk_is_disk(t, x):
+    c = x.c
+    c.ok('createSandbox', {'sandboxId': 'big', 'limits': {'memoryMB': 512, 'diskMB': 4096}})
+    r = c.sh('df -m /workspace | tail -1', sandbox='big')
+    size_mb = int(r['stdout'].split()[1])
+    t.ok(3900 <= size_mb <= 4096, 'df inside shows the 4096 MB quota (%d MB)' % size_mb, r)
+    r = c.sh('dd if=/dev/zero of=/workspace/3g bs=1M count=3072 status=none; echo rc=$?; du -m /workspace/3g | cut -f1',
+             sandbox='big', timeout=300000)
+    out = r['stdout'].split()
+    t.ok(out[0] == 'rc=0' and 3072 <= int(out[1]) < 3100, 'a 3 GiB file is written with memoryMB 512 (disk, not memory)', r)
+    t.ok(not r.get('oomKilled'), 'no OOM kill')
+    r = c.sh('dd if=/dev/zero of=/workspace/more bs=1M count=2048 2>&1; echo rc=$?', sandbox='big', timeout=300000)
+    t.ok('No space left on device' in r['stdout'] and 'rc=1' in r['stdout'] and not r.get('oomKilled'),
+         'past the quota: ENOSPC, never an OOM kill', r['stdout'][-300:])
+    r = c.sh('rm -f /workspace/more /workspace/3g && echo still usable > /workspace/ok && cat /workspace/ok',
+             sandbox='big')
+    t.eq(r['stdout'], 'still usable\n', 'the sandbox stays usable at the quota')
+    img = os.path.join(x.env.state, 'sandboxes', 'big', 'disk.img')
+    t.ok(os.path.exists(img), 'the disk is an image in the state dir')
+    c.ok('destroySandbox', {'sandboxId': 'big'})
+    t.ok(not os.path.exists(os.path.dirname(img)), 'destroy removes the disk and the record')
+
+
+def test_spills_on_disk(t, x):
+    c = x.c
+    for i in range(18):
+        r = c.sh('head -c 100000 /dev/zero | tr "\\0" x', sandbox='spill', maxOutputBytes=1024)
+    t.ok(r.get('outputPath', '').startswith('/tmp/sbx-output/'), 'the full output is saved in the sandbox', r)
+    n = c.sh('ls /tmp/sbx-output | wc -l', sandbox='spill')['stdout'].strip()
+    t.eq(n, '16', 'only the newest 16 spilled outputs are kept')
+    t.eq(c.sh('wc -c < %s' % r['outputPath'], sandbox='spill')['stdout'].strip(), '100000', 'whole')
+
+
+def restart_check(t, x, how):
+    """Files synced before the daemon went away are there after, the
+    session's cwd and environment too, and the first call says restarted."""
+    c = x.c
+    sid = 'keep-' + how
+    c.ok('createSandbox', {'sandboxId': sid, 'env': {'OPT': 'kept'}})
+    c.sh('mkdir -p /workspace/proj && cd /workspace/proj && export TOKEN=abc', sandbox=sid)
+    c.sh('seq 1 100000 > data.txt && sync data.txt', sandbox=sid)
+    p = c.ok('startProcess', {'sandboxId': sid, 'processId': 'writer',
+                              'command': 'i=0; while :; do echo $i >> /workspace/log.txt; i=$((i+1)); done'})
+    t.eq(p['status'], 'running', '%s: a writer runs while the daemon goes' % how)
+    old = x.env.daemon_pid()
+    inits = init_pids(old)
+    t.ok(len(inits) >= 1, '%s: the sandbox has its init' % how)
+    if how == 'kill':
+        os.kill(old, signal.SIGKILL)
+    else:
+        r = x.env.run(['daemon', 'stop'])
+        t.ok(r.returncode == 0 and b'stopped the sbx daemon' in r.stdout and b'kept' in r.stdout,
+             'sbx daemon stop says what it did', r.stdout + r.stderr)
+    wait_until(lambda: all(gone(p) for p in inits), 30, 'the old sandboxes to end')
+    t.ok(True, '%s: nothing of the old sandboxes runs unowned' % how)
+    res, _ = c.call('exec', {'sandboxId': sid, 'command': 'pwd; echo $TOKEN $OPT; wc -l < data.txt; test -s /workspace/log.txt && echo log'},
+                    timeout=60)
+    s = res['structuredContent']
+    t.ok(not res.get('isError'), '%s: the client\'s next call works (a new daemon started)' % how, res)
+    t.eq(s.get('stdout'), '/workspace/proj\nabc kept\n100000\nlog\n',
+         '%s: files, cwd and environment are back' % how)
+    t.eq((s.get('restarted'), s.get('reset')), (True, None), '%s: restarted: true, not reset' % how)
+    t.ok('restarted' in res['content'][0]['text'], '%s: the text says so too' % how)
+    new = x.env.daemon_pid()
+    t.ok(new and new != old, '%s: it is another daemon' % how)
+    t.ok(not any(os.path.isdir(d) for d in cgroup_dirs(old)), '%s: the old daemon\'s cgroups are gone' % how)
+    r = c.sh('true', sandbox=sid)
+    t.ok('restarted' not in r, '%s: only the first call says so' % how)
+
+
+def cgroup_dirs(pid):
+    import glob
+    return glob.glob('/sys/fs/cgroup/*/**/sbx-%d' % pid, recursive=True)
+
+
+def test_kill_9(t, x):
+    restart_check(t, x, 'kill')
+
+
+def test_daemon_stop(t, x):
+    restart_check(t, x, 'stop')
+
+
+def test_listed_after_restart(t, x):
+    c = x.c
+    c.ok('createSandbox', {'sandboxId': 'listed'})
+    x.env.run(['daemon', 'stop'])
+    r = x.env.run(['ls'])
+    t.ok(b'listed' in r.stdout and b'stopped' in r.stdout, 'a new daemon lists every sandbox (stopped)', r.stdout)
+
+
+def test_relay_survives(t, x):
+    c = x.env.mcp(['--sandbox', 'relay'])
+    c.initialize()
+    c.request('logging/setLevel', {'level': 'info'})
+    c.sh('echo one > /workspace/f')
+    out = {}
+    th = threading.Thread(target=lambda: out.setdefault('r', c.call('exec', {'command': 'sleep 60'}, timeout=90)[0]))
+    th.start()
+    wait_until(lambda: any('sleep' == open('/proc/%s/comm' % p).read().strip() for p in os.listdir('/proc')
+                           if p.isdigit() and os.path.exists('/proc/%s/comm' % p)), 30, 'the sleep to run')
+    x.env.run(['daemon', 'stop'])
+    th.join(30)
+    r = out.get('r')
+    t.ok(r and r.get('isError') and 'daemon' in r['structuredContent']['error']['message'],
+         'a call in flight gets a clear error, not silence', r)
+    r = c.sh('cat /workspace/f')
+    t.eq(r['stdout'], 'one\n', 'the same sbx mcp client keeps working across the restart')
+    t.ok(c.p.poll() is None, 'sbx mcp did not exit')
+    t.ok(c.request('ping').get('result') == {}, 'and answers pings')
+
+
+def test_stdin_closed_early(t, x):
+    """Requests written before stdin closes are all answered."""
+    reqs = [{'jsonrpc': '2.0', 'id': 1, 'method': 'initialize',
+             'params': {'protocolVersion': '2025-06-18', 'capabilities': {}, 'clientInfo': {'name': 't', 'version': '1'}}},
+            {'jsonrpc': '2.0', 'method': 'notifications/initialized'},
+            {'jsonrpc': '2.0', 'id': 2, 'method': 'tools/call',
+             'params': {'name': 'exec', 'arguments': {'sandboxId': 'early', 'command': 'sleep 0.3; echo late'}}}]
+    data = ''.join(json.dumps(m) + '\n' for m in reqs).encode()
+    p = subprocess.run([SBX, 'mcp'], input=data, capture_output=True, env=x.env.env, timeout=60)
+    msgs = [json.loads(line) for line in p.stdout.decode().splitlines()]
+    ids = [m.get('id') for m in msgs]
+    t.ok(1 in ids and 2 in ids, 'both requests answered before sbx mcp exits', p.stdout[-500:])
+    last = [m for m in msgs if m.get('id') == 2]
+    t.ok(last and last[0]['result']['structuredContent']['stdout'] == 'late\n', 'with the real result')
+
+
+FORKS = """python3 - <<'EOF'
+import os, time
+n = 0
+for i in range(150):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(5)
+        os._exit(0)
+    n += 1
+print(n)
+EOF"""
+
+
+def test_config(t, x):
+    env = Env()
+    try:
+        cfg = os.path.join(env.root, 'config.json')
+        with open(cfg, 'w') as f:
+            f.write('{"maxSandboxes": 2, "limits": {"memoryMB": "lots"}}')
+        env.env['SBX_CONFIG'] = cfg
+        r = env.run(['daemon'], timeout=30)
+        err = r.stderr.decode()
+        t.ok(r.returncode != 0 and cfg in err and 'limits.memoryMB' in err, 'an invalid config: the daemon refuses '
+             'and says where', err)
+        with open(cfg, 'w') as f:
+            f.write('{"maxSandboxes": 2,\n "nonsense": 1}')
+        r = env.run(['daemon'], timeout=30)
+        t.ok(r.returncode != 0 and "'nonsense' is not a known key" in r.stderr.decode(), 'unknown keys are refused',
+             r.stderr)
+        with open(cfg, 'w') as f:
+            f.write('{"maxSandboxes": 2,\n "limits": {"pids": 100}')
+        r = env.run(['daemon'], timeout=30)
+        t.ok(r.returncode != 0 and 'line 2' in r.stderr.decode(), 'a syntax error names its line', r.stderr)
+        with open(cfg, 'w') as f:
+            json.dump({'maxSandboxes': 2, 'limits': {'pids': 100}}, f)
+        c = env.mcp(['--sandbox', 'one'])
+        c.initialize()
+        c.ok('createSandbox', {'sandboxId': 'one'})
+        c.ok('createSandbox', {'sandboxId': 'two'})
+        t.eq(c.err('createSandbox', {'sandboxId': 'three'}), 'RESOURCE_LIMIT', 'maxSandboxes from the config holds')
+        r = c.sh(FORKS, sandbox='one', timeout=30000)
+        t.ok(0 < int(r['stdout']) < 100, 'default limits from the config apply (pids 100: %s forks)' % r['stdout'].strip())
+        r = env.run(['doctor'])
+        out = r.stdout.decode()
+        t.ok(cfg in out and '"maxSandboxes": 2' in out, 'doctor prints the configuration in force', out[-600:])
+    finally:
+        env.close()
+
+
+def test_thousand(t, x):
+    c = x.env.socket_client()
+    c.initialize()
+    n = 1000
+    for i in range(n):  # pipelined: the daemon takes them one after another
+        c.send({'jsonrpc': '2.0', 'id': 'm-%d' % i, 'method': 'tools/call',
+                'params': {'name': 'createSandbox', 'arguments': {'sandboxId': 'm-%d' % i}}})
+    bad = []
+    for i in range(n):
+        r = c.next(lambda m, i=i: m.get('id') == 'm-%d' % i, 120)
+        if r['result'].get('isError'):
+            bad.append(r['result']['structuredContent'])
+    t.eq(bad[:3], [], '1,000 sandboxes created')
+    listed = c.ok('listSandboxes')['sandboxes']
+    t.eq(sum(1 for s in listed if s['sandboxId'].startswith('m-') and s['status'] == 'running'), n,
+         'all 1,000 are running at once')
+    r = c.ok('exec', {'sandboxId': 'm-999', 'command': 'echo alive; ls /workspace | wc -l'})
+    t.eq(r['stdout'], 'alive\n0\n', 'and each works')
+    for i in range(n):
+        c.send({'jsonrpc': '2.0', 'id': 'd%d' % i, 'method': 'tools/call',
+                'params': {'name': 'destroySandbox', 'arguments': {'sandboxId': 'm-%d' % i}}})
+    for i in range(n):
+        c.next(lambda m, i=i: m.get('id') == 'd%d' % i, 120)
+    left = os.listdir(os.path.join(x.env.state, 'sandboxes'))
+    t.ok(not any(d.startswith('m-') for d in left), 'and all go again', left[:5])
+
+
+if __name__ == '__main__':
+    sys.exit(run_tests([test_disk_is_disk, test_spills_on_disk, test_kill_9, test_daemon_stop,
+                        test_listed_after_restart, test_relay_survives, test_stdin_closed_early, test_config,
+                        test_thousand], Ctx))
