@@ -62,7 +62,7 @@ static void h_create(mcp_call *call, json_t *args, sbx_sandbox *unused) {
     if ((v = json_object_get(lim, "memoryMB"))) o.limits.memory_mb = json_number_value(v);
     if ((v = json_object_get(lim, "cpus"))) o.limits.cpus = json_number_value(v);
     if ((v = json_object_get(lim, "pids"))) o.limits.pids = json_number_value(v);
-    if ((v = json_object_get(lim, "diskMB"))) o.limits.disk_mb = json_number_value(v);
+    if ((v = json_object_get(lim, "diskMB"))) o.limits.disk_mb = json_number_value(v), o.disk_explicit = true;
   }
   if (env_from_json(json_object_get(args, "env"), &o.env, &err) < 0) {
     sbx_env_clear(&o.env);
@@ -77,7 +77,14 @@ static void h_create(mcp_call *call, json_t *args, sbx_sandbox *unused) {
   call->restarted = sbx_sandbox_take_restart(sb);
   char text[160];
   snprintf(text, sizeof text, "sandbox %s %s", sb->id, created ? "created" : "already exists");
-  mcp_call_ok(call, json_pack("{s:s, s:s, s:b}", "sandboxId", sb->id, "status", "running", "created", created), text);
+  const sbx_limits *l = &sb->opts.limits;
+  sbx_enforced e = sbx_sandbox_enforced(sb);
+  mcp_call_ok(call,
+              json_pack("{s:s, s:s, s:b, s:{s:I, s:f, s:I, s:I}, s:{s:b, s:b, s:b, s:b}}", "sandboxId", sb->id, "status",
+                        sbx_sandbox_status(sb), "created", created, "limits", "memoryMB", (json_int_t)l->memory_mb, "cpus",
+                        l->cpus, "pids", (json_int_t)l->pids, "diskMB", (json_int_t)l->disk_mb, "limitsEnforced",
+                        "memory", e.memory, "cpus", e.cpus, "pids", e.pids, "disk", e.disk),
+              text);
 }
 
 static void h_list(mcp_call *call, json_t *args, sbx_sandbox *unused) {

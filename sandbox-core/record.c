@@ -32,9 +32,10 @@ json_t *sbx_record_json(const sbx_sandbox *sb) {
   json_t *sessions = json_array();
   for (const sbx_session *s = sb->sessions; s; s = s->next)
     json_array_append_new(sessions, json_pack("{s:s, s:s, s:o}", "id", s->id, "cwd", s->cwd, "env", sbx_env_to_json(&s->env)));
-  json_t *opts = json_pack("{s:{s:I, s:f, s:I, s:I}, s:b, s:I, s:b, s:s, s:o}", "limits", "memoryMB",
+  json_t *opts = json_pack("{s:{s:I, s:f, s:I, s:I}, s:b, s:b, s:I, s:b, s:s, s:o}", "limits", "memoryMB",
                            (json_int_t)o->limits.memory_mb, "cpus", o->limits.cpus, "pids", (json_int_t)o->limits.pids,
-                           "diskMB", (json_int_t)o->limits.disk_mb, "limitsExplicit", o->limits_explicit, "sleepAfterMs",
+                           "diskMB", (json_int_t)o->limits.disk_mb, "limitsExplicit", o->limits_explicit,
+                           "diskExplicit", o->disk_explicit, "sleepAfterMs",
                            (json_int_t)o->sleep_after_ms, "keepAlive", o->keep_alive, "network",
                            o->egress ? "egress" : "none", "env", sbx_env_to_json(&o->env));
   if (o->image[0]) json_object_set_new(opts, "image", json_string(o->image));
@@ -62,6 +63,7 @@ int sbx_record_apply(sbx_sandbox *sb, json_t *rec, char *err, size_t errlen) {
   op->limits.disk_mb = json_integer_value(json_object_get(lim, "diskMB"));
   if (!op->limits.disk_mb) BAD("no diskMB");
   op->limits_explicit = json_is_true(json_object_get(o, "limitsExplicit"));
+  op->disk_explicit = json_is_true(json_object_get(o, "diskExplicit"));
   op->sleep_after_ms = json_integer_value(json_object_get(o, "sleepAfterMs"));
   op->keep_alive = json_is_true(json_object_get(o, "keepAlive"));
   const char *net = json_string_value(json_object_get(o, "network"));

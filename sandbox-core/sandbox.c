@@ -309,6 +309,12 @@ bool sbx_sandbox_alive(sbx_sandbox *sb) {
   return sb->state == SBX_RUNNING && sb->init_pidfd >= 0 && poll(&p, 1, 0) == 0;
 }
 
+sbx_enforced sbx_sandbox_enforced(sbx_sandbox *sb) {
+  bool cg = sb->cg.n > 0;
+  return (sbx_enforced){.memory = cg && sb->opts.limits.memory_mb, .cpus = cg && sb->opts.limits.cpus > 0,
+                        .pids = cg && sb->opts.limits.pids, .disk = sbx_disk_quota_enforced()};
+}
+
 const char *sbx_sandbox_status(sbx_sandbox *sb) {
   switch (sb->state) {
   case SBX_ASLEEP: return "sleeping";
@@ -543,6 +549,12 @@ static int start(sbx_sandbox *sb, sbx_error *err) {
     stop_running(sb);
     return sbx_err(err, "RESOURCE_LIMIT",
                    "limits cannot be enforced: this daemon has no cgroup it may write (see `sbx doctor`)");
+  }
+  if (opts->disk_explicit && !sbx_disk_quota_enforced()) {
+    stop_running(sb);
+    return sbx_err(err, "RESOURCE_LIMIT", "diskMB cannot be enforced here: %s (see `sbx doctor`)",
+                   eng.cfg.rootless ? "a rootless daemon keeps disks as plain directories"
+                                    : "no loop devices (/dev/loop-control)");
   }
   if (sbx_disk_ensure(id, opts->limits.disk_mb, err) < 0) {
     stop_running(sb);

@@ -35,6 +35,7 @@ typedef struct sbx_session {
 typedef struct sbx_sandbox_opts {
   sbx_limits limits;
   bool limits_explicit; /* the caller named limits: refuse when unenforceable */
+  bool disk_explicit;   /* ...and diskMB among them */
   int64_t sleep_after_ms;
   bool keep_alive;
   bool egress; /* network "egress" (else "none": loopback only) */
@@ -107,6 +108,11 @@ bool sbx_sandbox_take_restart(sbx_sandbox *sb);
 /* Writes the sandbox's record (options, sessions) when it changed:
  * write, fsync, rename. */
 int sbx_sandbox_save(sbx_sandbox *sb);
+/* Which limits hold for this running sandbox. */
+typedef struct sbx_enforced {
+  bool memory, cpus, pids, disk;
+} sbx_enforced;
+sbx_enforced sbx_sandbox_enforced(sbx_sandbox *sb);
 /* "running", "stopped", "sleeping" or "failed". */
 const char *sbx_sandbox_status(sbx_sandbox *sb);
 int sbx_sandbox_count(void);

@@ -51,6 +51,22 @@ def test_limits(t, x):
     t.eq(x.c.sh('ps -e -o comm= | grep -c ^sleep || true')['stdout'].strip(), '0', 'and kills the tree')
 
 
+def test_durable(t, x):
+    x.c.sh('echo kept > /workspace/kept.txt && cd /tmp && export R=1')
+    r = x.env.run(['daemon', 'stop'])
+    t.ok(r.returncode == 0 and b'stopped' in r.stdout, 'the rootless daemon stops', r.stdout + r.stderr)
+    res, _ = x.c.call('exec', {'command': 'cat /workspace/kept.txt; pwd; echo $R'}, timeout=60)
+    s = res['structuredContent']
+    t.eq((s.get('stdout'), s.get('restarted')), ('kept\n/tmp\n1\n', True),
+         'rootless sandboxes keep their files and sessions across a restart too')
+    disk = os.path.join(x.env.state, 'sandboxes', 'rl', 'disk')
+    t.ok(os.path.isdir(disk) and os.stat(disk).st_uid == UID, 'as a directory of the user\'s state dir')
+    r = x.c.ok('createSandbox', {'sandboxId': 'rl'})
+    t.eq(r['limitsEnforced']['disk'], False, 'createSandbox says the disk quota is not enforced')
+    t.eq(x.c.err('createSandbox', {'sandboxId': 'rl-disk', 'limits': {'diskMB': 100}}), 'RESOURCE_LIMIT',
+         'an explicit diskMB is RESOURCE_LIMIT rootless')
+
+
 def test_escape(t, x):
     r = x.c.sh('ls -A /root /home; cat /etc/shadow 2>&1 | head -1; unshare -U true 2>&1; echo rc=$?')
     t.ok('rc=1' in r['stdout'] and 'shadow: No such file' in r['stdout'], 'no shadow, no nested user namespace',
@@ -62,4 +78,4 @@ if __name__ == '__main__':
     if os.geteuid() != 0:
         print('1..0 # SKIP needs root to drop to an unprivileged user')
         sys.exit(77)
-    sys.exit(run_tests([test_exec_and_identity, test_files, test_system_dirs_read_only, test_limits, test_escape], Ctx))
+    sys.exit(run_tests([test_exec_and_identity, test_files, test_system_dirs_read_only, test_limits, test_durable, test_escape], Ctx))
