@@ -1,8 +1,15 @@
 #!/usr/bin/env python3
 """sbx benchmarks, each printed beside a yardstick measured in the same run.
 
-  create   createSandbox + destroySandbox over the socket, p50/p99 over N,
-           against `bwrap --unshare-all ... true` (bubblewrap) started N times
+  create   createSandbox over the socket N times one after another, then
+           destroySandbox of each, p50/p99, against `bwrap --unshare-all ...
+           true` (bubblewrap) started N times
+  wake     the first call to a sandbox after a daemon restart (starts it on
+           its own disk), against the same call once it runs
+  many     1,000 idle sandboxes: host memory each (MemAvailable, caches
+           dropped), create and exec latency with them against none
+  disk     1 GiB sequential write and tar -x of 2,000 small files in
+           /workspace, against the same on the host's disk
   exec     `exec true` through `sbx mcp` (stdio relay), p50/p99 over N,
            against plain fork+exec of /bin/true (posix_spawn + wait)
   parallel calls per second of `exec true` with C clients on C sessions
@@ -10,7 +17,7 @@
            HTTP; the ping difference stdio - socket is what the relay adds
   clients  `exec true` latency and throughput with 1, 8 and 64 socket clients
 
-Usage: bench/bench.py [create|exec|parallel|all] [--n N]. Needs root, a built
+Usage: bench/bench.py [create|wake|many|disk|exec|parallel|transports|clients|all] [--n N]. Needs root, a built
 build/sbx and bubblewrap (scripts/bootstrap installs it)."""
 import argparse
 import os
@@ -45,27 +52,158 @@ def spawn_wait(argv):
     return (time.perf_counter() - t0) * 1000
 
 
+BWRAP_ARGV = ['--unshare-all', '--proc', '/proc', '--dev', '/dev', '--ro-bind', '/usr', '/usr',
+              '--symlink', 'usr/lib', '/lib', '--symlink', 'usr/lib64', '/lib64', '--symlink', 'usr/bin', '/bin',
+              '--tmpfs', '/tmp', '/usr/bin/true']
+
+
+def bwrap_times(n):
+    argv = [shutil.which('bwrap')] + BWRAP_ARGV
+    return [spawn_wait(argv) for _ in range(n)]
+
+
 def bench_create(env, n):
     c = env.socket_client()
     c.initialize()
     c.ok('createSandbox', {'sandboxId': 'warm'})  # daemon warm; not timed
-    ours, destroy = [], []
+    ours = lat_each(lambda i: c.ok('createSandbox', {'sandboxId': 'b%d' % i}), n)
+    destroy = lat_each(lambda i: c.ok('destroySandbox', {'sandboxId': 'b%d' % i}), n)
+    yard = bwrap_times(n)
+    print('== sandbox create (n=%d, one after another), then destroy ==' % n)
+    report('sbx createSandbox', ours, 'bwrap --unshare-all ... true', yard)
+    report('sbx destroySandbox', destroy, 'bwrap --unshare-all ... true', yard)
+
+
+def lat_each(f, n):
+    xs = []
     for i in range(n):
         t0 = time.perf_counter()
-        c.ok('createSandbox', {'sandboxId': 'b%d' % i})
-        t1 = time.perf_counter()
-        c.ok('destroySandbox', {'sandboxId': 'b%d' % i})
-        t2 = time.perf_counter()
-        ours.append((t1 - t0) * 1000)
-        destroy.append((t2 - t0) * 1000)
-    bwrap = shutil.which('bwrap')
-    argv = [bwrap, '--unshare-all', '--proc', '/proc', '--dev', '/dev', '--ro-bind', '/usr', '/usr',
-            '--symlink', 'usr/lib', '/lib', '--symlink', 'usr/lib64', '/lib64', '--symlink', 'usr/bin', '/bin',
-            '--tmpfs', '/tmp', '/usr/bin/true']
-    yard = [spawn_wait(argv) for _ in range(n)]
-    print('== sandbox create (n=%d) ==' % n)
-    report('sbx createSandbox', ours, 'bwrap --unshare-all ... true', yard)
-    report('sbx createSandbox + destroySandbox', destroy, 'bwrap --unshare-all ... true', yard)
+        f(i)
+        xs.append((time.perf_counter() - t0) * 1000)
+    return xs
+
+
+def bench_wake(n):
+    """A sandbox stopped by a daemon restart: its first call starts it on
+    its own disk (restarted: true)."""
+    env = Env()
+    try:
+        c = env.socket_client()
+        c.initialize()
+        for i in range(n):
+            c.ok('writeFile', {'sandboxId': 'w%d' % i, 'path': 'f', 'content': 'x'})
+        c.close()
+        env.run(['daemon', 'stop'])
+        c = env.socket_client()
+        c.initialize()
+        wake = lat_each(lambda i: c.ok('exists', {'sandboxId': 'w%d' % i, 'path': 'f'}), n)
+        warm = lat_each(lambda i: c.ok('exists', {'sandboxId': 'w%d' % i, 'path': 'f'}), n)
+        print('== wake after a daemon restart (n=%d) ==' % n)
+        print('%-34s p50 %7.2f ms  p99 %7.2f ms' % ('first call (starts the sandbox)', pct(wake, 50), pct(wake, 99)))
+        print('%-34s p50 %7.2f ms  p99 %7.2f ms' % ('the same call, running', pct(warm, 50), pct(warm, 99)))
+        print()
+    finally:
+        env.close()
+
+
+def meminfo_available_kb():
+    subprocess.run(['sync'])
+    with open('/proc/sys/vm/drop_caches', 'w') as f:
+        f.write('3\n')
+    time.sleep(1)
+    with open('/proc/meminfo') as f:
+        for line in f:
+            if line.startswith('MemAvailable:'):
+                return int(line.split()[1])
+
+
+def bench_many(n):
+    """n idle sandboxes at once: host memory each, and create and exec
+    latency with them alive against none."""
+    env = Env()
+    try:
+        c = env.socket_client()
+        c.initialize()
+        c.ok('createSandbox', {'sandboxId': 'probe'})
+        c.sh('true', sandbox='probe')
+
+        def probe():
+            cr = lat_each(lambda i: (c.ok('createSandbox', {'sandboxId': 'p%d' % i}),
+                                     c.ok('destroySandbox', {'sandboxId': 'p%d' % i})), 30)
+            ex = lat_each(lambda i: c.ok('exec', {'sandboxId': 'probe', 'command': 'true'}), 200)
+            return cr, ex
+        cr0, ex0 = probe()
+        before = meminfo_available_kb()
+        for i in range(n):
+            c.send({'jsonrpc': '2.0', 'id': 'm%d' % i, 'method': 'tools/call',
+                    'params': {'name': 'createSandbox', 'arguments': {'sandboxId': 'idle-%d' % i}}})
+        for i in range(n):
+            r = c.next(lambda m, i=i: m.get('id') == 'm%d' % i, 300)
+            assert not r['result'].get('isError'), r
+        after = meminfo_available_kb()
+        cr1, ex1 = probe()
+        print('== %d idle sandboxes ==' % n)
+        print('%-34s %8.0f KiB per sandbox (MemAvailable, caches dropped)' % ('host memory', (before - after) / n))
+        print('%-34s p50 %7.2f ms with %d alive, %7.2f ms with none (%.2fx)' %
+              ('create + destroy', pct(cr1, 50), n, pct(cr0, 50), pct(cr1, 50) / pct(cr0, 50)))
+        print('%-34s p50 %7.2f ms with %d alive, %7.2f ms with none (%.2fx)' %
+              ('exec true', pct(ex1, 50), n, pct(ex0, 50), pct(ex1, 50) / pct(ex0, 50)))
+        print()
+    finally:
+        env.close()
+
+
+def bench_disk(size_mb=1024, files=2000):
+    """Sequential write of size_mb and tar -x of a tree of small files in
+    /workspace, against the same commands on the host's disk."""
+    import tarfile
+    env = Env()
+    host = os.path.join(env.root, 'host')
+    os.makedirs(host)
+    try:
+        tar = os.path.join(env.root, 'tree.tar')
+        with tarfile.open(tar, 'w') as tf:
+            import io
+            for i in range(files):
+                data = (b'%d\n' % i) * (1 + i % 200)
+                ti = tarfile.TarInfo('src/d%d/f%d.txt' % (i % 50, i))
+                ti.size = len(data)
+                tf.addfile(ti, io.BytesIO(data))
+        c = env.socket_client()
+        c.initialize()
+        c.ok('createSandbox', {'sandboxId': 'disk'})
+        with open(tar, 'rb') as f:
+            import base64
+            c.ok('writeFile', {'sandboxId': 'disk', 'path': '/tmp/tree.tar', 'content': base64.b64encode(f.read()).decode(),
+                               'encoding': 'base64'})
+        write_cmd = 'dd if=/dev/zero of=%s/big bs=1M count=%d conv=fsync status=none'
+        untar_cmd = 'mkdir -p %s/x && tar -xf %s -C %s/x && sync'
+
+        def ours(cmd):
+            t0 = time.perf_counter()
+            r = c.ok('exec', {'sandboxId': 'disk', 'command': cmd}, timeout=600)
+            assert r['exitCode'] == 0, r
+            return (time.perf_counter() - t0) * 1000
+
+        def native(cmd):
+            t0 = time.perf_counter()
+            subprocess.run(['sh', '-c', cmd], check=True)
+            return (time.perf_counter() - t0) * 1000
+        rows = []
+        for name, o, h in (('write %d MiB (fsync)' % size_mb, write_cmd % ('/workspace', size_mb), write_cmd % (host, size_mb)),
+                           ('tar -x of %d small files' % files, untar_cmd % ('/workspace', '/tmp/tree.tar', '/workspace'),
+                            untar_cmd % (host, tar, host))):
+            a = min(ours(o) for _ in range(3))
+            b = min(native(h) for _ in range(3))
+            c.ok('exec', {'sandboxId': 'disk', 'command': 'rm -rf /workspace/big /workspace/x'})
+            subprocess.run(['rm', '-rf', os.path.join(host, 'big'), os.path.join(host, 'x')])
+            rows.append((name, a, b))
+        print('== disk: /workspace against the host\'s own disk (best of 3) ==')
+        for name, a, b in rows:
+            print('%-34s sbx %8.1f ms  host %8.1f ms  (%.2fx)' % (name, a, b, a / b))
+        print()
+    finally:
+        env.close()
 
 
 def bench_exec(env, n):
@@ -217,6 +355,12 @@ def main():
         print()
         if a.what in ('create', 'all'):
             bench_create(env, a.n or 200)
+        if a.what in ('wake', 'all'):
+            bench_wake(a.n or 50)
+        if a.what in ('many', 'all'):
+            bench_many(a.n or 1000)
+        if a.what in ('disk', 'all'):
+            bench_disk()
         if a.what in ('exec', 'all'):
             bench_exec(env, a.n or 1000)
         if a.what in ('parallel', 'all'):

@@ -192,7 +192,8 @@ int sbx_daemon_main(const char *http_addr, bool http_allow_remote) {
     setrlimit(RLIMIT_NOFILE, &nofile);
   }
   sbx_engine_config cfg = {.state_dir = d.paths.state, .runtime_dir = d.paths.runtime, .rootless = geteuid() != 0,
-                           .max_sandboxes = conf.max_sandboxes, .default_limits = conf.limits, .warn = log_warning};
+                           .max_sandboxes = conf.max_sandboxes, .default_limits = conf.limits, .warn = log_warning,
+                           .loop = uv_default_loop()};
   sbx_error e = {0};
   if (sbx_engine_init(&cfg, &e) < 0) {
     fprintf(stderr, "sbx daemon: %s\n", e.message);

@@ -181,26 +181,46 @@ bool sbx_cg_available(void) { return cg.ready; }
 bool sbx_cg_is_v2(void) { return cg.v2; }
 const char *sbx_cg_describe(void) { return cg.ready ? cg.desc : "unavailable"; }
 
-int sbx_cg_create(const sbx_cgroup *parent, const char *name, sbx_cgroup *out) {
+int sbx_cg_create(const sbx_cgroup *parent, const char *name, bool memory, sbx_cgroup *out) {
   if (!cg.ready) return -ENOTSUP;
-  *out = (sbx_cgroup){0};
+  *out = (sbx_cgroup){.n = cg.n};
   for (int i = 0; i < cg.n; i++) {
+    /* a memory cgroup costs the kernel some 170 KiB: only where a limit
+     * is; the others' processes join their parent's */
+    if (!cg.v2 && !memory && parent && !strcmp(cg.ctrl[i], "memory")) {
+      out->dirs[i] = strdup(parent->dirs[i]);
+      out->joined |= 1u << i;
+      continue;
+    }
     out->dirs[i] = sbx_strdup_printf("%s/%s", parent ? parent->dirs[i] : cg.base[i], name);
-    out->n = i + 1;
     if (mkdir(out->dirs[i], 0755) < 0 && errno != EEXIST) {
       int r = -errno;
       sbx_cg_remove(out);
+      sbx_cg_free(out);
       return r;
     }
+  }
+  /* v2: what this cgroup's children get (no memory controller for them) */
+  if (cg.v2 && memory) {
+    char *sub = sbx_strdup_printf("%s/cgroup.subtree_control", out->dirs[0]);
+    sbx_write_string(sub, "+pids +cpu");
+    free(sub);
   }
   return 0;
 }
 
 static int dir_for(const sbx_cgroup *c, const char *ctrl) {
-  if (cg.v2) return c->n ? 0 : -1;
+  if (cg.v2) return c->n && c->dirs[0] ? 0 : -1;
   for (int i = 0; i < c->n; i++)
-    if (!strcmp(cg.ctrl[i], ctrl)) return i;
+    if (c->dirs[i] && !(c->joined & (1u << i)) && !strcmp(cg.ctrl[i], ctrl)) return i;
   return -1;
+}
+
+/* Every hierarchy it owns holds the same tasks: any one of them tells. */
+static const char *any_dir(const sbx_cgroup *c) {
+  for (int i = 0; i < c->n; i++)
+    if (c->dirs[i] && !(c->joined & (1u << i))) return c->dirs[i];
+  return NULL;
 }
 
 int sbx_cg_apply(const sbx_cgroup *c, const sbx_limits *l) {
@@ -222,23 +242,27 @@ int sbx_cg_apply(const sbx_cgroup *c, const sbx_limits *l) {
 }
 
 int sbx_cg_open_procs(const sbx_cgroup *c, int fds[SBX_CG_MAX]) {
+  int n = 0;
   for (int i = 0; i < c->n; i++) {
+    if (!c->dirs[i]) continue;
     char path[4096];
     snprintf(path, sizeof path, "%s/cgroup.procs", c->dirs[i]);
-    fds[i] = open(path, O_WRONLY | O_CLOEXEC);
-    if (fds[i] < 0) {
+    fds[n] = open(path, O_WRONLY | O_CLOEXEC);
+    if (fds[n] < 0) {
       int r = -errno;
-      while (i--) close(fds[i]);
+      while (n--) close(fds[n]);
       return r;
     }
+    n++;
   }
-  return c->n;
+  return n;
 }
 
 int sbx_cg_add_pid(const sbx_cgroup *c, pid_t pid) {
   char v[32];
   snprintf(v, sizeof v, "%d", pid);
   for (int i = 0; i < c->n; i++) {
+    if (!c->dirs[i]) continue;
     char path[4096];
     snprintf(path, sizeof path, "%s/cgroup.procs", c->dirs[i]);
     int r = sbx_write_string(path, v);
@@ -279,7 +303,7 @@ static void kill_pid(pid_t pid, void *ud) {
 }
 
 int sbx_cg_kill(const sbx_cgroup *c) {
-  if (!c->n) return -ENOTSUP;
+  if (!any_dir(c)) return -ENOTSUP;
   char path[4096];
   if (cg.v2) {
     snprintf(path, sizeof path, "%s/cgroup.kill", c->dirs[0]);
@@ -293,7 +317,8 @@ int sbx_cg_kill(const sbx_cgroup *c) {
     sbx_write_string(path, "FROZEN");
   }
   /* Frozen tasks cannot fork, so one pass over every hierarchy catches all. */
-  for (int i = 0; i < c->n; i++) for_each_pid(c->dirs[i], 0, kill_pid, NULL);
+  for (int i = 0; i < c->n; i++)
+    if (c->dirs[i] && !(c->joined & (1u << i))) for_each_pid(c->dirs[i], 0, kill_pid, NULL);
   if (fz >= 0) sbx_write_string(path, "THAWED");
   return 0;
 }
@@ -301,12 +326,13 @@ int sbx_cg_kill(const sbx_cgroup *c) {
 static void signal_pid(pid_t pid, void *ud) { kill(pid, *(int *)ud); }
 
 void sbx_cg_signal(const sbx_cgroup *c, int sig) {
-  if (c->n) for_each_pid(c->dirs[0], 0, signal_pid, &sig);
+  const char *d = any_dir(c);
+  if (d) for_each_pid(d, 0, signal_pid, &sig);
 }
 
 bool sbx_cg_populated(const sbx_cgroup *c) {
-  /* every hierarchy holds the same tasks: one is enough to look at */
-  return c->n > 0 && for_each_pid(c->dirs[0], 0, NULL, NULL) > 0;
+  const char *d = any_dir(c);
+  return d && for_each_pid(d, 0, NULL, NULL) > 0;
 }
 
 uint64_t sbx_cg_oom_kills(const sbx_cgroup *c) {
@@ -342,7 +368,7 @@ static int rm_tree(const char *dir, int depth) {
 int sbx_cg_remove(sbx_cgroup *c) {
   int r = 0;
   for (int i = 0; i < c->n; i++)
-    if (c->dirs[i]) {
+    if (c->dirs[i] && !(c->joined & (1u << i))) {
       int q = rm_tree(c->dirs[i], 0);
       if (q < 0) r = q;
     }

@@ -17,6 +17,8 @@ typedef struct sbx_limits {
 typedef struct sbx_cgroup {
   int n;
   char *dirs[SBX_CG_MAX]; /* one directory per hierarchy (v2: one) */
+  unsigned joined;        /* hierarchies where dirs[i] is the parent's own:
+                             joined by its processes, never killed or removed */
 } sbx_cgroup;
 
 /* One file to write to apply a limit: in hierarchy `ctrl` (v1) or the
@@ -36,8 +38,10 @@ bool sbx_cg_available(void);
 bool sbx_cg_is_v2(void);
 const char *sbx_cg_describe(void); /* for doctor */
 
-/* Creates `parent`/`name` (parent NULL = the daemon's subtree). */
-int sbx_cg_create(const sbx_cgroup *parent, const char *name, sbx_cgroup *out);
+/* Creates `parent`/`name` (parent NULL = the daemon's subtree). Without
+ * `memory` it joins no memory cgroup of its own (its memory counts in the
+ * parent's): commands' cgroups, which only need to be killed as a tree. */
+int sbx_cg_create(const sbx_cgroup *parent, const char *name, bool memory, sbx_cgroup *out);
 int sbx_cg_apply(const sbx_cgroup *cg, const sbx_limits *l);
 /* Opens cgroup.procs of every hierarchy (O_WRONLY|O_CLOEXEC): writing "0"
  * to each moves the writer in. Returns the count, fds[] filled. */

@@ -1,10 +1,13 @@
 #define _GNU_SOURCE
 #include "disk.h"
+#include "rootfs.h"
 
 #include <dirent.h>
 #include <fcntl.h>
 #include <linux/loop.h>
 #include <sys/ioctl.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -12,6 +15,7 @@
 #include <time.h>
 
 #define MAX_STALE 64
+#define POOL_SIZE 2
 
 static struct {
   char *state;
@@ -19,10 +23,23 @@ static struct {
   bool loop; /* images on loop devices (else directories) */
   /* loop devices bound to images of ours when we started */
   struct {
-    char path[1200];
+    dev_t dev;
+    ino_t ino;
     char loop[260];
   } stale[MAX_STALE];
   int nstale;
+  /* fresh disks of the default size, made ahead by a helper process */
+  struct {
+    int sock;
+    pid_t pid;
+    uv_poll_t poll;
+    uint64_t mb;
+    struct {
+      int fd;
+      char path[1200];
+    } ready[POOL_SIZE];
+    int n;
+  } pool;
 } dk;
 
 bool sbx_disk_quota_enforced(void) { return dk.loop; }
@@ -83,32 +100,60 @@ int sbx_disk_init(const char *state_dir, bool rootless, sbx_error *err) {
   if (d) closedir(d);
   dk.loop = !rootless && access("/dev/loop-control", R_OK | W_OK) == 0;
   dk.nstale = 0;
+  dk.pool.sock = -1;
   if (!dk.loop) return 0;
+  /* disks made ahead by a daemon that died */
+  snprintf(path, sizeof path, "%s/pool", state_dir);
+  sbx_mkdir_p(path, 0700);
+  d = opendir(path);
+  for (struct dirent *e; d && (e = readdir(d));)
+    if (e->d_name[0] != '.') unlinkat(dirfd(d), e->d_name, 0);
+  if (d) closedir(d);
   d = opendir("/sys/block");
-  size_t pl = snprintf(path, sizeof path, "%s/sandboxes/", state_dir);
+  size_t pl = snprintf(path, sizeof path, "%s/", state_dir);
   for (struct dirent *e; d && (e = readdir(d));) {
     if (strncmp(e->d_name, "loop", 4) || dk.nstale >= MAX_STALE) continue;
     char f[512], back[1200];
     snprintf(f, sizeof f, "/sys/block/%s/loop/backing_file", e->d_name);
-    if (read_line(f, back, sizeof back) < 0 || strncmp(back, path, pl) || strstr(back, " (deleted)")) continue;
-    snprintf(dk.stale[dk.nstale].path, sizeof dk.stale[0].path, "%s", back);
-    snprintf(dk.stale[dk.nstale].loop, sizeof dk.stale[0].loop, "%s", e->d_name);
-    dk.nstale++;
+    if (read_line(f, back, sizeof back) < 0 || strncmp(back, path, pl)) continue;
+    /* by device and inode: an image made ahead is bound under another name */
+    snprintf(f, sizeof f, "/dev/%s", e->d_name);
+    int l = open(f, O_RDONLY | O_CLOEXEC);
+    struct loop_info64 info;
+    if (l < 0) continue;
+    if (ioctl(l, LOOP_GET_STATUS64, &info) == 0) {
+      dk.stale[dk.nstale].dev = (dev_t)info.lo_device;
+      dk.stale[dk.nstale].ino = (ino_t)info.lo_inode;
+      snprintf(dk.stale[dk.nstale].loop, sizeof dk.stale[0].loop, "%s", e->d_name);
+      dk.nstale++;
+    }
+    close(l);
   }
   if (d) closedir(d);
   return 0;
+}
+
+static bool still_bound(const char *loop, dev_t dev, ino_t ino) {
+  char f[300];
+  snprintf(f, sizeof f, "/dev/%s", loop);
+  int l = open(f, O_RDONLY | O_CLOEXEC);
+  if (l < 0) return false;
+  struct loop_info64 info;
+  bool bound = ioctl(l, LOOP_GET_STATUS64, &info) == 0 && (dev_t)info.lo_device == dev && (ino_t)info.lo_inode == ino;
+  close(l);
+  return bound;
 }
 
 /* A sandbox of a daemon that died may still be tearing down its mount of
  * this image: mounting it again through another loop device would put two
  * filesystems on one disk. Wait (bounded) until the old one lets go. */
 static int wait_stale(const char *img, sbx_error *err) {
+  struct stat st;
+  if (!dk.nstale || stat(img, &st) < 0) return 0;
   for (int i = 0; i < dk.nstale; i++) {
-    if (strcmp(dk.stale[i].path, img)) continue;
-    char f[512], back[1200];
-    snprintf(f, sizeof f, "/sys/block/%s/loop/backing_file", dk.stale[i].loop);
+    if (dk.stale[i].dev != st.st_dev || dk.stale[i].ino != st.st_ino) continue;
     uint64_t deadline = sbx_now_ms() + 10000;
-    while (read_line(f, back, sizeof back) == 0 && !strcmp(back, img)) {
+    while (still_bound(dk.stale[i].loop, st.st_dev, st.st_ino)) {
       if (sbx_now_ms() > deadline)
         return sbx_err(err, "INTERNAL", "%s is still mounted by a sandbox of an earlier daemon (/dev/%s)", img,
                        dk.stale[i].loop);
@@ -151,6 +196,20 @@ static int run_mkfs(const char *path, uint64_t mb) {
   return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -EIO;
 }
 
+static int attach_loop(int img, char *dev, size_t len);
+static int fsmount_ext4(const char *dev);
+
+/* Every copy of the template starts with the sandbox's directory layout. */
+static int lay_out(int img) {
+  char dev[64];
+  _cleanup_close_ int loop = attach_loop(img, dev, sizeof dev);
+  if (loop < 0) return loop;
+  _cleanup_close_ int m = fsmount_ext4(dev);
+  if (m < 0) return m;
+  int r = sbx_rootfs_layout(m);
+  return r < 0 ? r : sbx_rootfs_prime(m);
+}
+
 static void template_path(uint64_t mb, char *out, size_t len) {
   snprintf(out, len, "%s/templates/ext4-%lluM.img", dk.state, (unsigned long long)mb);
 }
@@ -165,6 +224,7 @@ int sbx_disk_template(uint64_t mb, sbx_error *err) {
   if (fd < 0) return sbx_err_errno(err, "INTERNAL", errno, "creating %s", tmp);
   int r = ftruncate(fd, (off_t)mb << 20) < 0 ? -errno : 0;
   if (r == 0) r = run_mkfs(tmp, mb);
+  if (r == 0) r = lay_out(fd);
   /* written and out of the page cache: zeroed extents that are not cached
    * read as holes to SEEK_DATA, so copies take only the metadata */
   if (r == 0 && fsync(fd) < 0) r = -errno;
@@ -309,6 +369,155 @@ int sbx_disk_mount(const char *id, sbx_error *err) {
     return sbx_err_errno(err, "INTERNAL", -m, "mounting the disk of sandbox '%s' (%s)", id, dev);
   }
   return m;
+}
+
+/* ---- disks made ahead -------------------------------------------------- */
+
+/* A fresh disk in the helper: a copy of the template, bound to a loop
+ * device and mounted detached; the mount fd goes to the daemon. */
+static int pool_make(int sock, uint64_t mb, unsigned long long seq) {
+  char tpl[1200], path[1200];
+  template_path(mb, tpl, sizeof tpl);
+  snprintf(path, sizeof path, "%s/pool/%llu.img", dk.state, seq);
+  int r = sparse_copy(tpl, path);
+  if (r < 0) return r;
+  _cleanup_close_ int img = open(path, O_RDWR | O_CLOEXEC | O_DIRECT);
+  if (img < 0 && errno == EINVAL) img = open(path, O_RDWR | O_CLOEXEC);
+  if (img < 0) return -errno;
+  char dev[64];
+  _cleanup_close_ int loop = attach_loop(img, dev, sizeof dev);
+  if (loop < 0) {
+    unlink(path);
+    return loop;
+  }
+  int m = fsmount_ext4(dev);
+  if (m < 0) {
+    unlink(path);
+    return m;
+  }
+  /* reads the layout in and writes once (the journal and the allocation
+   * bitmaps are loaded), so the sandbox's init finds its disk warm */
+  sbx_rootfs_layout(m);
+  int t = openat(m, "work", O_RDWR | O_TMPFILE | O_CLOEXEC, 0600);
+  if (t >= 0) close(t);
+  struct iovec iov = {path, strlen(path)};
+  union {
+    struct cmsghdr h;
+    char buf[CMSG_SPACE(sizeof(int))];
+  } u;
+  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
+  struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  memcpy(CMSG_DATA(c), &m, sizeof m);
+  r = sendmsg(sock, &msg, MSG_NOSIGNAL) < 0 ? -errno : 0;
+  close(m);
+  if (r < 0) unlink(path);
+  return r;
+}
+
+/* The helper: one disk per byte the daemon sends, until it hangs up. */
+static _Noreturn void pool_main(int sock, uint64_t mb) {
+  sbx_child_unblock();
+  prctl(PR_SET_NAME, "sbx-disks");
+  unsigned long long seq = 0;
+  char c;
+  while (recv(sock, &c, 1, 0) == 1)
+    if (pool_make(sock, mb, ++seq) < 0) {
+      (void)!send(sock, "", 0, MSG_NOSIGNAL); /* an empty message: none this time */
+    }
+  _exit(0);
+}
+
+static void pool_readable(uv_poll_t *p, int status, int events) {
+  (void)p;
+  (void)events;
+  char path[1200];
+  struct iovec iov = {path, sizeof path - 1};
+  union {
+    struct cmsghdr h;
+    char buf[CMSG_SPACE(sizeof(int))];
+  } u;
+  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
+  ssize_t n = status < 0 ? -1 : recvmsg(dk.pool.sock, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+  int fd = -1;
+  for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); n > 0 && c; c = CMSG_NXTHDR(&msg, c))
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) memcpy(&fd, CMSG_DATA(c), sizeof fd);
+  if (n < 0 || (n == 0 && fd < 0 && msg.msg_flags == 0 && status < 0)) { /* the helper is gone: no pool */
+    sbx_disk_pool_stop();
+    return;
+  }
+  if (fd < 0) return; /* it could not make one; the next take asks again */
+  path[n] = 0;
+  if (dk.pool.n >= POOL_SIZE) { /* never asked for: cannot happen, but do not leak it */
+    close(fd);
+    unlink(path);
+    return;
+  }
+  dk.pool.ready[dk.pool.n].fd = fd;
+  snprintf(dk.pool.ready[dk.pool.n].path, sizeof dk.pool.ready[0].path, "%s", path);
+  dk.pool.n++;
+}
+
+int sbx_disk_pool_start(uv_loop_t *loop, uint64_t mb) {
+  if (!dk.loop || dk.pool.sock >= 0) return 0;
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) return -errno;
+  pid_t pid = sbx_fork_child(0, NULL);
+  if (pid < 0) {
+    close(sv[0]), close(sv[1]);
+    return -errno;
+  }
+  if (pid == 0) {
+    close(sv[0]);
+    pool_main(sv[1], mb);
+  }
+  close(sv[1]);
+  dk.pool.sock = sv[0];
+  dk.pool.pid = pid;
+  dk.pool.mb = mb;
+  dk.pool.n = 0;
+  uv_poll_init(loop, &dk.pool.poll, sv[0]);
+  uv_poll_start(&dk.pool.poll, UV_READABLE | UV_DISCONNECT, pool_readable);
+  for (int i = 0; i < POOL_SIZE; i++) (void)!send(sv[0], "n", 1, MSG_NOSIGNAL);
+  return 0;
+}
+
+void sbx_disk_pool_stop(void) {
+  if (dk.pool.sock < 0) return;
+  uv_poll_stop(&dk.pool.poll);
+  uv_close((uv_handle_t *)&dk.pool.poll, NULL);
+  close(dk.pool.sock); /* the helper sees the hang-up and exits */
+  dk.pool.sock = -1;
+  for (int i = 0; i < dk.pool.n; i++) {
+    close(dk.pool.ready[i].fd);
+    unlink(dk.pool.ready[i].path);
+  }
+  dk.pool.n = 0;
+  if (dk.pool.pid > 0) {
+    kill(dk.pool.pid, SIGKILL);
+    waitpid(dk.pool.pid, NULL, 0);
+  }
+  dk.pool.pid = 0;
+}
+
+int sbx_disk_take_fresh(const char *id, uint64_t mb) {
+  if (dk.pool.sock < 0 || dk.pool.mb != mb || dk.pool.n == 0) return -1;
+  char dir[1200], path[1300];
+  sbx_disk_dir(id, dir, sizeof dir);
+  if (mkdir(dir, 0700) < 0 && errno != EEXIST) return -1;
+  image_path(id, path, sizeof path);
+  int i = --dk.pool.n;
+  /* the loop device keeps the inode: a rename does not disturb it */
+  if (rename(dk.pool.ready[i].path, path) < 0) {
+    close(dk.pool.ready[i].fd);
+    unlink(dk.pool.ready[i].path);
+    return -1;
+  }
+  (void)!send(dk.pool.sock, "n", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+  return dk.pool.ready[i].fd;
 }
 
 static void move_to_trash(const char *path, const char *id) {

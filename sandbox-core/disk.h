@@ -10,6 +10,8 @@
 #pragma once
 #include "util.h"
 
+#include <uv.h>
+
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -36,5 +38,12 @@ void sbx_disk_path(const char *id, char *out, size_t len);
 void sbx_disk_discard(const char *id);
 /* Removes everything of the sandbox (destroy). */
 void sbx_disk_remove(const char *id);
+/* A helper process that keeps a few fresh disks of one size ready
+ * (copied, bound, mounted), so a create does not wait for that. */
+int sbx_disk_pool_start(uv_loop_t *loop, uint64_t disk_mb);
+void sbx_disk_pool_stop(void);
+/* A fresh disk from the helper, its image moved into the sandbox's
+ * directory: its mount fd, or -1 when none of that size is ready. */
+int sbx_disk_take_fresh(const char *id, uint64_t disk_mb);
 /* Whether diskMB is a hard quota here. */
 bool sbx_disk_quota_enforced(void);

@@ -76,7 +76,7 @@ static int cg_acquire(sbx_sandbox *sb, sbx_cgroup *out) {
   }
   char name[64];
   snprintf(name, sizeof name, "exec-%llu", (unsigned long long)++sb->exec_seq);
-  return sbx_cg_create(&sb->cg, name, out);
+  return sbx_cg_create(&sb->cg, name, false, out);
 }
 
 static void on_close(uv_handle_t *h) {
@@ -162,8 +162,9 @@ static void finish(sbx_exec *x) {
   res.timed_out = x->timed_out;
   res.cancelled = x->cancelled;
   res.duration_ms = (sbx_now_us() - x->start_us) / 1000;
-  /* the kernel counts an OOM kill in the victim's own cgroup: this exec's */
-  if (x->cg.n) res.oom = sbx_cg_oom_kills(&x->cg) > x->oom_before;
+  /* OOM kills are counted where the limit is, the sandbox's cgroup: one
+   * during this command that ended it with SIGKILL was its */
+  if (x->sb && x->sb->cg.n) res.oom = x->exit_code == 128 + SIGKILL && sbx_cg_oom_kills(&x->sb->cg) > x->oom_before;
   char *raw[2];
   size_t rawlen[2];
   for (int i = 0; i < 2; i++) {
@@ -432,7 +433,7 @@ int sbx_exec_start(uv_loop_t *loop, sbx_sandbox *sb, const sbx_exec_opts *o, sbx
       sbx_err_errno(err, "INTERNAL", -r, "creating the command's cgroup");
       goto fail;
     }
-    x->oom_before = sbx_cg_oom_kills(&x->cg);
+    x->oom_before = sbx_cg_oom_kills(&sb->cg);
   }
   /* fd 0: stdin or /dev/null; 1, 2: output; 3: shell state */
   if (o->stdin_data) {

@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/sysmacros.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 
@@ -103,10 +104,76 @@ int sbx_rootfs_build_etc(const char *dir) {
   return 0;
 }
 
+/* Where lower layers go, in this order (the image's or the host's). */
+static const char *const layer_dirs[] = {"usr", "opt", "var/lib/dpkg", "var/lib/apt", "etc"};
+
+/* The standard directories of a sandbox's /, made on its disk. */
+static const struct {
+  const char *path;
+  mode_t mode;
+} root_dirs[] = {{"usr", 0755},         {"etc", 0755},       {"var", 0755},       {"var/lib", 0755},
+                 {"var/lib/dpkg", 0755}, {"var/lib/apt", 0755}, {"var/tmp", 01777}, {"var/cache", 0755},
+                 {"var/log", 0755},     {"opt", 0755},       {"tmp", 01777},      {"root", 0700},
+                 {"home", 0755},        {"run", 0755},       {"proc", 0555},      {"sys", 0555},
+                 {"dev", 0755},         {"workspace", 0755}, {"mnt", 0755},       {".oldroot", 0700}};
+
+static int mkdirat_ok(int dfd, const char *path, mode_t mode) {
+  if (mkdirat(dfd, path, mode) == 0) return fchmodat(dfd, path, mode, 0); /* umask */
+  return errno == EEXIST ? 0 : -errno;
+}
+
+int sbx_rootfs_layout(int stage) {
+  static const char *const tops[] = {"root", "upper", "work", "lower"};
+  char path[256];
+  int r;
+  for (size_t i = 0; i < SBX_ARRAY_SIZE(tops); i++)
+    if ((r = mkdirat_ok(stage, tops[i], 0755)) < 0) return r;
+  for (size_t i = 0; i < SBX_ARRAY_SIZE(root_dirs); i++) {
+    snprintf(path, sizeof path, "root/%s", root_dirs[i].path);
+    if ((r = mkdirat_ok(stage, path, root_dirs[i].mode)) < 0) return r;
+  }
+  for (size_t i = 0; i < SBX_ARRAY_SIZE(layer_dirs); i++)
+    for (size_t t = 1; t < SBX_ARRAY_SIZE(tops); t++) {
+      char name[64];
+      snprintf(name, sizeof name, "%s", layer_dirs[i]);
+      for (char *c = name; *c; c++)
+        if (*c == '/') *c = '-';
+      snprintf(path, sizeof path, "%s/%s", tops[t], name);
+      if ((r = mkdirat_ok(stage, path, 0755)) < 0) return r;
+    }
+  return 0;
+}
+
+int sbx_rootfs_prime(int stage) {
+  /* /etc is written at every start (hostname, hosts): its upper directory
+   * is there from the first */
+  int r = mkdirat_ok(stage, "upper/etc/", 0755);
+  if (r < 0) return r;
+  /* pip's EXTERNALLY-MANAGED marker of the host's Pythons, whited out as
+   * the sandbox's init would (a whiteout is a 0:0 character device) */
+  glob_t g;
+  if (glob("/usr/lib/python3*/EXTERNALLY-MANAGED", 0, NULL, &g) != 0) return 0;
+  for (size_t i = 0; i < g.gl_pathc && r == 0; i++) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s", g.gl_pathv[i] + strlen("/usr/lib/")); /* python3.11/EXTERNALLY-MANAGED */
+    char *slash = strchr(dir, '/');
+    if (!slash) continue;
+    *slash = 0;
+    char up[640], wh[700];
+    snprintf(up, sizeof up, "upper/usr/lib/%s", dir);
+    snprintf(wh, sizeof wh, "%s/EXTERNALLY-MANAGED", up);
+    if ((r = mkdirat_ok(stage, "upper/usr/lib", 0755)) == 0 && (r = mkdirat_ok(stage, up, 0755)) == 0 &&
+        mknodat(stage, wh, S_IFCHR | 0000, makedev(0, 0)) < 0 && errno != EEXIST)
+      r = -errno;
+  }
+  globfree(&g);
+  return r;
+}
+
 int sbx_rootfs_layers(const char *image_dir, const char *etc_template, sbx_layer out[SBX_LAYERS_MAX]) {
-  static const char *const dirs[] = {"usr", "opt", "var/lib/dpkg", "var/lib/apt", "etc"};
+  const char *const *dirs = layer_dirs;
   int n = 0;
-  for (size_t i = 0; i < SBX_ARRAY_SIZE(dirs); i++) {
+  for (size_t i = 0; i < SBX_ARRAY_SIZE(layer_dirs); i++) {
     bool etc = !strcmp(dirs[i], "etc");
     if (etc && !image_dir) snprintf(out[n].host, sizeof out[n].host, "%s", etc_template);
     else snprintf(out[n].host, sizeof out[n].host, "%s/%s", image_dir ? image_dir : "", dirs[i]);
@@ -206,12 +273,6 @@ static const char *const proc_masked_files[] = {"kcore", "keys", "timer_list", "
 static const char *const proc_masked_dirs[] = {"acpi", "scsi", "asound", "firmware", "driver"};
 static const char *const proc_ro[] = {"sys", "irq", "bus", "fs"};
 
-/* mkdir that accepts what an earlier start of the same disk made */
-static int mkdir_ok(const char *path, mode_t mode) {
-  if (mkdir(path, mode) == 0) return chmod(path, mode); /* umask */
-  return errno == EEXIST ? 0 : -1;
-}
-
 static int symlink_ok(const char *target, const char *path) {
   return symlink(target, path) == 0 || errno == EEXIST ? 0 : -1;
 }
@@ -249,24 +310,15 @@ _Noreturn void sbx_rootfs_init_main(const sbx_init_args *a) {
     TRY(mount(a->disk_dir, STAGE, NULL, MS_BIND, NULL), "binding the sandbox disk");
     mount(NULL, STAGE, NULL, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV, NULL);
   }
-  TRY(mkdir_ok(NEWROOT, 0755), "mkdir root");
-  TRY(mkdir_ok(STAGE "/upper", 0755), "mkdir upper");
-  TRY(mkdir_ok(STAGE "/work", 0755), "mkdir work");
-  TRY(mkdir_ok(STAGE "/lower", 0755), "mkdir lower");
+  /* its layout is made with the template and checked here (a disk made
+   * before a layout change gets what is new) */
+  int stage = open(STAGE, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  TRY(stage, "opening the sandbox disk");
+  errno = -sbx_rootfs_layout(stage);
+  TRY(errno ? -1 : 0, "laying out the sandbox disk");
+  close(stage);
   TRY(mount(NEWROOT, NEWROOT, NULL, MS_BIND, NULL), "binding the new root");
 
-  static const struct {
-    const char *path;
-    mode_t mode;
-  } dirs[] = {{"usr", 0755}, {"etc", 0755},  {"var", 0755},       {"var/lib", 0755}, {"var/lib/dpkg", 0755},
-              {"var/lib/apt", 0755}, {"var/tmp", 01777}, {"var/cache", 0755}, {"var/log", 0755},
-              {"opt", 0755}, {"tmp", 01777}, {"root", 0700}, {"home", 0755}, {"run", 0755},
-              {"proc", 0555}, {"sys", 0555}, {"dev", 0755}, {"workspace", 0755}, {"mnt", 0755},
-              {".oldroot", 0700}};
-  for (size_t i = 0; i < SBX_ARRAY_SIZE(dirs); i++) {
-    snprintf(path, sizeof path, NEWROOT "/%s", dirs[i].path);
-    TRY(mkdir_ok(path, dirs[i].mode), path);
-  }
   /* the merged-usr symlinks of the host (or the image) */
   for (int i = 0; i < a->nlinks; i++) {
     snprintf(path, sizeof path, NEWROOT "/%s", a->links[i].name);
@@ -293,10 +345,7 @@ _Noreturn void sbx_rootfs_init_main(const sbx_init_args *a) {
     snprintf(lower, sizeof lower, STAGE "/lower/%s", name);
     snprintf(upper, sizeof upper, STAGE "/upper/%s", name);
     snprintf(work, sizeof work, STAGE "/work/%s", name);
-    TRY(mkdir_ok(upper, 0755), "mkdir upper");
-    TRY(mkdir_ok(work, 0755), "mkdir work");
     if (a->idmapped) {
-      TRY(mkdir_ok(lower, 0755), "mkdir lower");
       TRY(move_mount(lfds[i], "", AT_FDCWD, lower, MOVE_MOUNT_F_EMPTY_PATH), "attaching idmapped layer");
       close(lfds[i]);
     } else {

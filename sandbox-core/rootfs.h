@@ -43,5 +43,14 @@ void sbx_rootfs_links(const char *root, sbx_init_args *a);
  * reports "ok" or an error on the socket, then becomes init. Never returns. */
 _Noreturn void sbx_rootfs_init_main(const sbx_init_args *a);
 
+/* The fixed layout of a sandbox's disk below its stage fd: root/ (the
+ * sandbox's / with its standard directories) and upper/, work/, lower/
+ * for each layer. Idempotent; -errno. */
+int sbx_rootfs_layout(int stagefd);
+
+/* What every fresh disk of the host's system starts with beyond the
+ * layout: the changes each start would otherwise make on it first. */
+int sbx_rootfs_prime(int stagefd);
+
 /* Builds the /etc template (allowlisted host files) into dir. */
 int sbx_rootfs_build_etc(const char *dir);

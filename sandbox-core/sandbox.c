@@ -35,6 +35,8 @@ static struct {
 } eng;
 
 static void sandbox_free(sbx_sandbox *sb);
+static void stop_running_async(sbx_sandbox *sb, bool wait);
+static void bury_all(void);
 static int session_new(sbx_sandbox *sb, const char *id, const char *cwd, const sbx_env *env, sbx_session **out,
                        sbx_error *err);
 static uint64_t wall_ms(void);
@@ -261,15 +263,22 @@ int sbx_engine_init(const sbx_engine_config *cfg, sbx_error *err) {
   if (sbx_disk_init(cfg->state_dir, cfg->rootless, err) < 0) return -1;
   /* the default size is formatted now, not on the first create */
   if (sbx_disk_template(eng.cfg.default_limits.disk_mb, err) < 0) return -1;
+  if (eng.cfg.loop) sbx_disk_pool_start(eng.cfg.loop, eng.cfg.default_limits.disk_mb);
   load_records();
   return 0;
 }
 
 void sbx_engine_shutdown(void) {
+  /* every init is told first, then waited for: they die in parallel */
+  for (sbx_sandbox *sb = eng.list; sb; sb = sb->next) {
+    sbx_sandbox_save(sb); /* sessions as they are now */
+    stop_running_async(sb, false);
+  }
+  bury_all();
+  sbx_disk_pool_stop();
   while (eng.list) {
     sbx_sandbox *sb = eng.list;
     eng.list = sb->next;
-    sbx_sandbox_save(sb); /* sessions as they are now */
     sandbox_free(sb);
   }
   eng.count = 0;
@@ -425,32 +434,97 @@ static void free_sessions(sbx_sandbox *sb) {
   }
 }
 
+/* What is left of a sandbox being torn down: its init is dying (and with
+ * it the whole pid namespace, its mounts, its disk); its cgroups and its
+ * uid range are released once it is gone. */
+typedef struct grave {
+  uv_poll_t poll;
+  int pidfd, slot;
+  sbx_cgroup cg;
+  struct grave *next;
+} grave;
+static grave *graves;
+
+static void grave_closed(uv_handle_t *h) { free(h->data); }
+
+static void bury(grave *g) {
+  if (g->pidfd >= 0) {
+    siginfo_t si;
+    /* init dies only after every process of its pid namespace is gone */
+    while (waitid(P_PIDFD, g->pidfd, &si, WEXITED) < 0 && errno == EINTR) {
+    }
+    close(g->pidfd);
+    g->pidfd = -1;
+  }
+  if (g->cg.n) {
+    sbx_cg_kill(&g->cg); /* supervisors' leftovers, if any */
+    sbx_cg_remove(&g->cg);
+  }
+  sbx_cg_free(&g->cg);
+  if (g->slot >= 0) eng.slots[g->slot] = 0;
+  g->slot = -1;
+}
+
+static void grave_ready(uv_poll_t *p, int status, int events) {
+  (void)status;
+  (void)events;
+  grave *g = p->data;
+  for (grave **pp = &graves; *pp; pp = &(*pp)->next)
+    if (*pp == g) {
+      *pp = g->next;
+      break;
+    }
+  uv_poll_stop(p);
+  bury(g);
+  uv_close((uv_handle_t *)p, grave_closed);
+}
+
 /* Releases what a running sandbox holds: its processes (init's death takes
  * the whole pid namespace, and with it every mount: its disk is unmounted),
  * its cgroups, its root fd and its uid range. Record, sessions and disk
- * stay. */
-static void stop_running(sbx_sandbox *sb) {
+ * stay. With a loop the release finishes in the background (a destroy or a
+ * reset answers at once); without one it is done on return. */
+static void stop_running_async(sbx_sandbox *sb, bool wait) {
   sbx_net_stop(sb);
-  if (sb->init_pidfd >= 0) {
-    sbx_pidfd_send_signal(sb->init_pidfd, SIGKILL);
-    siginfo_t si;
-    /* init dies only after every process of its pid namespace is gone */
-    while (waitid(P_PIDFD, sb->init_pidfd, &si, WEXITED) < 0 && errno == EINTR) {
-    }
-    close(sb->init_pidfd);
-    sb->init_pidfd = -1;
-  }
+  grave *g = calloc(1, sizeof *g);
+  if (!g) wait = true;
+  grave local = {.pidfd = sb->init_pidfd, .slot = sb->slot, .cg = sb->cg};
+  if (sb->init_pidfd >= 0) sbx_pidfd_send_signal(sb->init_pidfd, SIGKILL);
+  sb->init_pidfd = -1;
+  sb->slot = -1;
+  sb->cg = (sbx_cgroup){0};
   if (sb->rootfd >= 0) close(sb->rootfd);
   sb->rootfd = -1;
-  if (sb->cg.n) {
-    sbx_cg_kill(&sb->cg); /* supervisors' leftovers, if any */
-    sbx_cg_remove(&sb->cg);
-  }
-  sbx_cg_free(&sb->cg);
   for (int i = 0; i < sb->cg_pool_n; i++) sbx_cg_free(&sb->cg_pool[i]);
   sb->cg_pool_n = 0;
-  if (sb->slot >= 0) eng.slots[sb->slot] = 0;
-  sb->slot = -1;
+  if (wait || !eng.cfg.loop || local.pidfd < 0) {
+    bury(&local);
+    free(g);
+    return;
+  }
+  *g = local;
+  g->poll.data = g;
+  if (uv_poll_init(eng.cfg.loop, &g->poll, g->pidfd) < 0) {
+    bury(g);
+    free(g);
+    return;
+  }
+  uv_poll_start(&g->poll, UV_READABLE, grave_ready);
+  g->next = graves;
+  graves = g;
+}
+
+static void stop_running(sbx_sandbox *sb) { stop_running_async(sb, true); }
+
+/* Waits for every sandbox being torn down. */
+static void bury_all(void) {
+  while (graves) {
+    grave *g = graves;
+    graves = g->next;
+    uv_poll_stop(&g->poll);
+    bury(g);
+    uv_close((uv_handle_t *)&g->poll, grave_closed);
+  }
 }
 
 static void sandbox_free(sbx_sandbox *sb) {
@@ -464,51 +538,29 @@ static void sandbox_free(sbx_sandbox *sb) {
 #define NS_FLAGS (CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWIPC)
 
 /* Clones the sandbox's init into new namespaces. As root, the user
- * namespace is created by a short-lived child that has become the
- * sandbox's own host uid first: the kernel charges per-user counts
- * (inotify instances, message queues, pending signals...) of a namespace
- * to its owner, so each sandbox gets its own instead of sharing host
- * root's. Init's parent is the daemon either way (CLONE_PARENT). */
+ * namespace is created while the daemon's effective ids are the sandbox's
+ * own host uid: the kernel charges per-user counts (inotify instances,
+ * message queues, pending signals...) of a namespace to its owner, so each
+ * sandbox gets its own instead of sharing host root's. The daemon is
+ * single-threaded, its real and saved ids stay 0 (nothing running as that
+ * uid may signal or trace it), and it is root again one syscall later. */
 static pid_t clone_init(sbx_sandbox *sb, const sbx_init_args *args, int sock_other, int *pidfd) {
-  if (eng.cfg.rootless) {
-    pid_t pid = sbx_fork_child(NS_FLAGS, pidfd);
-    if (pid == 0) {
-      close(sock_other);
-      sbx_rootfs_init_main(args);
-    }
-    return pid;
-  }
-  int p[2];
-  if (pipe2(p, O_CLOEXEC) < 0) return -1;
-  pid_t mid = sbx_fork_child(0, NULL);
-  if (mid == 0) {
-    close(p[0]);
-    close(sock_other);
-    uid_t u = sb->uid_base;
-    if (setgroups(0, NULL) < 0 || setresgid(u, u, u) < 0 || setresuid(u, u, u) < 0) _exit(1);
-    pid_t g = (pid_t)syscall(SYS_clone, NS_FLAGS | CLONE_PARENT | SIGCHLD, NULL, NULL, NULL, 0);
-    if (g == 0) sbx_rootfs_init_main(args);
-    (void)!write(p[1], &g, sizeof g);
-    _exit(g < 0 ? 1 : 0);
-  }
-  close(p[1]);
-  pid_t g = -1;
-  int e = errno;
-  if (mid > 0) {
-    int st;
-    while (waitpid(mid, &st, 0) < 0 && errno == EINTR) {
-    }
-    if (read(p[0], &g, sizeof g) != sizeof g) g = -1, e = ENOMEM;
-  }
-  close(p[0]);
-  if (g <= 0) {
-    errno = e ? e : EAGAIN;
+  uid_t u = sb->uid_base;
+  if (!eng.cfg.rootless && (setresgid(-1, u, -1) < 0 || setresuid(-1, u, -1) < 0)) {
+    int e = errno;
+    setresgid(-1, 0, -1);
+    errno = e;
     return -1;
   }
-  /* the daemon's own child: its pid cannot be reused before we reap it */
-  *pidfd = sbx_pidfd_open(g);
-  if (*pidfd < 0) return -1;
-  return g;
+  pid_t pid = sbx_fork_child(NS_FLAGS, pidfd);
+  if (pid == 0) {
+    close(sock_other);
+    sbx_rootfs_init_main(args);
+  }
+  int e = errno;
+  if (!eng.cfg.rootless && (setresuid(-1, 0, -1) < 0 || setresgid(-1, 0, -1) < 0)) abort(); /* cannot happen: saved uid is 0 */
+  errno = e;
+  return pid;
 }
 
 static int take_slot(sbx_sandbox *sb, sbx_error *err) {
@@ -538,7 +590,7 @@ static int start(sbx_sandbox *sb, sbx_error *err) {
      * still winding down can never touch a new sandbox of the same id */
     char name[96];
     snprintf(name, sizeof name, "%s.%llu", id, (unsigned long long)++eng.incarnations);
-    int r = sbx_cg_create(NULL, name, &sb->cg);
+    int r = sbx_cg_create(NULL, name, true, &sb->cg);
     if (r == 0) r = sbx_cg_apply(&sb->cg, &opts->limits);
     if (r < 0 && (opts->limits_explicit || !eng.cfg.rootless)) {
       stop_running(sb);
@@ -556,11 +608,12 @@ static int start(sbx_sandbox *sb, sbx_error *err) {
                    eng.cfg.rootless ? "a rootless daemon keeps disks as plain directories"
                                     : "no loop devices (/dev/loop-control)");
   }
-  if (sbx_disk_ensure(id, opts->limits.disk_mb, err) < 0) {
+  if (!eng.cfg.rootless && !sbx_disk_exists(id)) diskfd = sbx_disk_take_fresh(id, opts->limits.disk_mb);
+  if (diskfd < 0 && sbx_disk_ensure(id, opts->limits.disk_mb, err) < 0) {
     stop_running(sb);
     return -1;
   }
-  if (!eng.cfg.rootless && (diskfd = sbx_disk_mount(id, err)) < 0) {
+  if (!eng.cfg.rootless && diskfd < 0 && (diskfd = sbx_disk_mount(id, err)) < 0) {
     stop_running(sb);
     return -1;
   }
@@ -715,7 +768,7 @@ int sbx_sandbox_create(const char *id, const sbx_sandbox_opts *opts, sbx_sandbox
 
 int sbx_sandbox_reset(sbx_sandbox *sb) {
   if (sb->state == SBX_ASLEEP) return 0;
-  stop_running(sb);
+  stop_running_async(sb, false);
   free_sessions(sb);
   sbx_disk_discard(sb->id);
   sb->state = SBX_ASLEEP;
@@ -765,7 +818,7 @@ int sbx_sandbox_destroy(const char *id, sbx_error *err) {
   sbx_sandbox *sb = *pp;
   *pp = sb->next;
   eng.count--;
-  stop_running(sb);
+  stop_running_async(sb, false);
   sbx_disk_remove(sb->id);
   sandbox_free(sb);
   return 0;

@@ -79,6 +79,7 @@ typedef struct sbx_engine_config {
   int max_sandboxes;
   sbx_limits default_limits;
   void (*warn)(const char *msg); /* what the daemon's log should hear of */
+  uv_loop_t *loop;               /* teardowns finish on it (NULL: synchronously) */
 } sbx_engine_config;
 
 /* Prepares the engine: cgroups, seccomp, the /etc template, the disks, and

@@ -139,7 +139,10 @@ def test_sandbox_creation_rules(t, x):
          'a looking tool does not create')
     t.ok(not any(s['sandboxId'] == 'never-made' for s in x.c.ok('listSandboxes')['sandboxes']), 'still absent')
     r = x.c.ok('createSandbox', {'sandboxId': 'made', 'env': {'GREETING': 'hi'}})
-    t.eq(r, {'sandboxId': 'made', 'status': 'running', 'created': True}, 'createSandbox')
+    t.eq({k: r[k] for k in ('sandboxId', 'status', 'created')}, {'sandboxId': 'made', 'status': 'running', 'created': True},
+         'createSandbox')
+    t.eq(r['limits'], {'memoryMB': 2048, 'cpus': 1.0, 'pids': 1024, 'diskMB': 8192}, 'it says the limits in force')
+    t.eq(r['limitsEnforced'], {'memory': True, 'cpus': True, 'pids': True, 'disk': True}, 'and that root enforces them')
     r = x.c.ok('createSandbox', {'sandboxId': 'made'})
     t.eq(r['created'], False, 'createSandbox is idempotent')
     t.eq(x.c.sh('echo $GREETING', sandbox='made')['stdout'].strip(), 'hi', 'sandbox env reaches commands')
