@@ -10,8 +10,10 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
+#include <sys/socket.h>
+#include <linux/netlink.h>
 
-enum cond { ANY, ARG0_HAS_FLAG, ARG1_EQ };
+enum cond { ANY, ARG0_HAS_FLAG, ARG1_EQ, ARG0_NOT_IN_FAMILIES, ARG0_NETLINK_NOT_ROUTE };
 
 /* The policy, reviewed as a table. Everything not named is allowed: the
  * capability set and namespaces do the rest, as in the container default. */
@@ -80,7 +82,16 @@ static const struct rule {
     /* terminal injection */
     {"ioctl", EPERM, ARG1_EQ, TIOCSTI},
     {"ioctl", EPERM, ARG1_EQ, TIOCLINUX},
+    /* socket families are an allowlist (socket_families below): vsock, and
+     * the other families that ignore network namespaces, are refused */
+    {"socket", EAFNOSUPPORT, ARG0_NOT_IN_FAMILIES, 0},
+    {"socketpair", EAFNOSUPPORT, ARG0_NOT_IN_FAMILIES, 0},
+    /* netlink: only NETLINK_ROUTE (ip, ss, getaddrinfo's interface query) */
+    {"socket", EAFNOSUPPORT, ARG0_NETLINK_NOT_ROUTE, 0},
 };
+
+/* The socket families a sandbox may create. */
+static const int socket_families[] = {AF_UNIX, AF_INET, AF_INET6, AF_NETLINK};
 
 static struct sock_fprog prog;
 
@@ -107,6 +118,21 @@ int sbx_seccomp_compile(void) {
     case ARG1_EQ:
       r = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ru->err), nr, 1,
                            SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffULL, ru->value));
+      break;
+    case ARG0_NOT_IN_FAMILIES: {
+      /* every family below AF_MAX but the allowed ones, then all above */
+      for (int fam = 0; fam < AF_MAX && r == 0; fam++) {
+        bool ok = false;
+        for (size_t k = 0; k < SBX_ARRAY_SIZE(socket_families); k++) ok |= socket_families[k] == fam;
+        if (!ok)
+          r = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ru->err), nr, 1, SCMP_A0(SCMP_CMP_MASKED_EQ, 0xffffffffULL, fam));
+      }
+      if (r == 0) r = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ru->err), nr, 1, SCMP_A0(SCMP_CMP_GE, AF_MAX));
+      break;
+    }
+    case ARG0_NETLINK_NOT_ROUTE:
+      r = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ru->err), nr, 2, SCMP_A0(SCMP_CMP_MASKED_EQ, 0xffffffffULL, AF_NETLINK),
+                           SCMP_A2(SCMP_CMP_NE, NETLINK_ROUTE));
       break;
     }
   }

@@ -6,7 +6,7 @@ import socket
 import sys
 import threading
 
-from sbxtest import Env, run_tests
+from sbxtest import Env, run_tests, wait_until
 
 SECRET = 'sbx-secret-' + secrets.token_hex(8)
 MARK = 'sbx-escape-' + secrets.token_hex(6)
@@ -143,6 +143,84 @@ def test_namespaces_and_mounts(t, x):
     t.ok('injected' not in r['stdout'], 'TIOCSTI refused', r)
 
 
+def test_socket_families(t, x):
+    try:
+        socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM).close()
+        host_vsock = True
+    except OSError:
+        host_vsock = False
+    t.ok(True, 'vsock on the host: %s (it ignores network namespaces)' % ('present' if host_vsock else 'absent'))
+    r = py(x, """import socket
+for name, fam, typ, proto in [('vsock', 40, socket.SOCK_STREAM, 0), ('packet', 17, socket.SOCK_RAW, 0),
+                              ('netlink-audit', 16, socket.SOCK_RAW, 9), ('netlink-uevent', 16, socket.SOCK_RAW, 15),
+                              ('bluetooth', 31, socket.SOCK_STREAM, 0), ('unknown', 60, socket.SOCK_STREAM, 0),
+                              ('unix', 1, socket.SOCK_STREAM, 0), ('inet', 2, socket.SOCK_STREAM, 0),
+                              ('inet6', 10, socket.SOCK_STREAM, 0), ('netlink-route', 16, socket.SOCK_RAW, 0)]:
+    try:
+        socket.socket(fam, typ, proto).close()
+        print(name, 'ok')
+    except OSError as e:
+        print(name, e.errno)""")
+    got = dict(l.split() for l in r['stdout'].splitlines())
+    t.eq({k: got.get(k) for k in ('vsock', 'packet', 'netlink-audit', 'netlink-uevent', 'bluetooth', 'unknown')},
+         {k: '97' for k in ('vsock', 'packet', 'netlink-audit', 'netlink-uevent', 'bluetooth', 'unknown')},
+         'vsock, packet, bluetooth, unknown families and netlink other than route: EAFNOSUPPORT')
+    t.eq({k: got.get(k) for k in ('unix', 'inet', 'inet6', 'netlink-route')},
+         {k: 'ok' for k in ('unix', 'inet', 'inet6', 'netlink-route')}, 'unix, inet, inet6 and netlink route work')
+
+
+INOTIFY_HOG = """import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+n = 0
+while n < 1000:
+    if libc.inotify_init1(0) < 0:
+        break
+    n += 1
+rt = ctypes.CDLL('librt.so.1', use_errno=True)
+rt.mq_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+q = 0
+while q < 100:
+    if rt.mq_open(b'/q%d' % q, os.O_CREAT | os.O_RDWR, 0o600, None) < 0:
+        break
+    q += 1
+print(n, q, flush=True)
+time.sleep(60)
+"""
+
+
+def test_per_user_counts(t, x):
+    """A sandbox that uses up the kernel's per-user counts uses up its own,
+    not host root's nor another sandbox's."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    rt = ctypes.CDLL('librt.so.1', use_errno=True)
+    rt.mq_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    x.c.ok('startProcess', {'processId': 'hog', 'command': "python3 - <<'EOF'\n" + INOTIFY_HOG + "EOF"})
+    out = ''
+
+    def printed():
+        nonlocal out
+        out = x.c.ok('getProcessLogs', {'processId': 'hog'})['stdout']
+        return out.strip()
+    wait_until(printed, 30, 'the hog to report')
+    n, q = (int(v) for v in out.split())
+    t.ok(n >= 100 and q >= 1, 'the sandbox used up its inotify instances (%d) and message queue bytes (%d queues)' % (n, q))
+    fd = libc.inotify_init1(0)
+    t.ok(fd >= 0, 'host root can still make an inotify instance')
+    if fd >= 0:
+        os.close(fd)
+    name = ('/sbx-test-%d' % os.getpid()).encode()
+    mq = rt.mq_open(name, os.O_CREAT | os.O_RDWR, 0o600, None)
+    t.ok(mq >= 0, 'host root can still open a message queue')
+    if mq >= 0:
+        os.close(mq)
+        rt.mq_unlink(name)
+    r = py(x, 'import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nprint(sum(1 for _ in range(20) if libc.inotify_init1(0) >= 0))',
+           sandbox='other-counts')
+    t.eq(r['stdout'].strip(), '20', 'and so can another sandbox')
+    x.c.ok('killProcess', {'processId': 'hog', 'signal': 'SIGKILL'})
+
+
 def test_other_sandbox(t, x):
     x.c.ok('writeFile', {'sandboxId': 'other', 'path': '/workspace/' + MARK, 'content': 'other'})
     x.c.ok('exec', {'sandboxId': 'other', 'command': 'sleep 1000 > /dev/null 2>&1 &'})
@@ -157,4 +235,5 @@ def test_other_sandbox(t, x):
 
 if __name__ == '__main__':
     sys.exit(run_tests([test_host_files, test_host_usr, test_host_processes, test_daemon_socket_and_env,
-                        test_host_loopback, test_namespaces_and_mounts, test_other_sandbox], Ctx))
+                        test_host_loopback, test_namespaces_and_mounts, test_socket_families, test_per_user_counts,
+                        test_other_sandbox], Ctx))
