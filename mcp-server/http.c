@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 
 #define MAX_HEADERS (64 * 1024)
+#define MAX_BACKLOG (16u * 1024 * 1024) /* unread reply bytes per client */
 
 typedef struct hconn {
   uv_tcp_t tcp;
@@ -30,6 +31,9 @@ static struct {
   uv_tcp_t server;
   char token[65];
   bool listening;
+  bool loopback; /* listening on loopback: Host and Origin must name it */
+  int port;
+  char host[128]; /* the listen address as a Host header writes it */
 } h;
 
 static void hconn_closed(uv_handle_t *hd) {
@@ -55,6 +59,13 @@ static void write_done(uv_write_t *req, int status) {
 
 static void send_bytes(hconn *c, const char *data, size_t len) {
   if (c->closing) return;
+  /* a client that stops reading is dropped (its calls are cancelled)
+   * rather than buffered for without end */
+  if (uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) > MAX_BACKLOG) {
+    fprintf(stderr, "sbx daemon: dropping an HTTP client that does not read its replies\n");
+    hconn_close(c);
+    return;
+  }
   uv_write_t *req = malloc(sizeof *req);
   char *copy = malloc(len ? len : 1);
   if (!req || !copy) {
@@ -180,23 +191,37 @@ static bool token_ok(const char *headers) {
   return diff == 0;
 }
 
-/* A browser page from elsewhere must not drive the daemon (DNS rebinding). */
+/* Whether `v` (len bytes) is exactly one of the names this server answers
+ * to, with its port: the listen address, or localhost. */
+static bool names_us(const char *v, size_t len) {
+  char want[200];
+  const char *names[] = {h.host, "localhost"};
+  for (size_t i = 0; i < SBX_ARRAY_SIZE(names); i++) {
+    int n = snprintf(want, sizeof want, "%s:%d", names[i], h.port);
+    if ((size_t)n == len && !strncasecmp(v, want, len)) return true;
+  }
+  return false;
+}
+
+/* A page from elsewhere must not drive the daemon: its Origin must be
+ * exactly ours (scheme, host and port), and on loopback the Host header
+ * must name us too, or a DNS name rebound to 127.0.0.1 would pass. */
 static bool origin_ok(const char *headers) {
   size_t len;
   const char *v = header(headers, "Origin", &len);
-  if (!v) return true;
-  char o[256];
-  snprintf(o, sizeof o, "%.*s", (int)(len < 255 ? len : 255), v);
-  const char *host = strstr(o, "://");
-  host = host ? host + 3 : o;
-  return !strncmp(host, "localhost", 9) || !strncmp(host, "127.", 4) || !strncmp(host, "[::1]", 5);
+  if (v) {
+    if (len < 7 || strncasecmp(v, "http://", 7) || !names_us(v + 7, len - 7)) return false;
+  }
+  if (!h.loopback) return true;
+  v = header(headers, "Host", &len);
+  return v && names_us(v, len);
 }
 
 static void handle_request(hconn *c, const char *method, const char *path, const char *headers, const char *body,
                            size_t blen) {
   c->keep_alive = !header_has(headers, "Connection", "close");
   if (strcmp(path, "/mcp") && strncmp(path, "/mcp?", 5)) return respond_text(c, 404, "Not Found", "not found\n");
-  if (!origin_ok(headers)) return respond_text(c, 403, "Forbidden", "origin not allowed\n");
+  if (!origin_ok(headers)) return respond_text(c, 403, "Forbidden", "Origin or Host not allowed\n");
   if (!token_ok(headers)) return respond_text(c, 401, "Unauthorized", "a bearer token is required\n");
   if (!strcmp(method, "GET") || !strcmp(method, "DELETE"))
     return respond(c, 405, "Method Not Allowed", NULL, "Allow: POST\r\n", "", 0);
@@ -383,6 +408,9 @@ int sbx_http_start(const char *addr, bool allow_remote, const char *state_dir, c
     return -1;
   }
   if (load_token(state_dir, err, errlen) < 0) return -1;
+  h.loopback = loopback;
+  h.port = port;
+  snprintf(h.host, sizeof h.host, ss.ss_family == AF_INET6 ? "[%s]" : "%s", host);
   uv_tcp_init(uv_default_loop(), &h.server);
   int r = uv_tcp_bind(&h.server, (struct sockaddr *)&ss, 0);
   if (r == 0) r = uv_listen((uv_stream_t *)&h.server, 512, on_connection);

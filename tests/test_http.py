@@ -66,10 +66,19 @@ def test_auth(t, x):
     t.eq(r.status, 401, 'wrong token: 401')
     st = os.stat(os.path.join(x.env.state, 'http-token'))
     t.eq(oct(st.st_mode & 0o777), oct(0o600), 'the token file is mode 0600')
-    r, _ = x.post({'jsonrpc': '2.0', 'id': 1, 'method': 'ping'}, headers={'Origin': 'http://evil.example'})
-    t.eq(r.status, 403, 'a foreign Origin is refused')
-    r, body = x.post({'jsonrpc': '2.0', 'id': 1, 'method': 'ping'}, headers={'Origin': 'http://localhost:3000'})
-    t.eq((r.status, json.loads(body)['result']), (200, {}), 'a loopback Origin is fine')
+    ping = {'jsonrpc': '2.0', 'id': 1, 'method': 'ping'}
+    for origin in ('http://evil.example', 'http://localhost.evil.example', 'http://127.0.0.1.evil.example:%d' % x.port,
+                   'http://localhost:3000', 'https://localhost:%d' % x.port, 'http://localhost:%d.evil' % x.port, 'null'):
+        r, _ = x.post(ping, headers={'Origin': origin})
+        t.eq(r.status, 403, 'Origin %s is refused' % origin)
+    for origin in ('http://localhost:%d' % x.port, 'http://127.0.0.1:%d' % x.port):
+        r, body = x.post(ping, headers={'Origin': origin})
+        t.eq((r.status, json.loads(body)['result']), (200, {}), 'our own origin %s is fine' % origin)
+    for host in ('attacker.example', 'attacker.example:%d' % x.port, 'localhost.evil:%d' % x.port, ''):
+        r, _ = x.post(ping, headers={'Host': host})
+        t.eq(r.status, 403, 'Host %r is refused (DNS rebinding)' % host)
+    r, body = x.post(ping, headers={'Host': 'localhost:%d' % x.port})
+    t.eq(r.status, 200, 'Host localhost:PORT is fine')
 
 
 def test_loopback_only(t, x):
@@ -130,8 +139,8 @@ def test_disconnect_cancels(t, x):
     body = json.dumps({'jsonrpc': '2.0', 'id': 9, 'method': 'tools/call',
                        'params': {'name': 'exec', 'arguments': {'command': 'echo go; sleep 300', 'sandboxId': 'web'},
                                   '_meta': {'progressToken': 1}}}).encode()
-    s.sendall(b'POST /mcp HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nAccept: text/event-stream\r\n'
-              b'Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s' % (x.token.encode(), len(body), body))
+    s.sendall(b'POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nAuthorization: Bearer %s\r\nAccept: text/event-stream\r\n'
+              b'Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s' % (x.port, x.token.encode(), len(body), body))
     got = b''
     while b'go' not in got:
         chunk = s.recv(4096)
@@ -145,6 +154,44 @@ def test_disconnect_cancels(t, x):
             'sandboxId': 'web', 'command': 'ps -e -o comm= | grep -c "^sleep$" || true'}}})
         return json.loads(b)['result']['structuredContent']['stdout'].strip() == '0'
     t.ok(b'go' in got and wait_until(gone, 20, 'the call to be cancelled'), 'a client that hangs up has its call cancelled')
+
+
+def test_slow_reader(t, x):
+    """A client that asks for SSE progress and stops reading is dropped; the
+    daemon does not buffer for it without end."""
+    pid = x.daemon.pid
+
+    def rss():
+        with open('/proc/%d/status' % pid) as f:
+            return next(int(l.split()[1]) for l in f if l.startswith('VmRSS:'))
+    before = rss()
+    s = socket.create_connection(('127.0.0.1', x.port))
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    body = json.dumps({'jsonrpc': '2.0', 'id': 9, 'method': 'tools/call',
+                       'params': {'name': 'exec', 'arguments': {'command': 'yes flood | head -c 400000000', 'sandboxId': 'web',
+                                                                'timeout': 60000},
+                                  '_meta': {'progressToken': 1}}}).encode()
+    s.sendall(b'POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nAuthorization: Bearer %s\r\nAccept: text/event-stream\r\n'
+              b'Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s' % (x.port, x.token.encode(), len(body), body))
+    s.recv(100)  # then never read again
+
+    import time
+    peak = before
+    deadline = time.monotonic() + 60
+    closed = False
+    while time.monotonic() < deadline:
+        peak = max(peak, rss())
+        try:
+            r, body = x.post({'jsonrpc': '2.0', 'id': 1, 'method': 'tools/call', 'params': {'name': 'exec', 'arguments': {
+                'sandboxId': 'web', 'command': 'pgrep -c yes || true'}}})
+            if json.loads(body)['result']['structuredContent']['stdout'].strip() == '0':
+                closed = True
+                break
+        except OSError:
+            pass
+    s.close()
+    t.ok(closed, 'the flood was cancelled once its reader stopped reading')
+    t.ok(peak - before < 100 * 1024, 'the daemon did not buffer it (RSS grew %d KiB)' % (peak - before))
 
 
 def test_conformance(t, x):
@@ -165,4 +212,5 @@ def test_conformance(t, x):
 
 
 if __name__ == '__main__':
-    sys.exit(run_tests([test_auth, test_loopback_only, test_json_and_sse, test_hostile_http, test_disconnect_cancels, test_conformance], Ctx))
+    sys.exit(run_tests([test_auth, test_loopback_only, test_json_and_sse, test_hostile_http, test_disconnect_cancels,
+                        test_slow_reader, test_conformance], Ctx))
