@@ -4,6 +4,7 @@
 #include "mcp.h"
 
 #include "../sandbox-core/files.h"
+#include "../sandbox-core/netpolicy.h"
 #include "../sandbox-core/ports.h"
 #include "../sandbox-core/process.h"
 
@@ -32,10 +33,15 @@ static json_t *sandbox_json(sbx_sandbox *sb) {
   sbx_iso_time(sb->last_activity_wall_ms, last);
   int sessions = 0;
   for (sbx_session *s = sb->sessions; s; s = s->next) sessions++;
-  return json_pack("{s:s, s:s, s:s, s:s, s:i, s:i}", "sandboxId", sb->id, "status",
-                   sbx_sandbox_status(sb), "createdAt", created,
-                   "lastActivity", last,
-                   "runningCommands", sb->running, "sessions", sessions);
+  json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:s}", "sandboxId", sb->id, "status", sbx_sandbox_status(sb),
+                        "createdAt", created, "lastActivity", last, "runningCommands", sb->running, "sessions", sessions,
+                        "network", sb->opts.egress ? "egress" : "none");
+  if (sb->opts.allowed_hosts.n) {
+    json_t *a = json_array();
+    for (size_t i = 0; i < sb->opts.allowed_hosts.n; i++) json_array_append_new(a, json_string(sb->opts.allowed_hosts.v[i]));
+    json_object_set_new(o, "allowedHosts", a);
+  }
+  return o;
 }
 
 /* ---- sandboxes --------------------------------------------------------- */
@@ -53,6 +59,27 @@ static void h_create(mcp_call *call, json_t *args, sbx_sandbox *unused) {
   o.keep_alive = flag(args, "keepAlive");
   const char *net = str(args, "network");
   o.egress = net && !strcmp(net, "egress");
+  json_t *hosts = json_object_get(args, "allowedHosts");
+  if (hosts) {
+    if (net && !o.egress) {
+      sbx_err(&err, "VALIDATION_FAILED", "allowedHosts narrows network \"egress\"; it means nothing with network \"none\"");
+      return mcp_call_fail(call, &err);
+    }
+    o.egress = true;
+    size_t i;
+    json_t *h;
+    json_array_foreach(hosts, i, h) {
+      sbx_cidr c;
+      const char *v = json_string_value(h);
+      if (sbx_cidr_parse(v, &c) < 0) {
+        sbx_err(&err, "VALIDATION_FAILED", "allowedHosts[%zu] '%.100s' is not an address or CIDR (like 203.0.113.0/24 or "
+                "2001:db8::/32); host names are not supported yet", i, v);
+        sbx_strv_clear(&o.allowed_hosts);
+        return mcp_call_fail(call, &err);
+      }
+      sbx_strv_add(&o.allowed_hosts, v);
+    }
+  }
   const char *image = str(args, "image");
   if (image) snprintf(o.image, sizeof o.image, "%s", image);
   json_t *lim = json_object_get(args, "limits");
@@ -66,12 +93,14 @@ static void h_create(mcp_call *call, json_t *args, sbx_sandbox *unused) {
   }
   if (env_from_json(json_object_get(args, "env"), &o.env, &err) < 0) {
     sbx_env_clear(&o.env);
+    sbx_strv_clear(&o.allowed_hosts);
     return mcp_call_fail(call, &err);
   }
   sbx_sandbox *sb;
   bool created;
   int r = sbx_sandbox_create(call->sandbox_id, &o, &sb, &created, &err);
   sbx_env_clear(&o.env);
+  sbx_strv_clear(&o.allowed_hosts);
   if (r < 0) return mcp_call_fail(call, &err);
   call->reset = sbx_sandbox_take_reset(sb);
   call->restarted = sbx_sandbox_take_restart(sb);

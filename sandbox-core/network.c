@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #include "network.h"
 #include "files.h"
+#include "netpolicy.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -16,20 +17,48 @@
 #include <sys/wait.h>
 
 /* Refused destinations: every address that is not the public internet
- * from the host's point of view (its own networks, metadata services). */
-static const char nft_rules[] =
-    "table inet sbx {\n"
-    "  chain out {\n"
-    "    type filter hook output priority 0; policy accept;\n"
-    "    oifname \"lo\" accept\n"
-    "    ip daddr %s udp dport 53 accept\n"
-    "    ip daddr %s tcp dport 53 accept\n"
-    "    ip daddr { 0.0.0.0/8, 10.0.0.0/8, 100.64.0.0/10, 127.0.0.0/8, 169.254.0.0/16, 172.16.0.0/12,\n"
-    "               192.168.0.0/16, 224.0.0.0/4, 240.0.0.0/4 } reject with icmp type admin-prohibited\n"
-    "    ip6 daddr { ::1, fc00::/7, fe80::/10, ff00::/8, ::ffff:0:0/96 } reject with icmpv6 type admin-prohibited\n"
-    "    ip daddr %s reject with icmp type admin-prohibited\n"
-    "  }\n"
-    "}\n";
+ * from the host's point of view (the special-purpose registries: its own
+ * networks, metadata services, translation prefixes), and the gateway
+ * itself but for DNS. */
+/* allowedHosts: what is listed is reachable (even a special-purpose
+ * address, named explicitly), and nothing else is. */
+static int nft_rules(const sbx_strv *allowed, const char *gw, char *out, size_t len) {
+  char v4[2048], v6[2048], a4[4096] = "", a6[4096] = "";
+  if (sbx_special_nft(AF_INET, v4, sizeof v4) < 0 || sbx_special_nft(AF_INET6, v6, sizeof v6) < 0) return -ENOSPC;
+  for (size_t i = 0; i < allowed->n; i++) {
+    sbx_cidr c;
+    if (sbx_cidr_parse(allowed->v[i], &c) < 0) continue;
+    char *set = c.family == AF_INET ? a4 : a6;
+    size_t o = strlen(set);
+    snprintf(set + o, sizeof a4 - o, "%s%s", o ? ", " : "", allowed->v[i]);
+  }
+  int n = snprintf(out, len,
+                   "table inet sbx {\n"
+                   "  set special4 { type ipv4_addr; flags interval; auto-merge; elements = { %s } }\n"
+                   "  set special6 { type ipv6_addr; flags interval; auto-merge; elements = { %s } }\n"
+                   "  set allowed4 { type ipv4_addr; flags interval; auto-merge; %s%s%s }\n"
+                   "  set allowed6 { type ipv6_addr; flags interval; auto-merge; %s%s%s }\n"
+                   "  chain out {\n"
+                   "    type filter hook output priority 0; policy accept;\n"
+                   "    oifname \"lo\" accept\n"
+                   "    ip daddr @allowed4 accept\n"
+                   "    ip6 daddr @allowed6 accept\n"
+                   "    %sip daddr %s udp dport 53 accept\n"
+                   "    %sip daddr %s tcp dport 53 accept\n"
+                   "    ip daddr @special4 reject with icmp type admin-prohibited\n"
+                   "    ip6 daddr @special6 reject with icmpv6 type admin-prohibited\n"
+                   "    ip daddr %s reject with icmp type admin-prohibited\n"
+                   "%s"
+                   "  }\n"
+                   "}\n",
+                   v4, v6, *a4 ? "elements = { " : "", a4, *a4 ? " };" : "", *a6 ? "elements = { " : "", a6,
+                   *a6 ? " };" : "", allowed->n ? "# no names allowed, no DNS: " : "", gw,
+                   allowed->n ? "# " : "", gw, gw,
+                   allowed->n ? "    meta nfproto ipv4 reject with icmp type admin-prohibited\n"
+                                "    meta nfproto ipv6 reject with icmpv6 type admin-prohibited\n"
+                              : "");
+  return n < 0 || (size_t)n >= len ? -ENOSPC : 0;
+}
 
 static const char *find_tool(const char *name) {
   static const char *const dirs[] = {"/usr/bin", "/usr/sbin", "/bin", "/sbin"};
@@ -109,8 +138,9 @@ int sbx_net_egress_start(sbx_sandbox *sb, sbx_error *err) {
   if (r < 0) return sbx_err_errno(err, "INTERNAL", -r, "network \"egress\" needs a default route on the host");
 
   /* the filter first: nothing leaves before it stands */
-  char rules[2048];
-  snprintf(rules, sizeof rules, nft_rules, gw, gw, gw);
+  char rules[16384];
+  if (nft_rules(&sb->opts.allowed_hosts, gw, rules, sizeof rules) < 0)
+    return sbx_err(err, "INTERNAL", "the egress filter does not fit");
   char nft[64];
   snprintf(nft, sizeof nft, "%s", find_tool("nft"));
   char *nft_argv[] = {nft, "-f", "-", NULL};

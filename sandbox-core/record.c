@@ -38,6 +38,11 @@ json_t *sbx_record_json(const sbx_sandbox *sb) {
                            (json_int_t)o->sleep_after_ms, "keepAlive", o->keep_alive, "network",
                            o->egress ? "egress" : "none", "env", sbx_env_to_json(&o->env));
   if (o->image[0]) json_object_set_new(opts, "image", json_string(o->image));
+  if (o->allowed_hosts.n) {
+    json_t *a = json_array();
+    for (size_t i = 0; i < o->allowed_hosts.n; i++) json_array_append_new(a, json_string(o->allowed_hosts.v[i]));
+    json_object_set_new(opts, "allowedHosts", a);
+  }
   return json_pack("{s:i, s:s, s:I, s:s, s:b, s:o, s:o}", "version", SBX_RECORD_VERSION, "sandboxId", sb->id, "createdAt",
                    (json_int_t)sb->created_wall_ms, "state", sb->state == SBX_ASLEEP ? "asleep" : "active",
                    "resetPending", sb->reset_pending, "options", opts, "sessions", sessions);
@@ -71,6 +76,11 @@ int sbx_record_apply(sbx_sandbox *sb, json_t *rec, char *err, size_t errlen) {
   if (image && (strlen(image) >= sizeof op->image || strchr(image, '/') || image[0] == '.')) BAD("bad image name");
   snprintf(op->image, sizeof op->image, "%s", image ? image : "");
   if (sbx_env_from_json(&op->env, json_object_get(o, "env")) < 0) BAD("bad env");
+  size_t k;
+  json_t *h;
+  json_array_foreach(json_object_get(o, "allowedHosts"), k, h) {
+    if (!json_is_string(h) || sbx_strv_add(&op->allowed_hosts, json_string_value(h)) < 0) BAD("bad allowedHosts");
+  }
   sb->created_wall_ms = json_integer_value(json_object_get(rec, "createdAt"));
   const char *state = json_string_value(json_object_get(rec, "state"));
   sb->state = state && !strcmp(state, "asleep") ? SBX_ASLEEP : SBX_STOPPED;

@@ -531,6 +531,7 @@ static void sandbox_free(sbx_sandbox *sb) {
   stop_running(sb);
   free_sessions(sb);
   sbx_env_clear(&sb->opts.env);
+  sbx_strv_clear(&sb->opts.allowed_hosts);
   free(sb->saved_record);
   free(sb);
 }
@@ -749,7 +750,9 @@ int sbx_sandbox_create(const char *id, const sbx_sandbox_opts *opts, sbx_sandbox
   if (!sb) return sbx_err(err, "INTERNAL", "out of memory");
   sb->opts = *opts;
   sb->opts.env = (sbx_env){0};
+  sb->opts.allowed_hosts = (sbx_strv){0};
   sbx_env_copy(&sb->opts.env, &opts->env);
+  sbx_strv_copy(&sb->opts.allowed_hosts, &opts->allowed_hosts);
   sb->state = SBX_STOPPED;
   /* a directory left by a crash between making a disk and its record */
   sbx_disk_remove(id);

@@ -39,6 +39,7 @@ typedef struct sbx_sandbox_opts {
   int64_t sleep_after_ms;
   bool keep_alive;
   bool egress; /* network "egress" (else "none": loopback only) */
+  sbx_strv allowed_hosts; /* egress only to these CIDRs and names (empty: the public internet) */
   char image[64]; /* a directory under $SBX_STATE_DIR/images/, or "" for the host's */
   sbx_env env;
 } sbx_sandbox_opts;

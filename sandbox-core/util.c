@@ -55,6 +55,33 @@ const char *sbx_errno_code(int errnum) {
   }
 }
 
+int sbx_strv_add(sbx_strv *l, const char *s) {
+  char *c = strdup(s);
+  char **nv = c ? realloc(l->v, (l->n + 2) * sizeof *nv) : NULL;
+  if (!nv) {
+    free(c);
+    return -ENOMEM;
+  }
+  l->v = nv;
+  l->v[l->n++] = c;
+  l->v[l->n] = NULL;
+  return 0;
+}
+
+int sbx_strv_copy(sbx_strv *dst, const sbx_strv *src) {
+  for (size_t i = 0; i < src->n; i++) {
+    int r = sbx_strv_add(dst, src->v[i]);
+    if (r < 0) return r;
+  }
+  return 0;
+}
+
+void sbx_strv_clear(sbx_strv *l) {
+  for (size_t i = 0; i < l->n; i++) free(l->v[i]);
+  free(l->v);
+  *l = (sbx_strv){0};
+}
+
 int sbx_buf_append(sbx_buf *b, const void *p, size_t n) {
   if (n == 0) return 0;
   if (b->len + n + 1 > b->cap) {

@@ -61,6 +61,15 @@ int sbx_err_errno(sbx_error *err, const char *code, int errnum, const char *fmt,
 /* Maps an errno of a file operation to the error table's code. */
 const char *sbx_errno_code(int errnum);
 
+/* A list of strings (owned copies). */
+typedef struct sbx_strv {
+  char **v;
+  size_t n;
+} sbx_strv;
+int sbx_strv_add(sbx_strv *l, const char *s);
+int sbx_strv_copy(sbx_strv *dst, const sbx_strv *src);
+void sbx_strv_clear(sbx_strv *l);
+
 /* Growable byte buffer with a hard cap. */
 typedef struct sbx_buf {
   char *data;

@@ -1,7 +1,9 @@
 """Network: "none" has only loopback; "egress" reaches public addresses
-through pasta but never private or link-local ones, nor the host's loopback.
-The "internet" is a network namespace this test makes, with a web server at
-a 198.18.0.0/15 (benchmarking) address and another at a private one."""
+through pasta but never special-purpose ones (private, link-local,
+benchmarking...), nor the host's loopback; allowedHosts narrows it to what
+it lists. The "internet" is a network namespace this test makes, with a web
+server at a 198.18.0.0/15 (benchmarking) address and another at a private
+one: never a real public address, so the tests reach only what they made."""
 import os
 import shutil
 import socket
@@ -106,7 +108,7 @@ def test_egress(t, x):
     r = c.ok('createSandbox', {'sandboxId': 'net-egress', 'network': 'egress'})
     t.eq(r['created'], True, 'createSandbox with network egress')
     got = results(c.sh(PROBE % (PUBLIC, PRIVATE, x.host_port), wait=60)['stdout'])
-    t.eq(got.get(PUBLIC), 'open', 'egress reaches a public address', got)
+    t.eq(got.get(PUBLIC), 'refused', 'egress refuses benchmarking (198.18.0.0/15) destinations', got)
     t.eq(got.get(PRIVATE), 'refused', 'egress refuses private destinations', got)
     t.eq(got.get('169.254.169.254'), 'refused', 'egress refuses link-local (metadata) destinations', got)
     t.eq(got.get('127.0.0.1'), 'refused', "egress does not reach the host's loopback", got)
@@ -117,6 +119,39 @@ def test_egress(t, x):
     t.eq(len(pastas(daemon)), 1, 'one pasta serves the sandbox')
     c.ok('destroySandbox', {'sandboxId': 'net-egress'})
     t.ok(wait_until(lambda: not pastas(daemon), 10, 'pasta to exit'), 'pasta ends with the sandbox')
+
+
+def test_allowed_hosts(t, x):
+    if not x.ready:
+        t.skip('allowedHosts', 'pasta (passt) or nft (nftables) missing: scripts/bootstrap installs them')
+        return
+    c = x.env.mcp(['--sandbox', 'net-allow'])
+    c.initialize()
+    other = '198.18.%d.1' % K  # the test internet's other end: up, and not listed
+    t.ok(socket.create_connection((PUBLIC, 8080), timeout=5) is not None, 'the host reaches the listed server')
+    r = c.ok('createSandbox', {'sandboxId': 'net-allow', 'allowedHosts': [PUBLIC + '/32']})
+    t.eq(r['created'], True, 'allowedHosts implies egress')
+    got = results(c.sh(PROBE % (PUBLIC, PRIVATE, x.host_port), wait=60)['stdout'])
+    t.eq(got.get(PUBLIC), 'open', 'a listed address is reached, even in a special-purpose range', got)
+    t.eq((got.get(PRIVATE), got.get('169.254.169.254'), got.get('127.0.0.1')), ('refused', 'refused', 'refused'),
+         'what is not listed is not reached, nor the host loopback', got)
+    srv = socket.socket()
+    srv.bind(('198.18.%d.1' % K, 0))
+    srv.listen(1)
+    port = srv.getsockname()[1]
+    r = c.sh('python3 -c "import socket; s = socket.socket(); s.settimeout(5)\ntry: s.connect((\'%s\', %d)); print(\'open\')\n'
+             'except OSError: print(\'refused\')"' % (other, port))
+    srv.close()
+    t.eq(r['stdout'].strip(), 'refused', 'another address of the same network is not reached')
+    r = c.sh('getent hosts example.com >/dev/null 2>&1 || echo no-dns; timeout 5 python3 -c "import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(2); s.sendto(b\'x\', (\'8.8.8.8\', 53)); s.recv(10)" 2>/dev/null || echo no-udp', wait=60)
+    t.eq(r['stdout'].split(), ['no-dns', 'no-udp'], 'with no names listed, no DNS and no UDP elsewhere', r)
+    s = {s['sandboxId']: s for s in c.ok('listSandboxes')['sandboxes']}['net-allow']
+    t.eq((s['network'], s['allowedHosts']), ('egress', [PUBLIC + '/32']), 'listSandboxes shows the policy')
+    t.eq(c.err('createSandbox', {'sandboxId': 'net-bad', 'allowedHosts': ['not a host!']}), 'VALIDATION_FAILED',
+         'a malformed entry is refused')
+    t.eq(c.err('createSandbox', {'sandboxId': 'net-bad', 'network': 'none', 'allowedHosts': [PUBLIC]}),
+         'VALIDATION_FAILED', 'allowedHosts with network none is refused')
+    c.ok('destroySandbox', {'sandboxId': 'net-allow'})
 
 
 def pastas(daemon):
@@ -137,4 +172,4 @@ if __name__ == '__main__':
     if os.geteuid() != 0:
         print('1..0 # SKIP needs root to make a network namespace')
         sys.exit(77)
-    sys.exit(run_tests([test_none, test_egress], Ctx))
+    sys.exit(run_tests([test_none, test_egress, test_allowed_hosts], Ctx))

@@ -2,6 +2,10 @@
 #define _GNU_SOURCE
 #include "../../mcp-server/schema.h"
 #include "../../sandbox-core/cgroup.h"
+#include "../../sandbox-core/config.h"
+#include "../../sandbox-core/netpolicy.h"
+
+#include <sys/socket.h>
 #include "../../sandbox-core/sandbox.h"
 #include "../../sandbox-core/util.h"
 
@@ -148,6 +152,106 @@ static void test_schema(void) {
   json_decref(schema);
 }
 
+/* Each special-purpose range: its first and last address are refused, and
+ * the address just below its first and just above its last is not, unless
+ * that neighbour is itself in the table. */
+static void bump(uint8_t *a, int bytes, int dir) {
+  for (int i = bytes - 1; i >= 0; i--) {
+    if (dir > 0 ? a[i]++ != 0xff : a[i]-- != 0) return;
+  }
+}
+
+static void test_special_ranges(void) {
+  for (size_t i = 0; i < sbx_special_range_count; i++) {
+    const char *cidr = sbx_special_ranges[i].cidr;
+    sbx_cidr c;
+    if (sbx_cidr_parse(cidr, &c) < 0) {
+      OK(0, "special range %s parses", cidr);
+      continue;
+    }
+    int bytes = c.family == AF_INET ? 4 : 16;
+    uint8_t first[16], last[16], below[16], above[16];
+    memcpy(first, c.addr, 16);
+    memcpy(last, c.addr, 16);
+    for (int b = c.prefix; b < bytes * 8; b++) last[b / 8] |= (uint8_t)(0x80 >> (b % 8));
+    memcpy(below, first, 16);
+    bump(below, bytes, -1);
+    memcpy(above, last, 16);
+    bump(above, bytes, +1);
+    bool wrap_below = !memcmp(first, (uint8_t[16]){0}, bytes), wrap_above = true;
+    for (int k = 0; k < bytes; k++) wrap_above &= last[k] == 0xff;
+    bool ok = sbx_addr_special(c.family, first) && sbx_addr_special(c.family, last);
+    /* the neighbours: outside this range (and public unless another entry has them) */
+    bool out = (wrap_below || !sbx_cidr_contains(&c, c.family, below)) && (wrap_above || !sbx_cidr_contains(&c, c.family, above));
+    OK(ok && out, "egress refuses %s (%s): first and last address in, neighbours out", cidr, sbx_special_ranges[i].what);
+  }
+  static const char *const public_addrs[] = {"1.1.1.1", "8.8.8.8", "93.184.216.34", "2606:4700:4700::1111",
+                                             "2a00:1450:4001::200e", "192.0.1.1", "198.20.0.1"};
+  for (size_t i = 0; i < SBX_ARRAY_SIZE(public_addrs); i++) {
+    sbx_cidr c;
+    sbx_cidr_parse(public_addrs[i], &c);
+    OK(!sbx_addr_special(c.family, c.addr), "egress reaches public %s", public_addrs[i]);
+  }
+  sbx_cidr c;
+  OK(sbx_cidr_parse("10.1.2.3/8", &c) == 0 && c.addr[1] == 0 && c.prefix == 8, "a CIDR is masked to its prefix");
+  OK(sbx_cidr_parse("10.0.0.0/33", &c) < 0 && sbx_cidr_parse("nope", &c) < 0 && sbx_cidr_parse("::/129", &c) < 0 &&
+         sbx_cidr_parse("1.2.3.4/", &c) < 0,
+     "malformed CIDRs are refused");
+  char v4[2048];
+  OK(sbx_special_nft(AF_INET, v4, sizeof v4) == 0 && strstr(v4, "198.18.0.0/15") && !strchr(v4, ':'),
+     "the nftables set is made from the table");
+}
+
+static void test_config(void) {
+  static const struct {
+    const char *doc;
+    const char *err; /* NULL: valid */
+  } cases[] = {
+      {"{}", NULL},
+      {"{\"maxSandboxes\": 5, \"limits\": {\"memoryMB\": 256, \"cpus\": 0.5}, \"previewPort\": 0}", NULL},
+      {"{\"buckets\": {\"allowedEndpoints\": [\"http://127.0.0.1:\"], \"profiles\": {\"r2\": "
+       "{\"accessKeyId\": \"a\", \"secretAccessKey\": \"b\", \"endpoint\": \"https://x.example\"}}}}",
+       NULL},
+      {"{\"maxSandboxes\": 0}", "maxSandboxes must be an integer from 1"},
+      {"{\"maxSandboxes\": 1e9}", "maxSandboxes must be an integer"},
+      {"{\"limits\": {\"memoryMB\": \"lots\"}}", "limits.memoryMB must be"},
+      {"{\"limits\": {\"swap\": 1}}", "limits: 'swap' is not a known key"},
+      {"{\"nonsense\": 1}", "'nonsense' is not a known key"},
+      {"{\"maxSandboxes\": 1, \"maxSandboxes\": 2}", "duplicate"},
+      {"{\"mount\": \"relative/path\"}", "mount must be an absolute path"},
+      {"{\"buckets\": {\"allowedEndpoints\": [\"ftp://x\"]}}", "allowedEndpoints[0] must be"},
+      {"{\"buckets\": {\"profiles\": {\"Bad Name\": {}}}}", "profile name"},
+      {"{\"buckets\": {\"profiles\": {\"p\": {\"accessKeyId\": \"a\"}}}}", "are required"},
+      {"[1]", "must be a JSON object"},
+      {"{\n\"limits\": {", "line 2"},
+  };
+  for (size_t i = 0; i < SBX_ARRAY_SIZE(cases); i++) {
+    sbx_config c;
+    sbx_config_defaults(&c);
+    char err[400] = "";
+    int r = sbx_config_parse(&c, cases[i].doc, strlen(cases[i].doc), err, sizeof err);
+    char shown[200];
+    snprintf(shown, sizeof shown, "%s", cases[i].doc);
+    for (char *p = shown; *p; p++)
+      if (*p == '\n') *p = ' ';
+    if (!cases[i].err) OK(r == 0, "config %s is valid%s%s", shown, r ? ": " : "", err);
+    else OK(r < 0 && strstr(err, cases[i].err), "config %s is refused naming the key (%s)", shown, err);
+    sbx_config_free(&c);
+  }
+  sbx_config c;
+  sbx_config_defaults(&c);
+  char err[400];
+  const char *doc = "{\"buckets\": {\"profiles\": {\"r2\": {\"accessKeyId\": \"AK\", \"secretAccessKey\": \"SECRET\"}}}}";
+  sbx_config_parse(&c, doc, strlen(doc), err, sizeof err);
+  json_t *j = sbx_config_json(&c);
+  char *text = json_dumps(j, 0);
+  OK(!strstr(text, "SECRET") && strstr(text, "AK") && strstr(text, "********"), "doctor's view masks secrets: %s", text);
+  free(text);
+  json_decref(j);
+  OK(c.max_sandboxes == 1024 && c.limits.disk_mb == 8192 && c.preview_port == 8787, "defaults");
+  sbx_config_free(&c);
+}
+
 int main(void) {
   test_headtail();
   test_utf8();
@@ -155,6 +259,8 @@ int main(void) {
   test_env();
   test_cgroup_mapping();
   test_schema();
+  test_special_ranges();
+  test_config();
   printf("1..%d\n", n);
   return failed ? 1 : 0;
 }
