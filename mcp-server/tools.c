@@ -104,10 +104,13 @@ static void h_create(mcp_call *call, json_t *args, sbx_sandbox *unused) {
   if (r < 0) return mcp_call_fail(call, &err);
   call->reset = sbx_sandbox_take_reset(sb);
   call->restarted = sbx_sandbox_take_restart(sb);
-  char text[160];
-  snprintf(text, sizeof text, "sandbox %s %s", sb->id, created ? "created" : "already exists");
   const sbx_limits *l = &sb->opts.limits;
   sbx_enforced e = sbx_sandbox_enforced(sb);
+  char text[400];
+  int n = snprintf(text, sizeof text, "sandbox %s %s", sb->id, created ? "created" : "already exists");
+  if (!e.memory || !e.cpus || !e.pids || !e.disk) /* never silently */
+    snprintf(text + n, sizeof text - n, "; limits NOT enforced on this host:%s%s%s%s (see sbx doctor)",
+             e.memory ? "" : " memoryMB", e.cpus ? "" : " cpus", e.pids ? "" : " pids", e.disk ? "" : " diskMB");
   mcp_call_ok(call,
               json_pack("{s:s, s:s, s:b, s:{s:I, s:f, s:I, s:I}, s:{s:b, s:b, s:b, s:b}}", "sandboxId", sb->id, "status",
                         sbx_sandbox_status(sb), "created", created, "limits", "memoryMB", (json_int_t)l->memory_mb, "cpus",

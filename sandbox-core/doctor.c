@@ -122,9 +122,10 @@ int sbx_doctor(FILE *out) {
   bool ovl = probe_in_userns(probe_overlay);
   LINE(ovl, "overlayfs in userns", ovl ? "writable layers over the host's dirs" : "unavailable");
   int cg = sbx_cg_init();
-  LINE(cg == 0, "cgroups", cg == 0 ? sbx_cg_describe() : root ? "unavailable: limits cannot be enforced"
-                                                               : "no writable cgroup: limits cannot be enforced "
-                                                                 "(delegate one, e.g. systemd-run --user -p Delegate=yes)");
+  LINE(cg == 0, "cgroups", cg == 0 ? sbx_cg_describe() : root ? "unavailable: memoryMB and cpus cannot be enforced"
+                                                               : "no writable cgroup: memoryMB and cpus are NOT enforced, "
+                                                                 "pids holds through RLIMIT_NPROC (delegate a cgroup, e.g. "
+                                                                 "systemd-run --user -p Delegate=yes sbx daemon)");
   if (cg == 0) sbx_cg_shutdown();
   bool sc = sbx_seccomp_compile() == 0;
   char scdesc[96];

@@ -14,6 +14,7 @@
 #include <sched.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -320,8 +321,10 @@ bool sbx_sandbox_alive(sbx_sandbox *sb) {
 
 sbx_enforced sbx_sandbox_enforced(sbx_sandbox *sb) {
   bool cg = sb->cg.n > 0;
+  /* without a cgroup, pids still holds: RLIMIT_NPROC in the sandbox's own
+   * user namespace (see the one way in) */
   return (sbx_enforced){.memory = cg && sb->opts.limits.memory_mb, .cpus = cg && sb->opts.limits.cpus > 0,
-                        .pids = cg && sb->opts.limits.pids, .disk = sbx_disk_quota_enforced()};
+                        .pids = sb->opts.limits.pids > 0, .disk = sbx_disk_quota_enforced()};
 }
 
 const char *sbx_sandbox_status(sbx_sandbox *sb) {
@@ -911,6 +914,7 @@ struct command {
   const sbx_spawn *sp;
   const int *cgfds;
   int ncg;
+  rlim_t nproc; /* RLIM_INFINITY, or the pids limit where no cgroup holds it */
   uint64_t capmask;
   int cap_last;
 };
@@ -928,6 +932,9 @@ static int command_main(void *arg) {
   if (setresgid(0, 0, 0) < 0) child_fail("setresgid");
   if (setresuid(0, 0, 0) < 0) child_fail("setresuid");
   if (chdir(sp->cwd ? sp->cwd : "/workspace") < 0 && chdir("/") < 0) child_fail("chdir");
+  /* counted per user of the sandbox's own user namespace: per sandbox */
+  if (c->nproc != RLIM_INFINITY && setrlimit(RLIMIT_NPROC, &(struct rlimit){c->nproc, c->nproc}) < 0)
+    child_fail("RLIMIT_NPROC");
   for (int i = 0; i <= c->cap_last; i++)
     if (!(c->capmask & (1ull << i)) && prctl(PR_CAPBSET_DROP, i, 0, 0, 0) < 0 && errno != EINVAL)
       child_fail("dropping capabilities");
@@ -979,7 +986,8 @@ pid_t sbx_sandbox_spawn(sbx_sandbox *sb, const sbx_spawn *sp, int *pidfd_out, sb
     /* the command shares the supervisor's memory until it executes (no
      * page tables to copy); it runs on its own stack */
     static char stack[64 * 1024] __attribute__((aligned(16)));
-    struct command c = {.sp = sp, .cgfds = cgfds, .ncg = ncg, .capmask = capmask, .cap_last = cap_last};
+    struct command c = {.sp = sp, .cgfds = cgfds, .ncg = ncg, .capmask = capmask, .cap_last = cap_last,
+                        .nproc = !sb->cg.n && sb->opts.limits.pids ? (rlim_t)sb->opts.limits.pids : RLIM_INFINITY};
     pid_t g = clone(command_main, stack + sizeof stack, CLONE_VM | CLONE_VFORK | SIGCHLD, &c);
     if (g < 0) child_fail("clone");
     supervised = g;

@@ -43,12 +43,39 @@ def test_system_dirs_read_only(t, x):
     t.eq(r['stdout'], 'ok\n', '/etc stays writable (overlay over our own template)')
 
 
+FORKS = """python3 - <<'EOF'
+import os
+r, w = os.pipe()
+n = 0
+for i in range(1100):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:  # lives until the parent is gone (its pipe closes)
+        os.close(w)
+        os.read(r, 1)
+        os._exit(0)
+    n += 1
+print(n)
+EOF"""
+
+
 def test_limits(t, x):
     t.eq(x.c.err('createSandbox', {'sandboxId': 'lim', 'limits': {'memoryMB': 128}}), 'RESOURCE_LIMIT',
          'an explicit limit that cannot be enforced is RESOURCE_LIMIT')
+    r = x.c.ok('createSandbox', {'sandboxId': 'rl'})
+    t.eq(r['limitsEnforced'], {'memory': False, 'cpus': False, 'pids': True, 'disk': False},
+         'createSandbox says which default limits hold rootless (never silently)')
+    res, _ = x.c.call('createSandbox', {'sandboxId': 'rl'})
+    t.ok('NOT enforced' in res['content'][0]['text'], 'and its text says so', res['content'][0]['text'])
+    r = x.env.run(['doctor'])
+    t.ok(b'NOT enforced' in r.stdout, 'doctor says which limits are not enforced', r.stdout[-800:])
     r = x.c.sh('sleep 300 & sleep 300', timeout=500)
     t.ok(r.get('timedOut'), 'timeout still works')
     t.eq(x.c.sh('ps -e -o comm= | grep -c ^sleep || true')['stdout'].strip(), '0', 'and kills the tree')
+    r = x.c.sh(FORKS, sandbox='rl-forks', timeout=60000)
+    t.ok(0 < int(r['stdout']) < 1024, 'the default pids limit holds rootless (%s forks of 1100)' % r['stdout'].strip())
 
 
 def test_durable(t, x):
