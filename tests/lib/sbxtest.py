@@ -103,11 +103,19 @@ class Env:
         self.env['SBX_RUNTIME_DIR'] = self.runtime
         self.env['SBX_STATE_DIR'] = self.state
         self.clients = []
+        self.sbx = SBX
         if user:
             for d in (self.runtime, self.state):
                 os.makedirs(d, mode=0o700)
                 os.chown(d, *user)
             self.env['HOME'] = self.root
+            # the user may not be able to reach the checkout (a clone under
+            # /root or in a mode 0700 directory): it runs its own copy
+            bindir = os.path.join(self.root, 'bin')
+            os.makedirs(bindir)
+            for name in ('sbx', 'sbx-init'):
+                shutil.copy2(os.path.join(os.path.dirname(SBX), name), bindir)
+            self.sbx = os.path.join(bindir, 'sbx')
         atexit.register(self.close)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
@@ -126,7 +134,7 @@ class Env:
         e = dict(self.env)
         if env:
             e.update(env)
-        return subprocess.run([SBX] + args, capture_output=True, timeout=timeout, input=input, env=e,
+        return subprocess.run([self.sbx] + args, capture_output=True, timeout=timeout, input=input, env=e,
                               cwd=cwd or self.root, preexec_fn=self.preexec if self.user else None)
 
     def mcp(self, args=(), cwd=None):
@@ -323,7 +331,7 @@ class Client:
 class StdioClient(Client):
     def __init__(self, env, args, cwd=None):
         super().__init__()
-        self.p = subprocess.Popen([SBX, 'mcp'] + args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        self.p = subprocess.Popen([env.sbx, 'mcp'] + args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, env=env.env, cwd=cwd or env.root,
                                   preexec_fn=env.preexec if env.user else None)
         threading.Thread(target=self._reader, args=(self.p.stdout.readline,), daemon=True).start()
