@@ -4,6 +4,8 @@
 #include "client.h"
 #include "../mcp-server/server.h"
 #include "../sandbox-core/doctor.h"
+#include "../fuse-mount/fuseutil.h"
+#include "../fuse-mount/view.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -19,12 +21,14 @@ static void on_sigint(int s) {
 static void usage(FILE *f) {
   fputs("usage: sbx COMMAND ...\n"
         "  sbx mcp [--sandbox ID] [--tools a,b] [--read-only]   MCP server on stdio (for agents)\n"
-        "  sbx daemon [--http 127.0.0.1:PORT] | sbx daemon stop   run (or stop) the daemon\n"
+        "  sbx daemon [--http 127.0.0.1:PORT] [--mount DIR] | sbx daemon stop   run (or stop) the daemon\n"
         "  sbx exec [-s ID] [--session S] [--cwd D] [--timeout MS] [-e K=V]... -- CMD...\n"
         "  sbx ls                          list sandboxes\n"
         "  sbx destroy ID                  destroy a sandbox\n"
         "  sbx cp SRC DST                  copy files; ID:/path names a sandbox path\n"
-        "  sbx doctor                      what this machine offers sbx\n",
+        "  sbx doctor                      what this machine offers sbx\n"
+        "  sbx mount [-f] [-o allow_other] MOUNTPOINT   every sandbox's /workspace at MOUNTPOINT/<id>/\n"
+        "  sbx umount MOUNTPOINT           stop a view\n",
         f);
 }
 
@@ -344,6 +348,45 @@ static int cmd_daemon_stop(void) {
   return 0;
 }
 
+static int cmd_mount(int argc, char **argv) {
+  sbx_view_opts o = {.ready_fd = -1};
+  const char *mnt = NULL;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "-f") || !strcmp(argv[i], "--foreground")) o.foreground = true;
+    else if (!strcmp(argv[i], "-d") || !strcmp(argv[i], "--debug")) o.debug = o.foreground = true;
+    else if (!strcmp(argv[i], "-o") && i + 1 < argc && !strcmp(argv[i + 1], "allow_other")) o.allow_other = true, i++;
+    else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+      printf("usage: sbx mount [-f] [-o allow_other] MOUNTPOINT\n"
+             "Shows every sandbox's /workspace at MOUNTPOINT/<sandboxId>/, live. Files show the\n"
+             "sandbox's own host owner (so git treats them as foreign); you read and write them all.\n"
+             "-f stays in the foreground; SIGTERM or `sbx umount MOUNTPOINT` ends it.\n");
+      return 0;
+    } else if (argv[i][0] == '-' || mnt) {
+      fprintf(stderr, "usage: sbx mount [-f] [-o allow_other] MOUNTPOINT\n");
+      return 2;
+    } else mnt = argv[i];
+  }
+  if (!mnt) {
+    fprintf(stderr, "usage: sbx mount [-f] [-o allow_other] MOUNTPOINT\n");
+    return 2;
+  }
+  return sbx_view_main(mnt, &o);
+}
+
+static int cmd_umount(int argc, char **argv) {
+  if (argc != 2) {
+    fprintf(stderr, "usage: sbx umount MOUNTPOINT\n");
+    return 2;
+  }
+  char err[600];
+  if (sbx_fuse_unmount(argv[1], false, err, sizeof err) < 0 && sbx_fuse_unmount(argv[1], true, err, sizeof err) < 0) {
+    fprintf(stderr, "sbx umount: %s\n", err);
+    return 1;
+  }
+  printf("unmounted %s\n", argv[1]);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     usage(stderr);
@@ -352,18 +395,19 @@ int main(int argc, char **argv) {
   const char *cmd = argv[1];
   if (!strcmp(cmd, "daemon")) {
     if (argc > 2 && !strcmp(argv[2], "stop")) return cmd_daemon_stop();
-    const char *http = NULL;
+    const char *http = NULL, *mount_dir = NULL;
     bool remote = false;
     for (int i = 2; i < argc; i++) {
       if (!strcmp(argv[i], "--http") && i + 1 < argc) http = argv[++i];
       else if (!strncmp(argv[i], "--http=", 7)) http = argv[i] + 7;
       else if (!strcmp(argv[i], "--http-allow-remote")) remote = true;
+      else if (!strcmp(argv[i], "--mount") && i + 1 < argc) mount_dir = argv[++i];
       else {
         fprintf(stderr, "sbx daemon: unknown option %s\n", argv[i]);
         return 2;
       }
     }
-    return sbx_daemon_main(http, remote);
+    return sbx_daemon_main(http, remote, mount_dir);
   }
   if (!strcmp(cmd, "mcp")) {
     const char *sandbox = NULL, *tools = NULL;
@@ -390,6 +434,8 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "destroy")) return cmd_destroy(argc - 1, argv + 1);
   if (!strcmp(cmd, "cp")) return cmd_cp(argc - 1, argv + 1);
   if (!strcmp(cmd, "doctor")) return sbx_doctor(stdout) ? 1 : 0;
+  if (!strcmp(cmd, "mount")) return cmd_mount(argc - 1, argv + 1);
+  if (!strcmp(cmd, "umount")) return cmd_umount(argc - 1, argv + 1);
   if (!strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
     usage(stdout);
     return 0;

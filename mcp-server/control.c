@@ -104,6 +104,14 @@ static int start_daemon(const sbx_paths *p, char *err, size_t errlen) {
   }
   if (pid == 0) {
     if (fork() != 0) _exit(0); /* the daemon is reparented, never our zombie */
+    /* a starter's blocked signals and handlers are not the daemon's (a
+     * mask survives exec: a thread that blocks everything would start a
+     * daemon deaf to SIGTERM) */
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    for (int s = 1; s < NSIG; s++)
+      if (s != SIGKILL && s != SIGSTOP) signal(s, SIG_DFL);
     setsid();
     if (chdir("/") < 0) _exit(1);
     int null = open("/dev/null", O_RDWR | O_CLOEXEC);

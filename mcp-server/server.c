@@ -8,8 +8,11 @@
 #include "mcp.h"
 #include "../sandbox-core/config.h"
 #include "../sandbox-core/process.h"
+#include "../sandbox-core/files.h"
 
 #include <sys/resource.h>
+#include <poll.h>
+#include <sys/wait.h>
 
 #include <fcntl.h>
 #include <signal.h>
@@ -24,6 +27,7 @@ typedef struct client {
   mcp_conn *conn;
   mcp_framer framer;
   bool closing;
+  bool view; /* the FUSE view (sbx mount): replies may carry fds */
   struct client *next;
 } client;
 
@@ -37,6 +41,7 @@ static struct {
   bool stopping;
 } d;
 
+static void stop_view(void);
 static void log_warning(const char *msg) { fprintf(stderr, "sbx daemon: %s\n", msg); }
 
 static void client_closed(uv_handle_t *h) {
@@ -94,9 +99,103 @@ static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *b) {
   b->len = b->base ? 65536 : 0;
 }
 
+/* ---- the FUSE view's side channel --------------------------------------
+ * `sbx mount` subscribes to the list of sandboxes and asks for the fd of a
+ * sandbox's /workspace. Its messages are JSON-RPC too, but written with
+ * sendmsg (an fd may ride along), never queued: the view reads at once,
+ * and one that does not is dropped. */
+
+static void client_close(client *c);
+
+static void view_send(client *c, json_t *msg, int fd) {
+  char *s = json_dumps(msg, JSON_COMPACT);
+  json_decref(msg);
+  if (!s) return;
+  size_t n = strlen(s);
+  s[n] = '\n'; /* the NUL goes: n + 1 bytes */
+  struct iovec iov = {s, n + 1};
+  union {
+    struct cmsghdr h;
+    char buf[CMSG_SPACE(sizeof(int))];
+  } u;
+  struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+  if (fd >= 0) {
+    m.msg_control = u.buf;
+    m.msg_controllen = sizeof u.buf;
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+  }
+  uv_os_fd_t sock;
+  ssize_t w = uv_fileno((uv_handle_t *)&c->pipe, &sock) == 0 ? sendmsg(sock, &m, MSG_DONTWAIT | MSG_NOSIGNAL) : -1;
+  free(s);
+  if (w != (ssize_t)(n + 1)) {
+    fprintf(stderr, "sbx daemon: dropping a view client that does not read\n");
+    client_close(c);
+  }
+}
+
+static json_t *view_entry(sbx_sandbox *sb) {
+  return json_pack("{s:s, s:s}", "sandboxId", sb->id, "status", sbx_sandbox_status(sb));
+}
+
+static void view_changed(const char *id, const char *event) {
+  for (client *c = d.clients; c; c = c->next)
+    if (c->view && !c->closing)
+      view_send(c,
+                json_pack("{s:s, s:s, s:{s:s, s:s}}", "jsonrpc", "2.0", "method", "sbx/view/changed", "params",
+                          "sandboxId", id, "event", event),
+                -1);
+}
+
+static void view_error(client *c, json_t *id, const char *code, const char *message) {
+  view_send(c, json_pack("{s:s, s:O, s:{s:i, s:s, s:{s:s}}}", "jsonrpc", "2.0", "id", id, "error", "code", -32000,
+                         "message", message, "data", "code", code),
+            -1);
+}
+
+static void view_message(client *c, json_t *msg) {
+  c->view = true;
+  json_t *id = json_object_get(msg, "id");
+  const char *method = json_string_value(json_object_get(msg, "method"));
+  if (!id) return;
+  if (!strcmp(method, "sbx/view/subscribe")) {
+    json_t *list = json_array();
+    for (sbx_sandbox *sb = sbx_sandbox_list(); sb; sb = sb->next) json_array_append_new(list, view_entry(sb));
+    view_send(c, json_pack("{s:s, s:O, s:{s:o}}", "jsonrpc", "2.0", "id", id, "result", "sandboxes", list), -1);
+    return;
+  }
+  if (strcmp(method, "sbx/view/open")) return view_error(c, id, "VALIDATION_FAILED", "unknown view method");
+  const char *sid = json_string_value(json_object_get(json_object_get(msg, "params"), "sandboxId"));
+  sbx_sandbox *sb = sid ? sbx_sandbox_find(sid) : NULL;
+  if (!sb) return view_error(c, id, "SANDBOX_NOT_FOUND", "no such sandbox");
+  sbx_error err = {0};
+  /* a view that enters a stopped or sleeping sandbox wakes it, as a call would */
+  if (sbx_sandbox_wake(sb, &err) < 0) return view_error(c, id, err.code, err.message);
+  int fd = sbx_fs_open_dir(sb, "/workspace", &err);
+  if (fd < 0) return view_error(c, id, err.code, err.message);
+  view_send(c,
+            json_pack("{s:s, s:O, s:{s:s, s:I, s:I}}", "jsonrpc", "2.0", "id", id, "result", "sandboxId", sb->id, "uid",
+                      (json_int_t)sb->uid_base, "gid", (json_int_t)sb->uid_base),
+            fd);
+  close(fd);
+}
+
 static bool on_message(void *ud, const char *msg, size_t len) {
   client *c = ud;
   if (c->closing) return false;
+  if (msg && len < 4096 && memmem(msg, len, "\"sbx/view/", 10)) {
+    json_t *m = json_loadb(msg, len, JSON_REJECT_DUPLICATES, NULL);
+    const char *method = json_string_value(json_object_get(m, "method"));
+    if (method && !strncmp(method, "sbx/view/", 9)) {
+      view_message(c, m);
+      json_decref(m);
+      return !c->closing;
+    }
+    json_decref(m);
+  }
   if (!msg) mcp_conn_send_error(c->conn, NULL, -32700, "message exceeds the 64 MiB limit");
   else mcp_conn_handle(c->conn, msg, len);
   return !c->closing;
@@ -155,6 +254,7 @@ static void on_signal(uv_signal_t *s, int sig) {
   uv_close((uv_handle_t *)&d.server, NULL);
   uv_close((uv_handle_t *)&d.idle, NULL);
   sbx_http_stop();
+  stop_view();
   for (client *c = d.clients; c; c = c->next) client_close(c);
   for (sbx_sandbox *sb = sbx_sandbox_list(); sb; sb = sb->next) sbx_exec_cancel_sandbox(sb);
   uv_signal_stop(&d.sigterm);
@@ -166,7 +266,41 @@ static void on_signal(uv_signal_t *s, int sig) {
   unlink(d.paths.pidfile);
 }
 
-int sbx_daemon_main(const char *http_addr, bool http_allow_remote) {
+/* The FUSE view the daemon runs for the user (`--mount DIR`, or "mount"
+ * in the configuration): `sbx mount -f DIR` as a child of its own. */
+static pid_t view_pid;
+
+static void start_view(const char *dir) {
+  char exe[4096];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n <= 0) return;
+  exe[n] = 0;
+  pid_t pid = sbx_fork_child(0, NULL);
+  if (pid == 0) {
+    sbx_child_unblock();
+    close_range(3, ~0U, 0);
+    char *argv[] = {"sbx", "mount", "-f", (char *)dir, NULL};
+    execv(exe, argv);
+    _exit(127);
+  }
+  if (pid > 0) {
+    view_pid = pid;
+    fprintf(stderr, "sbx daemon: the FUSE view of every sandbox is at %s (pid %d)\n", dir, pid);
+  }
+}
+
+static void stop_view(void) {
+  if (view_pid <= 0) return;
+  kill(view_pid, SIGTERM); /* it unmounts */
+  int pidfd = sbx_pidfd_open(view_pid);
+  struct pollfd pf = {.fd = pidfd, .events = POLLIN};
+  if (pidfd >= 0 && poll(&pf, 1, 10000) <= 0) kill(view_pid, SIGKILL);
+  if (pidfd >= 0) close(pidfd);
+  waitpid(view_pid, NULL, 0);
+  view_pid = 0;
+}
+
+int sbx_daemon_main(const char *http_addr, bool http_allow_remote, const char *mount_dir) {
   char err[512];
   if (sbx_paths_init(&d.paths, err, sizeof err) < 0) {
     fprintf(stderr, "sbx daemon: %s\n", err);
@@ -177,6 +311,10 @@ int sbx_daemon_main(const char *http_addr, bool http_allow_remote) {
     fprintf(stderr, "sbx daemon: another daemon holds %s\n", d.paths.lock);
     return 3;
   }
+  /* whatever started us, we hear signals */
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, NULL);
   signal(SIGPIPE, SIG_IGN);
   static sbx_config conf;
   if (sbx_config_load(&conf, err, sizeof err) < 0) {
@@ -185,6 +323,7 @@ int sbx_daemon_main(const char *http_addr, bool http_allow_remote) {
   }
   sbx_config_set(&conf);
   if (!http_addr) http_addr = conf.http;
+  if (!mount_dir) mount_dir = conf.mount;
   /* every sandbox holds a few descriptors: allow what the hard limit allows */
   struct rlimit nofile;
   if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
@@ -193,7 +332,7 @@ int sbx_daemon_main(const char *http_addr, bool http_allow_remote) {
   }
   sbx_engine_config cfg = {.state_dir = d.paths.state, .runtime_dir = d.paths.runtime, .rootless = geteuid() != 0,
                            .max_sandboxes = conf.max_sandboxes, .default_limits = conf.limits, .warn = log_warning,
-                           .loop = uv_default_loop()};
+                           .loop = uv_default_loop(), .on_change = view_changed};
   sbx_error e = {0};
   if (sbx_engine_init(&cfg, &e) < 0) {
     fprintf(stderr, "sbx daemon: %s\n", e.message);
@@ -244,6 +383,7 @@ int sbx_daemon_main(const char *http_addr, bool http_allow_remote) {
     close(fd);
     unsetenv("SBX_READY_FD");
   }
+  if (mount_dir) start_view(mount_dir);
   uv_run(d.loop, UV_RUN_DEFAULT);
   uv_loop_close(d.loop);
   return 0;

@@ -7,6 +7,7 @@
 #include <linux/loop.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
@@ -183,9 +184,12 @@ static int run_mkfs(const char *path, uint64_t mb) {
      * a sparse copy), no reserved blocks (sandbox root is not the
      * filesystem's root), no resize reservation; small disks skip the
      * journal, which would take a good part of them */
+    /* metadata_csum_seed: each copy gets its own UUID without rewriting
+     * every checksum (see new_uuid) */
     char *argv[] = {(char *)tool, "-q", "-F", "-t", "ext4", "-m", "0", "-b", "4096", "-E",
                     "lazy_itable_init=0,lazy_journal_init=0,nodiscard", "-O",
-                    mb < 256 ? "^resize_inode,^has_journal" : "^resize_inode", (char *)path, NULL};
+                    mb < 256 ? "^resize_inode,^has_journal,metadata_csum_seed" : "^resize_inode,metadata_csum_seed",
+                    (char *)path, NULL};
     char *envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", NULL};
     execve(tool, argv, envp);
     _exit(127);
@@ -277,6 +281,30 @@ static int sparse_copy(const char *src, const char *dst) {
   return 0;
 }
 
+/* A copy's own filesystem UUID (the kernel's fsid, which tells sandboxes
+ * apart to fanotify): the superblock's s_uuid, and its checksum. */
+static int new_uuid(const char *path) {
+  _cleanup_close_ int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) return -errno;
+  unsigned char sb[1024];
+  if (pread(fd, sb, sizeof sb, 1024) != sizeof sb) return -EIO;
+  if (sb[0x38] != 0x53 || sb[0x39] != 0xef) return -EINVAL; /* not ext4 */
+  uint32_t ro_compat, incompat;
+  memcpy(&ro_compat, sb + 0x64, 4);
+  memcpy(&incompat, sb + 0x60, 4);
+  bool csum = ro_compat & 0x400;     /* metadata_csum */
+  bool seeded = incompat & 0x2000;   /* metadata_csum_seed */
+  if (csum && !seeded) return 0;      /* a template from before: keep its UUID */
+  if (getrandom(sb + 0x68, 16, 0) != 16) return -EIO;
+  sb[0x68 + 6] = (sb[0x68 + 6] & 0x0f) | 0x40; /* version 4 */
+  sb[0x68 + 8] = (sb[0x68 + 8] & 0x3f) | 0x80;
+  if (csum) {
+    uint32_t c = sbx_crc32c(~0u, sb, 0x3fc);
+    memcpy(sb + 0x3fc, &c, 4);
+  }
+  return pwrite(fd, sb, sizeof sb, 1024) == sizeof sb ? 0 : -EIO;
+}
+
 bool sbx_disk_exists(const char *id) {
   char path[1200];
   if (dk.loop) image_path(id, path, sizeof path);
@@ -300,6 +328,7 @@ int sbx_disk_ensure(const char *id, uint64_t mb, sbx_error *err) {
   template_path(mb, tpl, sizeof tpl);
   snprintf(tmp, sizeof tmp, "%s.tmp", path);
   int r = sparse_copy(tpl, tmp);
+  if (r == 0) r = new_uuid(tmp);
   if (r == 0 && rename(tmp, path) < 0) r = -errno;
   if (r < 0) {
     unlink(tmp);
@@ -380,7 +409,11 @@ static int pool_make(int sock, uint64_t mb, unsigned long long seq) {
   template_path(mb, tpl, sizeof tpl);
   snprintf(path, sizeof path, "%s/pool/%llu.img", dk.state, seq);
   int r = sparse_copy(tpl, path);
-  if (r < 0) return r;
+  if (r == 0) r = new_uuid(path);
+  if (r < 0) {
+    unlink(path);
+    return r;
+  }
   _cleanup_close_ int img = open(path, O_RDWR | O_CLOEXEC | O_DIRECT);
   if (img < 0 && errno == EINVAL) img = open(path, O_RDWR | O_CLOEXEC);
   if (img < 0) return -errno;

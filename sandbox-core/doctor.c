@@ -132,8 +132,20 @@ int sbx_doctor(FILE *out) {
   snprintf(scdesc, sizeof scdesc, "libseccomp API %u, %zu rules compiled to BPF", seccomp_api_get(),
            sbx_seccomp_rule_count());
   LINE(sc, "seccomp", sc ? scdesc : "cannot compile the policy");
-  bool fuse = access("/dev/fuse", F_OK) == 0;
-  LINE(fuse, "/dev/fuse", fuse ? "present (for the FUSE view and bucket mounts, which are not built yet)" : "missing: no FUSE features");
+  int fusefd = open("/dev/fuse", O_RDWR | O_CLOEXEC);
+  bool fuse_open = fusefd >= 0;
+  if (fusefd >= 0) close(fusefd);
+  struct stat fst;
+  bool fusermount = stat("/usr/bin/fusermount3", &fst) == 0 && (fst.st_mode & S_ISUID) && fst.st_uid == 0;
+  bool fuse = access("/dev/fuse", F_OK) == 0 && fuse_open && (root || fusermount);
+  LINE(fuse, "FUSE",
+       !access("/dev/fuse", F_OK) ? (root ? (fuse_open ? "usable: sbx mount and bucket mounts work"
+                                                       : "/dev/fuse cannot be opened: no FUSE view, no bucket mounts")
+                                          : fusermount ? (fuse_open ? "usable through fusermount3 (sbx mount) and /dev/fuse"
+                                                                    : "/dev/fuse is root's only here (mode 0600): no sbx "
+                                                                      "mount, no bucket mounts rootless")
+                                                       : "no setuid fusermount3 (Debian package fuse3): no sbx mount")
+                                   : "no /dev/fuse: no FUSE view, no bucket mounts");
   bool pidfd = probe_pidfd();
   LINE(pidfd, "pidfd", pidfd ? "processes supervised by pidfd on the event loop" : "missing: sbx needs Linux >= 5.3");
   const char *why = NULL;

@@ -115,6 +115,19 @@ int sbx_fs_check_dir(sbx_sandbox *sb, const char *path, sbx_error *err) {
   return 0;
 }
 
+int sbx_fs_open_dir(sbx_sandbox *sb, const char *path, sbx_error *err) {
+  char abs[4096];
+  if (sbx_fs_abspath(path, abs, err) < 0) return -1;
+  if (sb->rootfd < 0) return sbx_err(err, "INTERNAL", "sandbox '%s' is not running", sb->id);
+  struct open_how how = {.flags = O_PATH | O_DIRECTORY | O_CLOEXEC,
+                         .resolve = RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV};
+  int fd;
+  do fd = (int)syscall(SYS_openat2, sb->rootfd, abs, &how, sizeof how);
+  while (fd < 0 && errno == EAGAIN);
+  if (fd < 0) return fail_errno(err, errno, "opening", abs);
+  return fd;
+}
+
 /* Reopens an O_PATH fd of a regular file for real I/O: devices and FIFOs
  * are never opened at all. */
 static int reopen_regular(sbx_sandbox *sb, int pfd, const char *abs, int flags, sbx_error *err) {

@@ -13,6 +13,9 @@
 int sbx_fs_abspath(const char *path, char out[4096], sbx_error *err);
 
 int sbx_fs_check_dir(sbx_sandbox *sb, const char *path, sbx_error *err);
+/* An O_PATH fd of a directory of the sandbox reached without any symlink
+ * or mount crossing (for the FUSE view: its /workspace). */
+int sbx_fs_open_dir(sbx_sandbox *sb, const char *path, sbx_error *err);
 /* Creates (or truncates) a regular file, making parents; returns its fd. */
 int sbx_fs_create(sbx_sandbox *sb, const char *path, mode_t mode, sbx_error *err);
 int sbx_fs_write(sbx_sandbox *sb, const char *path, const void *data, size_t len, sbx_error *err);

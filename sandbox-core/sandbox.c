@@ -179,6 +179,10 @@ static sbx_sandbox *sandbox_new(const char *id) {
   return sb;
 }
 
+static void changed(const char *id, const char *event) {
+  if (eng.cfg.on_change) eng.cfg.on_change(id, event);
+}
+
 static void sandbox_link(sbx_sandbox *sb) {
   eng.count++;
   sb->next = eng.list;
@@ -769,6 +773,7 @@ int sbx_sandbox_create(const char *id, const sbx_sandbox_opts *opts, sbx_sandbox
   sbx_sandbox_save(sb);
   *out = sb;
   if (created) *created = true;
+  changed(id, "created");
   return 0;
 }
 
@@ -781,6 +786,7 @@ int sbx_sandbox_reset(sbx_sandbox *sb) {
   sb->reset_pending = true;
   sb->restart_pending = false;
   sbx_sandbox_save(sb);
+  changed(sb->id, "reset");
   return 0;
 }
 
@@ -789,6 +795,7 @@ int sbx_sandbox_wake(sbx_sandbox *sb, sbx_error *err) {
   if (start(sb, err) < 0) return -1;
   sbx_sandbox_touch(sb);
   sbx_sandbox_save(sb);
+  changed(sb->id, "started");
   return 0;
 }
 
@@ -826,6 +833,7 @@ int sbx_sandbox_destroy(const char *id, sbx_error *err) {
   eng.count--;
   stop_running_async(sb, false);
   sbx_disk_remove(sb->id);
+  changed(sb->id, "destroyed");
   sandbox_free(sb);
   return 0;
 }

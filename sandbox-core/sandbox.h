@@ -81,6 +81,9 @@ typedef struct sbx_engine_config {
   sbx_limits default_limits;
   void (*warn)(const char *msg); /* what the daemon's log should hear of */
   uv_loop_t *loop;               /* teardowns finish on it (NULL: synchronously) */
+  /* a sandbox was "created", "started", "reset" or "destroyed" (for the
+   * FUSE view; may be NULL) */
+  void (*on_change)(const char *id, const char *event);
 } sbx_engine_config;
 
 /* Prepares the engine: cgroups, seccomp, the /etc template, the disks, and

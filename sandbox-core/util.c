@@ -478,3 +478,16 @@ bool sbx_daemon_alive(pid_t pid) {
   *close_p = 0;
   return strcmp(open_p + 1, "sbx") == 0 && close_p[2] != 'Z' && close_p[2] != 'X';
 }
+
+uint32_t sbx_crc32c(uint32_t crc, const void *data, size_t len) {
+  static uint32_t table[256];
+  if (!table[1])
+    for (uint32_t i = 0; i < 256; i++) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; k++) c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+      table[i] = c;
+    }
+  const unsigned char *p = data;
+  while (len--) crc = table[(crc ^ *p++) & 0xff] ^ (crc >> 8);
+  return crc;
+}

@@ -136,6 +136,9 @@ int sbx_pidfd_open(pid_t pid);
 bool sbx_daemon_alive(pid_t pid);
 int sbx_pidfd_send_signal(int pidfd, int sig);
 
+/* CRC-32C (Castagnoli) as the kernel's crc32c_le: no final inversion. */
+uint32_t sbx_crc32c(uint32_t crc, const void *data, size_t len);
+
 /* Standard base64 (RFC 4648, padded). encode: malloc'd NUL-terminated.
  * decode: -1 on malformed input (whitespace is skipped). */
 char *sbx_base64_encode(const void *data, size_t len, size_t *out_len);

@@ -43,5 +43,22 @@ def test_node(t, x):
     check_png(t, out, 'node example')
 
 
+def test_view_edit_build(t, x):
+    if os.geteuid() != 0:
+        t.skip('view example', 'the view example runs as root here')
+        return
+    mnt = os.path.join(x.env.root, 'view')
+    try:
+        p = subprocess.run([os.path.join(EX, 'view-edit-build.sh'), mnt, 'demo'], env=dict(x.env.env, SBX=SBX),
+                           capture_output=True, timeout=120, cwd=x.env.root)
+        out = p.stdout.decode()
+        t.ok(p.returncode == 0 and 'hello from the sandbox' in out and "2:int main" in out,
+             'the view example edits and greps through the mount and builds with sbx exec', out + p.stderr.decode())
+        t.ok(os.path.exists(os.path.join(mnt, 'demo', 'hello', 'hello')), 'its binary shows in the view')
+    finally:
+        subprocess.run([SBX, 'umount', mnt], env=x.env.env, capture_output=True)
+        subprocess.run(['umount', '-l', mnt], capture_output=True)
+
+
 if __name__ == '__main__':
-    sys.exit(run_tests([test_python, test_node], Ctx))
+    sys.exit(run_tests([test_python, test_node, test_view_edit_build], Ctx))

@@ -2,6 +2,7 @@
 limits it cannot enforce fail with RESOURCE_LIMIT; nothing of the host
 leaks."""
 import os
+import subprocess
 import sys
 
 from sbxtest import Env, run_tests
@@ -11,12 +12,24 @@ UID = GID = 4242  # an unprivileged uid with no other business on the machine
 
 class Ctx:
     def __init__(self):
+        # fusermount3 wants the user to have a name: a passwd entry for the
+        # test's uid while the tests run (removed after, when we made it)
+        import pwd
+        try:
+            pwd.getpwuid(UID)
+            self.made_user = False
+        except KeyError:
+            r = subprocess.run(['useradd', '--system', '--no-create-home', '--uid', str(UID), '--user-group',
+                                '--shell', '/usr/sbin/nologin', 'sbx-rootless-test'], capture_output=True)
+            self.made_user = r.returncode == 0
         self.env = Env(user=(UID, GID))
         self.c = self.env.mcp(['--sandbox', 'rl'])
         self.c.initialize()
 
     def close(self):
         self.env.close()
+        if self.made_user:
+            subprocess.run(['userdel', 'sbx-rootless-test'], capture_output=True)
 
 
 def test_exec_and_identity(t, x):
@@ -94,6 +107,37 @@ def test_durable(t, x):
          'an explicit diskMB is RESOURCE_LIMIT rootless')
 
 
+def test_view(t, x):
+    """The FUSE view rootless: mounted through fusermount3 by the user."""
+    mnt = os.path.join(x.env.root, 'rlview')
+    os.makedirs(mnt)
+    os.chown(mnt, UID, GID)
+    x.c.ok('writeFile', {'path': '/workspace/v.txt', 'content': 'rootless view\n'})
+    # Debian's udev rule makes /dev/fuse 0666; a machine that keeps it 0600
+    # (as root's only) gets the standard mode for this test, and back after
+    mode = os.stat('/dev/fuse').st_mode & 0o777
+    if mode != 0o666:
+        os.chmod('/dev/fuse', 0o666)
+    r = x.env.run(['mount', mnt])
+    try:
+        t.eq(r.returncode, 0, 'sbx mount works for an unprivileged user', r.stderr)
+
+        def as_user(cmd):
+            return subprocess.run(['sh', '-c', cmd], preexec_fn=x.env.preexec, capture_output=True, text=True,
+                                  timeout=60)
+        r = as_user('cat %s/rl/v.txt; stat -c %%u:%%g %s/rl/v.txt' % (mnt, mnt))
+        t.eq(r.stdout, 'rootless view\n65534:65534\n', 'it shows the sandbox\'s files, owned by nobody (foreign to '
+             'git), not by the user', r.stderr)
+        as_user('echo from-host > %s/rl/h.txt' % mnt)
+        t.eq(x.c.sh('cat /workspace/h.txt')['stdout'], 'from-host\n', 'the user writes through it')
+        r = subprocess.run(['ls', mnt], capture_output=True)
+        t.ok(r.returncode != 0, 'root is not let in either (no allow_other)', r.stderr)
+    finally:
+        x.env.run(['umount', mnt])
+        subprocess.run(['umount', '-l', mnt], capture_output=True)
+        os.chmod('/dev/fuse', mode)
+
+
 def test_escape(t, x):
     r = x.c.sh('ls -A /root /home; cat /etc/shadow 2>&1 | head -1; unshare -U true 2>&1; echo rc=$?')
     t.ok('rc=1' in r['stdout'] and 'shadow: No such file' in r['stdout'], 'no shadow, no nested user namespace',
@@ -105,4 +149,4 @@ if __name__ == '__main__':
     if os.geteuid() != 0:
         print('1..0 # SKIP needs root to drop to an unprivileged user')
         sys.exit(77)
-    sys.exit(run_tests([test_exec_and_identity, test_files, test_system_dirs_read_only, test_limits, test_durable, test_escape], Ctx))
+    sys.exit(run_tests([test_exec_and_identity, test_files, test_system_dirs_read_only, test_limits, test_durable, test_view, test_escape], Ctx))

@@ -1,0 +1,149 @@
+#define _GNU_SOURCE
+#include "fuseutil.h"
+#include "../sandbox-core/util.h"
+
+#include <fcntl.h>
+#include <sys/mount.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+void sbx_fuse_args_init(sbx_fuse_args *a, const char *subtype, bool allow_other, bool debug) {
+  a->args = (struct fuse_args)FUSE_ARGS_INIT(0, NULL);
+  fuse_opt_add_arg(&a->args, "sbx");
+  char opt[256];
+  snprintf(opt, sizeof opt, "fsname=sbx,subtype=%s,nosuid,nodev%s", subtype, allow_other ? ",allow_other" : "");
+  fuse_opt_add_arg(&a->args, "-o");
+  fuse_opt_add_arg(&a->args, opt);
+  if (debug) fuse_opt_add_arg(&a->args, "-d");
+}
+
+int sbx_fuse_unmount(const char *mountpoint, bool lazy, char *err, size_t errlen) {
+  if (geteuid() == 0) {
+    if (umount2(mountpoint, lazy ? MNT_DETACH : 0) == 0) return 0;
+    snprintf(err, errlen, "unmounting %s: %s", mountpoint, strerror(errno));
+    return -1;
+  }
+  pid_t pid = fork();
+  if (pid == 0) {
+    int null = open("/dev/null", O_RDWR);
+    if (null >= 0) dup2(null, 1);
+    execlp("fusermount3", "fusermount3", "-u", lazy ? "-z" : "-u", mountpoint, (char *)NULL);
+    _exit(127);
+  }
+  int st;
+  if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    snprintf(err, errlen, "fusermount3 -u %s failed", mountpoint);
+    return -1;
+  }
+  return 0;
+}
+
+/* fusermount3's protocol: it mounts, then sends the /dev/fuse fd back over
+ * the socket named by _FUSE_COMMFD. */
+static int fusermount(const char *mountpoint, char *err, size_t errlen) {
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) < 0) {
+    snprintf(err, errlen, "socketpair: %s", strerror(errno));
+    return -1;
+  }
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(sv[0]);
+    char fdnum[16];
+    snprintf(fdnum, sizeof fdnum, "%d", sv[1]);
+    setenv("_FUSE_COMMFD", fdnum, 1);
+    execlp("fusermount3", "fusermount3", "-o", "nosuid,nodev,fsname=sbx,subtype=sbx-view", "--", mountpoint,
+           (char *)NULL);
+    _exit(127);
+  }
+  close(sv[1]);
+  int fd = -1;
+  char byte;
+  struct iovec iov = {&byte, 1};
+  union {
+    struct cmsghdr h;
+    char buf[CMSG_SPACE(sizeof(int))];
+  } u;
+  struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
+  if (pid > 0 && recvmsg(sv[0], &m, MSG_CMSG_CLOEXEC) > 0)
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c))
+      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) memcpy(&fd, CMSG_DATA(c), sizeof fd);
+  close(sv[0]);
+  int st;
+  if (pid > 0) waitpid(pid, &st, 0);
+  if (fd < 0) snprintf(err, errlen, "fusermount3 could not mount %s (see sbx doctor)", mountpoint);
+  return fd;
+}
+
+int sbx_fuse_mount(struct fuse_session *se, const char *mountpoint, char *err, size_t errlen) {
+  struct stat st;
+  if (stat(mountpoint, &st) < 0) {
+    if (errno != ENOTCONN) {
+      snprintf(err, errlen, "%s: %s", mountpoint, strerror(errno));
+      return -1;
+    }
+    /* a server that was killed left its mount behind: take the place over */
+    if (sbx_fuse_unmount(mountpoint, true, err, errlen) < 0) return -1;
+    if (stat(mountpoint, &st) < 0) {
+      snprintf(err, errlen, "%s: %s", mountpoint, strerror(errno));
+      return -1;
+    }
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    snprintf(err, errlen, "%s is not a directory", mountpoint);
+    return -1;
+  }
+  /* a live sbx filesystem already there: refuse rather than stack another */
+  FILE *f = fopen("/proc/self/mountinfo", "re");
+  char line[4096];
+  while (f && fgets(line, sizeof line, f)) {
+    char mnt[4096], *dash = strstr(line, " - ");
+    if (!dash || sscanf(line, "%*s %*s %*s %*s %4095s", mnt) != 1) continue;
+    if (!strcmp(mnt, mountpoint) && strstr(dash, "fuse.sbx")) {
+      fclose(f);
+      snprintf(err, errlen, "%s is already an sbx mount (sbx umount %s first)", mountpoint, mountpoint);
+      return -1;
+    }
+  }
+  if (f) fclose(f);
+  if (geteuid() != 0) { /* through the setuid helper, which also opens /dev/fuse */
+    int fd = fusermount(mountpoint, err, errlen);
+    if (fd < 0) return -1;
+    char dev[32];
+    snprintf(dev, sizeof dev, "/dev/fd/%d", fd);
+    if (fuse_session_mount(se, dev) != 0) {
+      snprintf(err, errlen, "taking over the FUSE fd of %s failed", mountpoint);
+      return -1;
+    }
+    return 0;
+  }
+  if (fuse_session_mount(se, mountpoint) != 0) {
+    snprintf(err, errlen, "mounting %s failed (is /dev/fuse usable? see sbx doctor)", mountpoint);
+    return -1;
+  }
+  return 0;
+}
+
+int sbx_fuse_daemonize(int ready_fd) {
+  (void)ready_fd;
+  return fuse_daemonize(0) == 0 ? 0 : -1;
+}
+
+int sbx_fuse_loop(struct fuse_session *se, int ready_fd) {
+  if (fuse_set_signal_handlers(se) != 0) return -1;
+  if (ready_fd >= 0) {
+    (void)!write(ready_fd, "1", 1);
+    close(ready_fd);
+  }
+  struct fuse_loop_config *cfg = fuse_loop_cfg_create();
+  /* one /dev/fuse for all threads: a thread acting as a sandbox's root
+   * (its fsuid) may start the next one, which could not open it again */
+  fuse_loop_cfg_set_clone_fd(cfg, 0);
+  fuse_loop_cfg_set_idle_threads(cfg, 8);
+  fuse_loop_cfg_set_max_threads(cfg, 64);
+  int r = fuse_session_loop_mt(se, cfg);
+  fuse_loop_cfg_destroy(cfg);
+  fuse_remove_signal_handlers(se);
+  return r;
+}

@@ -1,0 +1,1206 @@
+/* `sbx mount MOUNTPOINT`: every sandbox's /workspace on the host, live, as
+ * MOUNTPOINT/<sandboxId>/. A low-level, multithreaded FUSE filesystem in
+ * the manner of libfuse's passthrough_ll: each inode holds an O_PATH fd of
+ * the file in the sandbox, reached one name at a time with O_NOFOLLOW from
+ * the fd of the sandbox's /workspace that the daemon hands over. Nothing
+ * is ever resolved by path, so no symlink, `..` or rename inside a sandbox
+ * can lead the server out of it.
+ *
+ * What the host sees is untrusted content:
+ * - symlink targets that are absolute or climb with `..` are rewritten to
+ *   absolute paths inside MOUNTPOINT/<id>/ (or to a dangling name there
+ *   when they lead outside /workspace), so the host kernel, which follows
+ *   them in the host's namespace, can never leave the sandbox's view;
+ * - files show their real host owner (the sandbox's own unprivileged uid;
+ *   rootless, nobody), never the mounting user, so git refuses a
+ *   repository in the view as "dubious ownership" and a planted hook or
+ *   core.fsmonitor cannot run; the mounting user may still read and write
+ *   everything (the server decides, not the mode bits);
+ * - the mount is nosuid and nodev.
+ *
+ * Coherence: as root, one fanotify group watches every sandbox's disk and
+ * each change made inside is pushed to the kernel as an invalidation, so
+ * caches stay on and stay right; rootless, cache timeouts are short. */
+#define _GNU_SOURCE
+#define FUSE_USE_VERSION 314
+#include "view.h"
+#include "fuseutil.h"
+#include "viewlink.h"
+#include "../sandbox-core/util.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <fuse_lowlevel.h>
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sys/fanotify.h>
+#include <sys/file.h>
+#include <sys/fsuid.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/vfs.h>
+#include <sys/xattr.h>
+
+#define HASH_SIZE 65536
+#define OUTSIDE ".sbx-outside-workspace"
+
+struct sbox;
+
+typedef struct vnode {
+  uint64_t nlookup; /* the kernel's references */
+  int fd;           /* O_PATH; a dead node's fd is an O_PATH of /dev/null */
+  dev_t dev;
+  ino_t ino;
+  struct sbox *sb;  /* NULL: the view's root */
+  uint64_t gen;     /* the sandbox's generation it belongs to */
+  bool dead;
+  bool lazy;        /* a sandbox's root, not opened yet (it is not running) */
+  struct vnode *parent; /* symlinks: the directory they were found in */
+  struct vnode *hnext;
+} vnode;
+
+typedef struct vfile { /* an open file or directory */
+  int fd;
+  vnode *vn;
+  DIR *dir;
+  struct dirent *entry;
+  off_t offset;
+  struct vfile *next;
+} vfile;
+
+typedef struct sbox {
+  char id[64];
+  unsigned index; /* stable while the view runs: high bits of inode numbers */
+  uid_t uid;      /* sandbox root on the host: what the server acts as */
+  gid_t gid;
+  uint64_t gen;   /* bumped on reset, destroy, restart: older nodes are dead */
+  vnode *root;
+  dev_t dev;
+  __fsid_t fsid;
+  bool present;
+  struct sbox *next;
+} sbox;
+
+static struct {
+  pthread_mutex_t lock;
+  struct fuse_session *se;
+  char mountpoint[PATH_MAX];
+  vnode root;
+  vnode *hash[HASH_SIZE];
+  sbox *boxes;
+  unsigned next_index;
+  vfile *files;
+  int null_path; /* O_PATH /dev/null: what a dead node's fd becomes */
+  int null_rw;   /* /dev/null open for I/O: what a dead file's fd becomes */
+  uid_t uid;     /* the mounting user */
+  gid_t gid;
+  bool rootless;
+  double timeout; /* attribute and entry cache */
+  int fan;        /* fanotify (root), or -1 */
+  /* invalidations are sent from a thread of their own: never from one that
+   * the kernel may be waiting for */
+  pthread_t notifier;
+  pthread_cond_t notify_cond;
+  struct inval {
+    fuse_ino_t parent, ino;
+    char name[256];
+    struct inval *next;
+  } *inval_head, *inval_tail;
+  bool stopping;
+} V = {.lock = PTHREAD_MUTEX_INITIALIZER, .notify_cond = PTHREAD_COND_INITIALIZER, .fan = -1};
+
+/* ---- identity ----------------------------------------------------------- */
+
+/* File operations run with the filesystem identity of the sandbox's root:
+ * what the view creates is owned by it inside, and the server can do no
+ * more than it could. fsuid is per thread. */
+static __thread uid_t cur_fsuid = (uid_t)-1;
+static void act_as(const sbox *sb) {
+  uid_t u = sb ? sb->uid : V.uid;
+  gid_t g = sb ? sb->gid : V.gid;
+  if (cur_fsuid == u) return;
+  setfsgid(g);
+  setfsuid(u);
+  cur_fsuid = u;
+}
+
+/* ---- nodes -------------------------------------------------------------- */
+
+static size_t hash_of(dev_t dev, ino_t ino) { return (size_t)((dev * 0x9e3779b97f4a7c15ull) ^ ino) % HASH_SIZE; }
+
+static vnode *node_of(fuse_ino_t ino) { return ino == FUSE_ROOT_ID ? &V.root : (vnode *)(uintptr_t)ino; }
+
+/* Finds the live node of (dev, ino) or adopts fd as a new one; a reference
+ * for the kernel is taken. Lock held. */
+static vnode *node_get(sbox *sb, int fd, const struct stat *st, bool *used_fd) {
+  size_t h = hash_of(st->st_dev, st->st_ino);
+  for (vnode *v = V.hash[h]; v; v = v->hnext)
+    if (!v->dead && v->dev == st->st_dev && v->ino == st->st_ino && v->sb == sb) {
+      v->nlookup++;
+      *used_fd = false;
+      return v;
+    }
+  vnode *v = calloc(1, sizeof *v);
+  if (!v) return NULL;
+  *v = (vnode){.nlookup = 1, .fd = fd, .dev = st->st_dev, .ino = st->st_ino, .sb = sb, .gen = sb->gen};
+  v->hnext = V.hash[h];
+  V.hash[h] = v;
+  *used_fd = true;
+  return v;
+}
+
+static void node_unhash(vnode *v) {
+  if (v->lazy) return;
+  for (vnode **pp = &V.hash[hash_of(v->dev, v->ino)]; *pp; pp = &(*pp)->hnext)
+    if (*pp == v) {
+      *pp = v->hnext;
+      return;
+    }
+}
+
+static void node_forget(vnode *v, uint64_t n) {
+  if (v == &V.root) return;
+  pthread_mutex_lock(&V.lock);
+  if (v->nlookup <= n) {
+    node_unhash(v);
+    if (v->sb && v->sb->root == v) v->sb->root = NULL;
+    if (v->fd >= 0) close(v->fd);
+    free(v);
+  } else {
+    v->nlookup -= n;
+  }
+  pthread_mutex_unlock(&V.lock);
+}
+
+static sbox *box_find(const char *id) {
+  for (sbox *b = V.boxes; b; b = b->next)
+    if (!strcmp(b->id, id)) return b;
+  return NULL;
+}
+
+/* Inode numbers are unique across sandboxes (each has its own disk). */
+static void present_attr(const sbox *sb, struct stat *st) {
+  st->st_ino = ((uint64_t)(sb ? sb->index : 0) << 40) ^ st->st_ino;
+  if (V.rootless) st->st_uid = st->st_gid = 65534; /* foreign to every host user */
+}
+
+/* A sandbox's root node, opened through the daemon when it was lazy. */
+static int resolve_root(vnode *v) {
+  if (!v->lazy) return 0;
+  uid_t uid;
+  gid_t gid;
+  int fd = viewlink_open(v->sb->id, &uid, &gid);
+  if (fd < 0) return fd;
+  struct stat st;
+  struct statfs sf;
+  if (fstat(fd, &st) < 0 || fstatfs(fd, &sf) < 0) {
+    int e = errno;
+    close(fd);
+    return -e;
+  }
+  pthread_mutex_lock(&V.lock);
+  if (v->lazy && !v->dead) {
+    v->fd = fd;
+    v->dev = st.st_dev;
+    v->ino = st.st_ino;
+    v->lazy = false;
+    v->sb->uid = uid;
+    v->sb->gid = gid;
+    v->sb->dev = st.st_dev;
+    v->sb->fsid = sf.f_fsid;
+    size_t h = hash_of(st.st_dev, st.st_ino);
+    v->hnext = V.hash[h];
+    V.hash[h] = v;
+    fd = -1;
+    if (V.fan >= 0) /* every change made inside it, from now on */
+      fanotify_mark(V.fan, FAN_MARK_ADD | FAN_MARK_FILESYSTEM,
+                    FAN_CREATE | FAN_DELETE | FAN_MOVED_FROM | FAN_MOVED_TO | FAN_ATTRIB | FAN_MODIFY |
+                        FAN_CLOSE_WRITE | FAN_ONDIR,
+                    v->fd, ".");
+  }
+  bool dead = v->dead;
+  pthread_mutex_unlock(&V.lock);
+  if (fd >= 0) close(fd);
+  return dead ? -ENOENT : 0;
+}
+
+/* The fd of a node for an operation, or -errno: dead nodes are gone. The
+ * fd stays valid (a dead node's becomes /dev/null, never another file). */
+static int node_fd(vnode *v) {
+  if (v->dead) return -ENOENT;
+  if (v->lazy) {
+    int r = resolve_root(v);
+    if (r < 0) return r;
+  }
+  return v->dead ? -ENOENT : v->fd;
+}
+
+static void queue_inval(fuse_ino_t parent, const char *name, fuse_ino_t ino);
+
+/* Everything of a sandbox goes: its nodes and open files point at /dev/null
+ * from now on (the fd numbers stay valid for threads using them), and its
+ * disk is no longer held. Lock held. */
+static void box_kill(sbox *sb) {
+  for (size_t h = 0; h < HASH_SIZE; h++)
+    for (vnode *v = V.hash[h]; v; v = v->hnext)
+      if (v->sb == sb && !v->dead) {
+        v->dead = true;
+        dup3(V.null_path, v->fd, O_CLOEXEC);
+        queue_inval(0, NULL, (fuse_ino_t)(uintptr_t)v); /* its cached pages go too */
+      }
+  if (sb->root && sb->root->lazy) sb->root->dead = true;
+  for (vfile *f = V.files; f; f = f->next)
+    if (f->vn && f->vn->sb == sb && f->fd >= 0) dup3(V.null_rw, f->fd, O_CLOEXEC);
+  sb->root = NULL;
+  sb->gen++;
+}
+
+/* ---- invalidations ------------------------------------------------------ */
+
+static void queue_inval(fuse_ino_t parent, const char *name, fuse_ino_t ino) {
+  struct inval *i = calloc(1, sizeof *i);
+  if (!i) return;
+  i->parent = parent;
+  i->ino = ino;
+  if (name) snprintf(i->name, sizeof i->name, "%s", name);
+  if (V.inval_tail) V.inval_tail->next = i;
+  else V.inval_head = i;
+  V.inval_tail = i;
+  pthread_cond_signal(&V.notify_cond);
+}
+
+static void *notifier_main(void *arg) {
+  (void)arg;
+  pthread_mutex_lock(&V.lock);
+  while (!V.stopping) {
+    struct inval *i = V.inval_head;
+    if (!i) {
+      pthread_cond_wait(&V.notify_cond, &V.lock);
+      continue;
+    }
+    V.inval_head = i->next;
+    if (!V.inval_head) V.inval_tail = NULL;
+    pthread_mutex_unlock(&V.lock);
+    if (V.se) {
+      if (i->name[0]) fuse_lowlevel_notify_inval_entry(V.se, i->parent, i->name, strlen(i->name));
+      if (i->ino) fuse_lowlevel_notify_inval_inode(V.se, i->ino, 0, 0);
+    }
+    free(i);
+    pthread_mutex_lock(&V.lock);
+  }
+  pthread_mutex_unlock(&V.lock);
+  return NULL;
+}
+
+/* ---- the daemon's events ------------------------------------------------- */
+
+static sbox *box_add(const char *id) {
+  sbox *b = box_find(id);
+  if (b) {
+    b->present = true;
+    return b;
+  }
+  b = calloc(1, sizeof *b);
+  if (!b) return NULL;
+  snprintf(b->id, sizeof b->id, "%s", id);
+  b->index = ++V.next_index;
+  b->present = true;
+  b->next = V.boxes;
+  V.boxes = b;
+  return b;
+}
+
+static void on_reset_all(void *ud, const char *const *ids, size_t n) {
+  (void)ud;
+  pthread_mutex_lock(&V.lock);
+  for (sbox *b = V.boxes; b; b = b->next) b->present = false;
+  for (size_t i = 0; i < n; i++) box_add(ids[i]);
+  for (sbox *b = V.boxes; b; b = b->next)
+    if (!b->present) {
+      box_kill(b);
+      queue_inval(FUSE_ROOT_ID, b->id, 0);
+    }
+  queue_inval(0, NULL, FUSE_ROOT_ID);
+  pthread_mutex_unlock(&V.lock);
+}
+
+static void on_changed(void *ud, const char *id, const char *event) {
+  (void)ud;
+  pthread_mutex_lock(&V.lock);
+  sbox *b = box_find(id);
+  if (!strcmp(event, "created")) {
+    box_add(id);
+  } else if (b && (!strcmp(event, "destroyed") || !strcmp(event, "reset"))) {
+    box_kill(b);
+    if (!strcmp(event, "destroyed")) b->present = false;
+    queue_inval(FUSE_ROOT_ID, id, 0);
+  }
+  queue_inval(0, NULL, FUSE_ROOT_ID); /* the listing changed */
+  pthread_mutex_unlock(&V.lock);
+}
+
+static void on_lost(void *ud) {
+  (void)ud;
+  /* a daemon that stops takes its sandboxes' mounts down: let them go */
+  pthread_mutex_lock(&V.lock);
+  for (sbox *b = V.boxes; b; b = b->next) {
+    box_kill(b);
+    queue_inval(FUSE_ROOT_ID, b->id, 0);
+  }
+  pthread_mutex_unlock(&V.lock);
+}
+
+/* ---- fanotify: changes made inside a sandbox ----------------------------- */
+
+static sbox *box_by_fsid(const __fsid_t *fsid) {
+  for (sbox *b = V.boxes; b; b = b->next)
+    if (b->root && !b->root->lazy && !memcmp(&b->fsid, fsid, sizeof *fsid)) return b;
+  return NULL;
+}
+
+/* ext4 file handles (FILEID_INO32_GEN*) start with the inode number. */
+static vnode *node_by_handle(sbox *sb, const struct file_handle *fh) {
+  if (fh->handle_bytes < 4) return NULL;
+  uint32_t ino;
+  memcpy(&ino, fh->f_handle, 4);
+  for (vnode *v = V.hash[hash_of(sb->dev, ino)]; v; v = v->hnext)
+    if (!v->dead && v->sb == sb && v->dev == sb->dev && v->ino == ino) return v;
+  return NULL;
+}
+
+static void *fanotify_main(void *arg) {
+  (void)arg;
+  static char buf[65536] __attribute__((aligned(8)));
+  while (!V.stopping) {
+    struct pollfd pf = {.fd = V.fan, .events = POLLIN};
+    if (poll(&pf, 1, 500) <= 0) continue;
+    ssize_t n = read(V.fan, buf, sizeof buf);
+    if (n <= 0) continue;
+    pthread_mutex_lock(&V.lock);
+    for (struct fanotify_event_metadata *m = (void *)buf; FAN_EVENT_OK(m, n); m = FAN_EVENT_NEXT(m, n)) {
+      if (m->pid == getpid()) continue; /* our own doing: the kernel knows already */
+      for (char *p = (char *)(m + 1); p < (char *)m + m->event_len;) {
+        struct fanotify_event_info_fid *fid = (void *)p;
+        if (fid->hdr.len == 0) break;
+        p += fid->hdr.len;
+        sbox *sb = box_by_fsid((__fsid_t *)&fid->fsid);
+        if (!sb) continue;
+        struct file_handle *fh = (void *)fid->handle;
+        vnode *v = node_by_handle(sb, fh);
+        if (!v) continue; /* the kernel does not know it: nothing cached */
+        fuse_ino_t ino = (fuse_ino_t)(uintptr_t)v;
+        if (fid->hdr.info_type == FAN_EVENT_INFO_TYPE_DFID_NAME) {
+          const char *name = (const char *)fh->f_handle + fh->handle_bytes;
+          queue_inval(ino, name, 0);
+        } else {
+          queue_inval(0, NULL, ino); /* its data and attributes */
+        }
+      }
+    }
+    pthread_mutex_unlock(&V.lock);
+  }
+  return NULL;
+}
+
+/* ---- replies ----------------------------------------------------------- */
+
+static vfile *file_of(struct fuse_file_info *fi) { return (vfile *)(uintptr_t)fi->fh; }
+
+static int do_lookup(fuse_req_t req, vnode *parent, const char *name, struct fuse_entry_param *e) {
+  memset(e, 0, sizeof *e);
+  e->attr_timeout = e->entry_timeout = V.timeout;
+  if (parent == &V.root) {
+    pthread_mutex_lock(&V.lock);
+    sbox *sb = box_find(name);
+    if (!sb || !sb->present) {
+      pthread_mutex_unlock(&V.lock);
+      return ENOENT;
+    }
+    vnode *v = sb->root;
+    if (!v) { /* a lazy root: opened on first use inside it, so listing the view wakes nothing */
+      v = calloc(1, sizeof *v);
+      if (!v) {
+        pthread_mutex_unlock(&V.lock);
+        return ENOMEM;
+      }
+      *v = (vnode){.fd = -1, .sb = sb, .gen = sb->gen, .lazy = true};
+      sb->root = v;
+    }
+    v->nlookup++;
+    pthread_mutex_unlock(&V.lock);
+    e->ino = (uintptr_t)v;
+    e->entry_timeout = 1.0; /* the list of sandboxes changes */
+    if (v->lazy) {
+      e->attr.st_mode = S_IFDIR | 0755;
+      e->attr.st_nlink = 2;
+      e->attr.st_uid = V.rootless ? 65534 : V.uid;
+      e->attr.st_gid = V.rootless ? 65534 : V.gid;
+      e->attr.st_ino = (uint64_t)sb->index << 40;
+      e->attr_timeout = 0;
+      return 0;
+    }
+    act_as(sb);
+    if (fstatat(v->fd, "", &e->attr, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0) {
+      int err = errno;
+      node_forget(v, 1);
+      return err;
+    }
+    present_attr(sb, &e->attr);
+    return 0;
+  }
+  int pfd = node_fd(parent);
+  if (pfd < 0) return -pfd;
+  act_as(parent->sb);
+  int fd = openat(pfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return errno;
+  struct stat st;
+  if (fstatat(fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0) {
+    int err = errno;
+    close(fd);
+    return err;
+  }
+  pthread_mutex_lock(&V.lock);
+  if (parent->dead || parent->gen != parent->sb->gen) {
+    pthread_mutex_unlock(&V.lock);
+    close(fd);
+    return ENOENT;
+  }
+  bool used = false;
+  vnode *v = node_get(parent->sb, fd, &st, &used);
+  if (v && S_ISLNK(st.st_mode)) v->parent = parent;
+  pthread_mutex_unlock(&V.lock);
+  if (!used) close(fd);
+  if (!v) return ENOMEM;
+  e->ino = (uintptr_t)v;
+  e->attr = st;
+  present_attr(parent->sb, &e->attr);
+  return 0;
+}
+
+static void v_lookup(fuse_req_t req, fuse_ino_t parent, const char *name) {
+  struct fuse_entry_param e;
+  int err = do_lookup(req, node_of(parent), name, &e);
+  if (err) fuse_reply_err(req, err);
+  else fuse_reply_entry(req, &e);
+}
+
+static void v_forget(fuse_req_t req, fuse_ino_t ino, uint64_t n) {
+  node_forget(node_of(ino), n);
+  fuse_reply_none(req);
+}
+
+static void v_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_data *f) {
+  for (size_t i = 0; i < count; i++) node_forget(node_of(f[i].ino), f[i].nlookup);
+  fuse_reply_none(req);
+}
+
+static void root_attr(struct stat *st) {
+  *st = (struct stat){.st_mode = S_IFDIR | 0755, .st_nlink = 2, .st_uid = V.uid, .st_gid = V.gid, .st_ino = FUSE_ROOT_ID};
+  clock_gettime(CLOCK_REALTIME, &st->st_mtim);
+  st->st_ctim = st->st_atim = st->st_mtim;
+}
+
+static void v_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
+  vnode *v = node_of(ino);
+  struct stat st;
+  if (v == &V.root) {
+    root_attr(&st);
+    return (void)fuse_reply_attr(req, &st, 0);
+  }
+  if (v->lazy && !v->dead) { /* not opened yet: say a directory, wake nothing */
+    st = (struct stat){.st_mode = S_IFDIR | 0755, .st_nlink = 2, .st_uid = V.uid, .st_gid = V.gid,
+                       .st_ino = (uint64_t)v->sb->index << 40};
+    return (void)fuse_reply_attr(req, &st, 0);
+  }
+  int fd = fi && file_of(fi)->fd >= 0 ? file_of(fi)->fd : node_fd(v);
+  if (fd < 0) return (void)fuse_reply_err(req, -fd);
+  act_as(v->sb);
+  if (fstatat(fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0) return (void)fuse_reply_err(req, errno);
+  if (v->dead) return (void)fuse_reply_err(req, ENOENT);
+  present_attr(v->sb, &st);
+  fuse_reply_attr(req, &st, V.timeout);
+}
+
+static void proc_path(int fd, char out[64]) { snprintf(out, 64, "/proc/self/fd/%d", fd); }
+
+static void v_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int valid, struct fuse_file_info *fi) {
+  vnode *v = node_of(ino);
+  if (v == &V.root) return (void)fuse_reply_err(req, EPERM);
+  int ifd = node_fd(v);
+  if (ifd < 0) return (void)fuse_reply_err(req, -ifd);
+  int ffd = fi ? ((vfile *)(uintptr_t)fi->fh)->fd : -1;
+  char pp[64];
+  proc_path(ifd, pp);
+  act_as(v->sb);
+  int r = 0;
+  if (valid & FUSE_SET_ATTR_MODE) r = ffd >= 0 ? fchmod(ffd, attr->st_mode) : chmod(pp, attr->st_mode);
+  if (!r && (valid & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID))) {
+    /* the mounting user stands for the sandbox's root (what it creates
+     * is owned by it too); other host ids mean nothing inside */
+    uid_t u = valid & FUSE_SET_ATTR_UID ? attr->st_uid : (uid_t)-1;
+    gid_t g = valid & FUSE_SET_ATTR_GID ? attr->st_gid : (gid_t)-1;
+    if (u == V.uid) u = v->sb->uid;
+    if (g == V.gid) g = v->sb->gid;
+    r = fchownat(ifd, "", u, g, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW);
+    if (r < 0 && errno == EOVERFLOW) errno = EPERM;
+  }
+  if (!r && (valid & FUSE_SET_ATTR_SIZE)) r = ffd >= 0 ? ftruncate(ffd, attr->st_size) : truncate(pp, attr->st_size);
+  if (!r && (valid & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME))) {
+    struct timespec tv[2] = {{.tv_nsec = UTIME_OMIT}, {.tv_nsec = UTIME_OMIT}};
+    if (valid & FUSE_SET_ATTR_ATIME_NOW) tv[0].tv_nsec = UTIME_NOW;
+    else if (valid & FUSE_SET_ATTR_ATIME) tv[0] = attr->st_atim;
+    if (valid & FUSE_SET_ATTR_MTIME_NOW) tv[1].tv_nsec = UTIME_NOW;
+    else if (valid & FUSE_SET_ATTR_MTIME) tv[1] = attr->st_mtim;
+    r = ffd >= 0 ? futimens(ffd, tv) : utimensat(AT_FDCWD, pp, tv, 0);
+  }
+  if (r < 0) return (void)fuse_reply_err(req, errno);
+  v_getattr(req, ino, fi);
+}
+
+/* ---- symlinks ---------------------------------------------------------- */
+
+/* Lexically normalised absolute path (no `.`, `..`, `//`) into out. */
+static void normalize(const char *in, char *out, size_t len) {
+  char tmp[2 * PATH_MAX + 2];
+  snprintf(tmp, sizeof tmp, "%s", in);
+  size_t o = 0;
+  out[0] = 0;
+  char *save = NULL;
+  for (char *c = strtok_r(tmp, "/", &save); c; c = strtok_r(NULL, "/", &save)) {
+    if (!strcmp(c, ".")) continue;
+    if (!strcmp(c, "..")) {
+      while (o > 0 && out[o - 1] != '/') o--;
+      if (o > 0) o--;
+      out[o] = 0;
+      continue;
+    }
+    int n = snprintf(out + o, len - o, "/%s", c);
+    if (n < 0 || (size_t)n >= len - o) break;
+    o += n;
+  }
+  if (!o) snprintf(out, len, "/");
+}
+
+static bool climbs_or_absolute(const char *t) {
+  if (t[0] == '/') return true;
+  for (const char *p = t; *p;) {
+    if (p[0] == '.' && p[1] == '.' && (p[2] == '/' || p[2] == 0)) return true;
+    const char *slash = strchr(p, '/');
+    if (!slash) break;
+    p = slash + 1;
+  }
+  return false;
+}
+
+static void v_readlink(fuse_req_t req, fuse_ino_t ino) {
+  vnode *v = node_of(ino);
+  int fd = node_fd(v);
+  if (fd < 0) return (void)fuse_reply_err(req, -fd);
+  act_as(v->sb);
+  char target[PATH_MAX];
+  ssize_t n = readlinkat(fd, "", target, sizeof target - 1);
+  if (n < 0) return (void)fuse_reply_err(req, errno);
+  target[n] = 0;
+  /* descending only: followed from where it is, it stays below it */
+  if (!climbs_or_absolute(target)) return (void)fuse_reply_readlink(req, target);
+  /* absolute or climbing: pinned to an absolute path inside this
+   * sandbox's view, which no rename inside can make climb out */
+  char where[PATH_MAX] = "/workspace", abs[2 * PATH_MAX + 2], norm[2 * PATH_MAX + 2];
+  if (target[0] != '/') {
+    vnode *parent = v->parent;
+    int pfd = parent ? node_fd(parent) : -ENOENT;
+    char pp[64];
+    proc_path(pfd, pp);
+    /* the directory's path as the sandbox sees it (its mount is the
+     * sandbox's root) */
+    ssize_t k = pfd >= 0 ? readlink(pp, where, sizeof where - 1) : -1;
+    if (k <= 0) return (void)fuse_reply_err(req, EIO);
+    where[k] = 0;
+    if (strstr(where, " (deleted)")) return (void)fuse_reply_err(req, ENOENT);
+    snprintf(abs, sizeof abs, "%s/%s", where, target);
+  } else {
+    snprintf(abs, sizeof abs, "%s", target);
+  }
+  normalize(abs, norm, sizeof norm);
+  char out[4 * PATH_MAX + 128];
+  if (!strcmp(norm, "/workspace") || !strncmp(norm, "/workspace/", 11))
+    snprintf(out, sizeof out, "%s/%s%s", V.mountpoint, v->sb->id, norm + 10);
+  else /* outside the sandbox's /workspace: a name inside the view that leads nowhere */
+    snprintf(out, sizeof out, "%s/%s/" OUTSIDE "%s", V.mountpoint, v->sb->id, norm);
+  fuse_reply_readlink(req, out);
+}
+
+/* ---- making and removing ------------------------------------------------ */
+
+static void reply_made(fuse_req_t req, vnode *parent, const char *name, int r) {
+  if (r < 0) return (void)fuse_reply_err(req, errno);
+  struct fuse_entry_param e;
+  int err = do_lookup(req, parent, name, &e);
+  if (err) fuse_reply_err(req, err);
+  else fuse_reply_entry(req, &e);
+}
+
+static int parent_fd(vnode *p) {
+  if (p == &V.root) return -EPERM; /* sandboxes are made by the daemon, not the view */
+  return node_fd(p);
+}
+
+static void v_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, dev_t rdev) {
+  vnode *p = node_of(parent);
+  int fd = parent_fd(p);
+  if (fd < 0) return (void)fuse_reply_err(req, -fd);
+  if (!S_ISREG(mode) && !S_ISFIFO(mode) && !S_ISSOCK(mode)) return (void)fuse_reply_err(req, EPERM);
+  act_as(p->sb);
+  reply_made(req, p, name, mknodat(fd, name, mode, rdev));
+}
+
+static void v_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode) {
+  vnode *p = node_of(parent);
+  int fd = parent_fd(p);
+  if (fd < 0) return (void)fuse_reply_err(req, -fd);
+  act_as(p->sb);
+  reply_made(req, p, name, mkdirat(fd, name, mode));
+}
+
+static void v_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, const char *name) {
+  vnode *p = node_of(parent);
+  int fd = parent_fd(p);
+  if (fd < 0) return (void)fuse_reply_err(req, -fd);
+  act_as(p->sb);
+  reply_made(req, p, name, symlinkat(link, fd, name));
+}
+
+static void v_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t parent, const char *name) {
+  vnode *v = node_of(ino), *p = node_of(parent);
+  int fd = node_fd(v), pfd = parent_fd(p);
+  if (fd < 0 || pfd < 0) return (void)fuse_reply_err(req, fd < 0 ? -fd : -pfd);
+  if (v->sb != p->sb) return (void)fuse_reply_err(req, EXDEV);
+  act_as(p->sb);
+  char pp[64];
+  proc_path(fd, pp);
+  reply_made(req, p, name, linkat(AT_FDCWD, pp, pfd, name, AT_SYMLINK_FOLLOW));
+}
+
+static void v_unlink(fuse_req_t req, fuse_ino_t parent, const char *name) {
+  vnode *p = node_of(parent);
+  int fd = parent_fd(p);
+  if (fd < 0) return (void)fuse_reply_err(req, -fd);
+  act_as(p->sb);
+  fuse_reply_err(req, unlinkat(fd, name, 0) < 0 ? errno : 0);
+}
+
+static void v_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name) {
+  vnode *p = node_of(parent);
+  int fd = parent_fd(p);
+  if (fd < 0) return (void)fuse_reply_err(req, -fd);
+  act_as(p->sb);
+  fuse_reply_err(req, unlinkat(fd, name, AT_REMOVEDIR) < 0 ? errno : 0);
+}
+
+static void v_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent, const char *newname,
+                     unsigned int flags) {
+  vnode *p = node_of(parent), *np = node_of(newparent);
+  int fd = parent_fd(p), nfd = parent_fd(np);
+  if (fd < 0 || nfd < 0) return (void)fuse_reply_err(req, fd < 0 ? -fd : -nfd);
+  if (p->sb != np->sb) return (void)fuse_reply_err(req, EXDEV);
+  act_as(p->sb);
+  fuse_reply_err(req, renameat2(fd, name, nfd, newname, flags) < 0 ? errno : 0);
+}
+
+/* ---- files -------------------------------------------------------------- */
+
+static vfile *file_new(vnode *v, int fd) {
+  vfile *f = calloc(1, sizeof *f);
+  if (!f) return NULL;
+  f->fd = fd;
+  f->vn = v;
+  pthread_mutex_lock(&V.lock);
+  f->next = V.files;
+  V.files = f;
+  pthread_mutex_unlock(&V.lock);
+  return f;
+}
+
+static void file_free(vfile *f) {
+  pthread_mutex_lock(&V.lock);
+  for (vfile **pp = &V.files; *pp; pp = &(*pp)->next)
+    if (*pp == f) {
+      *pp = f->next;
+      break;
+    }
+  pthread_mutex_unlock(&V.lock);
+  if (f->dir) closedir(f->dir);
+  else if (f->fd >= 0) close(f->fd);
+  free(f);
+}
+
+/* Whether a file handle still belongs to a live sandbox. */
+static bool file_live(vfile *f) { return f->vn && !f->vn->dead; }
+
+static void open_flags(struct fuse_file_info *fi, int *flags) {
+  *flags = fi->flags & ~(O_CREAT | O_EXCL | O_NOCTTY | O_NOFOLLOW);
+  *flags |= O_CLOEXEC;
+}
+
+static void v_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
+  vnode *v = node_of(ino);
+  int fd = node_fd(v);
+  if (fd < 0) return (void)fuse_reply_err(req, -fd);
+  act_as(v->sb);
+  int flags;
+  open_flags(fi, &flags);
+  char pp[64];
+  proc_path(fd, pp);
+  int nfd = open(pp, flags);
+  if (nfd < 0) return (void)fuse_reply_err(req, errno);
+  struct stat st;
+  if (fstat(nfd, &st) < 0 || !S_ISREG(st.st_mode)) { /* only regular files are served */
+    close(nfd);
+    return (void)fuse_reply_err(req, S_ISDIR(st.st_mode) ? EISDIR : EACCES);
+  }
+  vfile *f = file_new(v, nfd);
+  if (!f) {
+    close(nfd);
+    return (void)fuse_reply_err(req, ENOMEM);
+  }
+  fi->fh = (uintptr_t)f;
+  /* the page cache stays valid between opens: changes from inside are
+   * pushed as invalidations (as root); rootless it is dropped each open */
+  fi->keep_cache = !V.rootless;
+  fuse_reply_open(req, fi);
+}
+
+static void v_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, struct fuse_file_info *fi) {
+  vnode *p = node_of(parent);
+  int pfd = parent_fd(p);
+  if (pfd < 0) return (void)fuse_reply_err(req, -pfd);
+  act_as(p->sb);
+  int flags;
+  open_flags(fi, &flags);
+  int fd = openat(pfd, name, flags | O_CREAT | O_NOFOLLOW | (fi->flags & O_EXCL), mode);
+  if (fd < 0) return (void)fuse_reply_err(req, errno);
+  struct fuse_entry_param e;
+  int err = do_lookup(req, p, name, &e);
+  if (err) {
+    close(fd);
+    return (void)fuse_reply_err(req, err);
+  }
+  vfile *f = file_new(node_of(e.ino), fd);
+  if (!f) {
+    close(fd);
+    node_forget(node_of(e.ino), 1);
+    return (void)fuse_reply_err(req, ENOMEM);
+  }
+  fi->fh = (uintptr_t)f;
+  fi->keep_cache = !V.rootless;
+  fuse_reply_create(req, &e, fi);
+}
+
+static void v_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
+  (void)ino;
+  file_free(file_of(fi));
+  fuse_reply_err(req, 0);
+}
+
+static void v_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
+  (void)ino;
+  vfile *f = file_of(fi);
+  int d = dup(f->fd); /* closing a dup reports write-back errors, as close() would */
+  fuse_reply_err(req, d >= 0 && close(d) < 0 ? errno : 0);
+}
+
+static void v_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi) {
+  (void)ino;
+  vfile *f = file_of(fi);
+  if (!file_live(f)) return (void)fuse_reply_err(req, EIO);
+  int r = datasync ? fdatasync(f->fd) : fsync(f->fd);
+  fuse_reply_err(req, r < 0 ? errno : 0);
+}
+
+static void v_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi) {
+  (void)ino;
+  vfile *f = file_of(fi);
+  if (!file_live(f)) return (void)fuse_reply_err(req, EIO);
+  struct fuse_bufvec buf = FUSE_BUFVEC_INIT(size);
+  buf.buf[0].flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK;
+  buf.buf[0].fd = f->fd;
+  buf.buf[0].pos = off;
+  fuse_reply_data(req, &buf, FUSE_BUF_SPLICE_MOVE);
+}
+
+static void v_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in, off_t off, struct fuse_file_info *fi) {
+  (void)ino;
+  vfile *f = file_of(fi);
+  if (!file_live(f)) return (void)fuse_reply_err(req, EIO);
+  struct fuse_bufvec out = FUSE_BUFVEC_INIT(fuse_buf_size(in));
+  out.buf[0].flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK;
+  out.buf[0].fd = f->fd;
+  out.buf[0].pos = off;
+  act_as(f->vn->sb); /* writes are charged to the file's owner quota-wise */
+  ssize_t r = fuse_buf_copy(&out, in, 0);
+  if (r < 0) fuse_reply_err(req, (int)-r);
+  else fuse_reply_write(req, (size_t)r);
+}
+
+static void v_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len, struct fuse_file_info *fi) {
+  (void)ino;
+  vfile *f = file_of(fi);
+  if (!file_live(f)) return (void)fuse_reply_err(req, EIO);
+  fuse_reply_err(req, fallocate(f->fd, mode, off, len) < 0 ? errno : 0);
+}
+
+static void v_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, struct fuse_file_info *fi) {
+  (void)ino;
+  vfile *f = file_of(fi);
+  if (!file_live(f)) return (void)fuse_reply_err(req, EIO);
+  off_t r = lseek(f->fd, off, whence);
+  if (r < 0) fuse_reply_err(req, errno);
+  else fuse_reply_lseek(req, r);
+}
+
+static void v_copy_file_range(fuse_req_t req, fuse_ino_t ino_in, off_t off_in, struct fuse_file_info *fi_in,
+                              fuse_ino_t ino_out, off_t off_out, struct fuse_file_info *fi_out, size_t len, int flags) {
+  (void)ino_in;
+  (void)ino_out;
+  vfile *a = file_of(fi_in), *b = file_of(fi_out);
+  if (!file_live(a) || !file_live(b)) return (void)fuse_reply_err(req, EIO);
+  ssize_t r = copy_file_range(a->fd, &off_in, b->fd, &off_out, len, flags);
+  if (r < 0) fuse_reply_err(req, errno);
+  else fuse_reply_write(req, (size_t)r);
+}
+
+static void v_statfs(fuse_req_t req, fuse_ino_t ino) {
+  vnode *v = node_of(ino);
+  struct statvfs sv = {.f_bsize = 4096, .f_frsize = 4096, .f_namemax = 255};
+  if (v != &V.root) {
+    int fd = node_fd(v);
+    if (fd < 0) return (void)fuse_reply_err(req, -fd);
+    if (fstatvfs(fd, &sv) < 0) return (void)fuse_reply_err(req, errno);
+  }
+  fuse_reply_statfs(req, &sv);
+}
+
+/* ---- directories -------------------------------------------------------- */
+
+static void v_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
+  vnode *v = node_of(ino);
+  vfile *f;
+  if (v == &V.root) {
+    f = file_new(NULL, -1);
+  } else {
+    int fd = node_fd(v);
+    if (fd < 0) return (void)fuse_reply_err(req, -fd);
+    act_as(v->sb);
+    int dfd = openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) return (void)fuse_reply_err(req, errno);
+    f = file_new(v, dfd);
+    if (f && !(f->dir = fdopendir(dfd))) {
+      int e = errno;
+      file_free(f);
+      return (void)fuse_reply_err(req, e);
+    }
+  }
+  if (!f) return (void)fuse_reply_err(req, ENOMEM);
+  fi->fh = (uintptr_t)f;
+  fi->cache_readdir = !V.rootless && v != &V.root;
+  fuse_reply_open(req, fi);
+}
+
+/* One entry of the view's root; in readdirplus with no node (the kernel
+ * looks it up when it needs to, which wakes nothing). */
+static size_t root_entry(fuse_req_t req, char *p, size_t rem, const char *name, const struct stat *st, off_t next,
+                         bool plus) {
+  if (!plus) return fuse_add_direntry(req, p, rem, name, st, next);
+  struct fuse_entry_param e = {.ino = 0, .attr = *st};
+  return fuse_add_direntry_plus(req, p, rem, name, &e, next);
+}
+
+/* The view's root: the sandboxes the daemon lists, in a stable order. */
+static void root_readdir(fuse_req_t req, size_t size, off_t off, bool plus) {
+  char *buf = calloc(1, size), *p = buf;
+  if (!buf) return (void)fuse_reply_err(req, ENOMEM);
+  size_t rem = size;
+  pthread_mutex_lock(&V.lock);
+  off_t i = 0;
+  struct stat st = {.st_mode = S_IFDIR};
+  const char *dots[] = {".", ".."};
+  for (int k = 0; k < 2; k++, i++) {
+    if (i < off) continue;
+    size_t e = root_entry(req, p, rem, dots[k], &st, i + 1, plus);
+    if (e > rem) goto full;
+    p += e, rem -= e;
+  }
+  for (sbox *b = V.boxes; b; b = b->next) {
+    if (!b->present) continue;
+    if (i++ < off) continue;
+    st.st_ino = (uint64_t)b->index << 40;
+    size_t e = root_entry(req, p, rem, b->id, &st, i, plus);
+    if (e > rem) break;
+    p += e, rem -= e;
+  }
+full:
+  pthread_mutex_unlock(&V.lock);
+  fuse_reply_buf(req, buf, size - rem);
+  free(buf);
+}
+
+static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi, bool plus) {
+  vfile *f = file_of(fi);
+  if (!f->vn) return root_readdir(req, size, off, plus);
+  if (!file_live(f)) return (void)fuse_reply_err(req, EIO);
+  act_as(f->vn->sb);
+  char *buf = calloc(1, size), *p = buf;
+  if (!buf) return (void)fuse_reply_err(req, ENOMEM);
+  size_t rem = size;
+  int err = 0;
+  if (off != f->offset) {
+    seekdir(f->dir, off);
+    f->entry = NULL;
+    f->offset = off;
+  }
+  for (;;) {
+    if (!f->entry) {
+      errno = 0;
+      f->entry = readdir(f->dir);
+      if (!f->entry) {
+        err = errno;
+        break;
+      }
+    }
+    const char *name = f->entry->d_name;
+    off_t next = f->entry->d_off;
+    size_t e;
+    fuse_ino_t looked = 0;
+    if (plus) {
+      struct fuse_entry_param ep;
+      if (!strcmp(name, ".") || !strcmp(name, "..")) {
+        ep = (struct fuse_entry_param){.attr.st_ino = f->entry->d_ino, .attr.st_mode = f->entry->d_type << 12};
+      } else {
+        err = do_lookup(req, node_of(ino), name, &ep);
+        if (err) break;
+        looked = ep.ino;
+      }
+      e = fuse_add_direntry_plus(req, p, rem, name, &ep, next);
+    } else {
+      struct stat st = {.st_ino = ((uint64_t)f->vn->sb->index << 40) ^ f->entry->d_ino,
+                        .st_mode = f->entry->d_type << 12};
+      e = fuse_add_direntry(req, p, rem, name, &st, next);
+    }
+    if (e > rem) {
+      if (looked) node_forget(node_of(looked), 1);
+      break;
+    }
+    p += e, rem -= e;
+    f->entry = NULL;
+    f->offset = next;
+  }
+  if (err && rem == size) fuse_reply_err(req, err);
+  else fuse_reply_buf(req, buf, size - rem);
+  free(buf);
+}
+
+static void v_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi) {
+  do_readdir(req, ino, size, off, fi, false);
+}
+
+static void v_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi) {
+  do_readdir(req, ino, size, off, fi, true);
+}
+
+static void v_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
+  (void)ino;
+  file_free(file_of(fi));
+  fuse_reply_err(req, 0);
+}
+
+static void v_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi) {
+  (void)ino;
+  vfile *f = file_of(fi);
+  if (!f->vn) return (void)fuse_reply_err(req, 0);
+  if (!file_live(f)) return (void)fuse_reply_err(req, EIO);
+  int r = datasync ? fdatasync(f->fd) : fsync(f->fd);
+  fuse_reply_err(req, r < 0 ? errno : 0);
+}
+
+/* ---- extended attributes ------------------------------------------------- */
+
+/* On the file the node holds (never a symlink's target: those have none of
+ * their own here). */
+static int xattr_path(fuse_req_t req, fuse_ino_t ino, char pp[64]) {
+  vnode *v = node_of(ino);
+  if (v == &V.root) return -ENOTSUP;
+  int fd = node_fd(v);
+  if (fd < 0) return fd;
+  struct stat st;
+  if (fstatat(fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0) return -errno;
+  if (S_ISLNK(st.st_mode)) return -ENOTSUP;
+  act_as(v->sb);
+  proc_path(fd, pp);
+  (void)req;
+  return 0;
+}
+
+static void reply_xattr(fuse_req_t req, size_t size, ssize_t (*fn)(const char *, const char *, void *, size_t),
+                        const char *pp, const char *name) {
+  if (size == 0) {
+    ssize_t n = fn(pp, name, NULL, 0);
+    if (n < 0) fuse_reply_err(req, errno);
+    else fuse_reply_xattr(req, (size_t)n);
+    return;
+  }
+  char *buf = malloc(size);
+  if (!buf) return (void)fuse_reply_err(req, ENOMEM);
+  ssize_t n = fn(pp, name, buf, size);
+  if (n < 0) fuse_reply_err(req, errno);
+  else fuse_reply_buf(req, buf, (size_t)n);
+  free(buf);
+}
+
+static ssize_t get_fn(const char *p, const char *name, void *buf, size_t size) { return getxattr(p, name, buf, size); }
+static ssize_t list_fn(const char *p, const char *name, void *buf, size_t size) {
+  (void)name;
+  return listxattr(p, buf, size);
+}
+
+static void v_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size) {
+  char pp[64];
+  int r = xattr_path(req, ino, pp);
+  if (r < 0) return (void)fuse_reply_err(req, -r);
+  reply_xattr(req, size, get_fn, pp, name);
+}
+
+static void v_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
+  char pp[64];
+  int r = xattr_path(req, ino, pp);
+  if (r < 0) return (void)fuse_reply_err(req, -r);
+  reply_xattr(req, size, list_fn, pp, NULL);
+}
+
+static void v_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value, size_t size, int flags) {
+  char pp[64];
+  int r = xattr_path(req, ino, pp);
+  if (r < 0) return (void)fuse_reply_err(req, -r);
+  fuse_reply_err(req, setxattr(pp, name, value, size, flags) < 0 ? errno : 0);
+}
+
+static void v_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name) {
+  char pp[64];
+  int r = xattr_path(req, ino, pp);
+  if (r < 0) return (void)fuse_reply_err(req, -r);
+  fuse_reply_err(req, removexattr(pp, name) < 0 ? errno : 0);
+}
+
+/* ---- session ------------------------------------------------------------- */
+
+static void v_init(void *ud, struct fuse_conn_info *conn) {
+  (void)ud;
+  /* locks stay in the kernel: they hold between host processes using the
+   * view (not against processes inside the sandbox) */
+  conn->want &= ~(FUSE_CAP_POSIX_LOCKS | FUSE_CAP_FLOCK_LOCKS | FUSE_CAP_WRITEBACK_CACHE);
+  if (conn->capable & FUSE_CAP_SPLICE_WRITE) conn->want |= FUSE_CAP_SPLICE_WRITE;
+  if (conn->capable & FUSE_CAP_SPLICE_MOVE) conn->want |= FUSE_CAP_SPLICE_MOVE;
+  if (conn->capable & FUSE_CAP_SPLICE_READ) conn->want |= FUSE_CAP_SPLICE_READ;
+  if (conn->capable & FUSE_CAP_READDIRPLUS) conn->want |= FUSE_CAP_READDIRPLUS | FUSE_CAP_READDIRPLUS_AUTO;
+  if (conn->capable & FUSE_CAP_PARALLEL_DIROPS) conn->want |= FUSE_CAP_PARALLEL_DIROPS;
+  if (!V.rootless && (conn->capable & FUSE_CAP_EXPLICIT_INVAL_DATA)) {
+    conn->want |= FUSE_CAP_EXPLICIT_INVAL_DATA; /* our invalidations decide, not mtime guesses */
+    conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;
+  }
+  if (conn->capable & FUSE_CAP_CACHE_SYMLINKS) conn->want |= FUSE_CAP_CACHE_SYMLINKS;
+  conn->max_write = 1024 * 1024;
+  conn->max_readahead = 1024 * 1024;
+  conn->time_gran = 1;
+}
+
+static const struct fuse_lowlevel_ops ops = {
+    .init = v_init,
+    .lookup = v_lookup,
+    .forget = v_forget,
+    .forget_multi = v_forget_multi,
+    .getattr = v_getattr,
+    .setattr = v_setattr,
+    .readlink = v_readlink,
+    .mknod = v_mknod,
+    .mkdir = v_mkdir,
+    .symlink = v_symlink,
+    .link = v_link,
+    .unlink = v_unlink,
+    .rmdir = v_rmdir,
+    .rename = v_rename,
+    .open = v_open,
+    .create = v_create,
+    .read = v_read,
+    .write_buf = v_write_buf,
+    .flush = v_flush,
+    .release = v_release,
+    .fsync = v_fsync,
+    .fallocate = v_fallocate,
+    .lseek = v_lseek,
+    .copy_file_range = v_copy_file_range,
+    .statfs = v_statfs,
+    .opendir = v_opendir,
+    .readdir = v_readdir,
+    .readdirplus = v_readdirplus,
+    .releasedir = v_releasedir,
+    .fsyncdir = v_fsyncdir,
+    .getxattr = v_getxattr,
+    .listxattr = v_listxattr,
+    .setxattr = v_setxattr,
+    .removexattr = v_removexattr,
+};
+
+int sbx_view_main(const char *mountpoint, const sbx_view_opts *o) {
+  V.uid = getuid();
+  V.gid = getgid();
+  V.rootless = geteuid() != 0;
+  V.timeout = V.rootless ? 1.0 : 86400.0; /* as root, invalidations keep long caches right */
+  V.root = (vnode){.nlookup = 2, .fd = -1};
+  V.null_path = open("/dev/null", O_PATH | O_CLOEXEC);
+  V.null_rw = open("/dev/null", O_RDWR | O_CLOEXEC);
+  if (!realpath(mountpoint, V.mountpoint)) {
+    fprintf(stderr, "sbx mount: %s: %s\n", mountpoint, strerror(errno));
+    return 1;
+  }
+  if (!V.rootless) {
+    V.fan = fanotify_init(FAN_CLASS_NOTIF | FAN_REPORT_DFID_NAME | FAN_REPORT_FID | FAN_CLOEXEC | FAN_NONBLOCK,
+                          O_RDONLY | O_CLOEXEC);
+    if (V.fan < 0) V.timeout = 1.0; /* no invalidations to push: keep caches short */
+  }
+  char err[600];
+  viewlink_cb cb = {.reset_all = on_reset_all, .changed = on_changed, .lost = on_lost};
+  if (viewlink_connect(&cb, err, sizeof err) < 0) {
+    fprintf(stderr, "sbx mount: %s\n", err);
+    return 1;
+  }
+  sbx_fuse_args fa;
+  sbx_fuse_args_init(&fa, "sbx-view", o->allow_other, o->debug);
+  V.se = fuse_session_new(&fa.args, &ops, sizeof ops, NULL);
+  if (!V.se) {
+    fprintf(stderr, "sbx mount: cannot start a FUSE session\n");
+    return 1;
+  }
+  if (sbx_fuse_mount(V.se, V.mountpoint, err, sizeof err) < 0) {
+    fprintf(stderr, "sbx mount: %s\n", err);
+    return 1;
+  }
+  if (!o->foreground && sbx_fuse_daemonize(o->ready_fd) < 0) return 1;
+  /* threads only now: they would not survive the fork to the background */
+  if (viewlink_run() < 0) return 1;
+  pthread_create(&V.notifier, NULL, notifier_main, NULL);
+  pthread_t fant;
+  if (V.fan >= 0) pthread_create(&fant, NULL, fanotify_main, NULL);
+  int r = sbx_fuse_loop(V.se, o->ready_fd);
+  pthread_mutex_lock(&V.lock);
+  V.stopping = true;
+  pthread_cond_broadcast(&V.notify_cond);
+  pthread_mutex_unlock(&V.lock);
+  pthread_join(V.notifier, NULL);
+  if (V.fan >= 0) pthread_join(fant, NULL);
+  viewlink_stop();
+  fuse_session_unmount(V.se);
+  if (V.rootless) sbx_fuse_unmount(V.mountpoint, true, err, sizeof err); /* fusermount3 mounted it */
+  fuse_session_destroy(V.se);
+  fuse_opt_free_args(&fa.args);
+  return r < 0 ? 1 : 0;
+}

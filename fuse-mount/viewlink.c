@@ -1,0 +1,265 @@
+#define _GNU_SOURCE
+#include "viewlink.h"
+#include "../mcp-server/control.h"
+#include "../mcp-server/framing.h"
+
+#include <fcntl.h>
+#include <jansson.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#define MAX_FDS 64
+
+typedef struct pending {
+  long long id;
+  bool done;
+  int fd, err;
+  uid_t uid;
+  gid_t gid;
+  struct pending *next;
+} pending;
+
+static struct {
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  pthread_t thread;
+  int fd; /* the daemon, or -1 */
+  int wake[2]; /* stop pipe */
+  viewlink_cb cb;
+  long long next_id;
+  pending *pending;
+  int fdq[MAX_FDS]; /* fds received, in the order of the replies that carry them */
+  int nfdq;
+  mcp_framer framer;
+  bool stopping;
+} L = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER, .fd = -1};
+
+static int send_line(int fd, json_t *msg) {
+  char *s = json_dumps(msg, JSON_COMPACT);
+  json_decref(msg);
+  if (!s) return -ENOMEM;
+  size_t n = strlen(s);
+  s[n] = '\n';
+  int r = sbx_write_all(fd, s, n + 1);
+  free(s);
+  return r;
+}
+
+static int map_code(const char *code) {
+  if (code && !strcmp(code, "SANDBOX_NOT_FOUND")) return ENOENT;
+  if (code && (!strcmp(code, "FILE_NOT_FOUND") || !strcmp(code, "NOT_DIRECTORY"))) return ENOENT;
+  return EIO;
+}
+
+/* One message from the daemon (on the link's thread, lock not held). */
+static bool on_line(void *ud, const char *msg, size_t len) {
+  (void)ud;
+  if (!msg) return true;
+  json_t *m = json_loadb(msg, len, 0, NULL);
+  if (!m) return true;
+  const char *method = json_string_value(json_object_get(m, "method"));
+  json_t *id = json_object_get(m, "id");
+  if (method && !strcmp(method, "sbx/view/changed")) {
+    json_t *p = json_object_get(m, "params");
+    const char *sid = json_string_value(json_object_get(p, "sandboxId")),
+               *ev = json_string_value(json_object_get(p, "event"));
+    if (sid && ev && sbx_valid_id(sid)) L.cb.changed(L.cb.ud, sid, ev);
+  } else if (json_is_string(id) && !strcmp(json_string_value(id), "subscribe")) {
+    json_t *list = json_object_get(json_object_get(m, "result"), "sandboxes");
+    size_t n = json_array_size(list), k = 0;
+    const char **ids = calloc(n + 1, sizeof *ids);
+    for (size_t i = 0; ids && i < n; i++) {
+      const char *sid = json_string_value(json_object_get(json_array_get(list, i), "sandboxId"));
+      if (sid && sbx_valid_id(sid)) ids[k++] = sid;
+    }
+    if (ids) L.cb.reset_all(L.cb.ud, ids, k);
+    free(ids);
+  } else if (json_is_integer(id)) {
+    pthread_mutex_lock(&L.lock);
+    for (pending *p = L.pending; p; p = p->next) {
+      if (p->id != json_integer_value(id)) continue;
+      json_t *res = json_object_get(m, "result");
+      if (res && L.nfdq > 0) {
+        p->fd = L.fdq[0];
+        memmove(L.fdq, L.fdq + 1, --L.nfdq * sizeof(int));
+        p->uid = (uid_t)json_integer_value(json_object_get(res, "uid"));
+        p->gid = (gid_t)json_integer_value(json_object_get(res, "gid"));
+      } else {
+        p->err = map_code(json_string_value(json_object_get(json_object_get(json_object_get(m, "error"), "data"), "code")));
+      }
+      p->done = true;
+    }
+    pthread_cond_broadcast(&L.cond);
+    pthread_mutex_unlock(&L.lock);
+  }
+  json_decref(m);
+  return true;
+}
+
+/* The daemon is gone: every waiter fails, every fd it sent goes. */
+static void lose(void) {
+  pthread_mutex_lock(&L.lock);
+  if (L.fd >= 0) close(L.fd);
+  L.fd = -1;
+  for (pending *p = L.pending; p; p = p->next)
+    if (!p->done) p->done = true, p->err = EIO;
+  for (int i = 0; i < L.nfdq; i++) close(L.fdq[i]);
+  L.nfdq = 0;
+  pthread_cond_broadcast(&L.cond);
+  pthread_mutex_unlock(&L.lock);
+  mcp_framer_free(&L.framer);
+  L.cb.lost(L.cb.ud);
+}
+
+/* Connects and subscribes. The link's own retries never start a daemon
+ * (a daemon stopped on purpose stays stopped); the view's next use does. */
+static int connect_once(bool autostart, char *err, size_t errlen) {
+  sbx_paths paths;
+  if (sbx_paths_init(&paths, err, errlen) < 0) return -1;
+  int fd = sbx_connect(&paths, autostart, err, errlen);
+  if (fd < 0) return -1;
+  pthread_mutex_lock(&L.lock);
+  if (L.fd >= 0) { /* the link thread and a use of the view raced: one connection */
+    int have = L.fd;
+    pthread_mutex_unlock(&L.lock);
+    close(fd);
+    return have;
+  }
+  mcp_framer_free(&L.framer);
+  mcp_framer_init(&L.framer, 16 * 1024 * 1024);
+  if (send_line(fd, json_pack("{s:s, s:s, s:s}", "jsonrpc", "2.0", "id", "subscribe", "method", "sbx/view/subscribe")) <
+      0) {
+    pthread_mutex_unlock(&L.lock);
+    snprintf(err, errlen, "the daemon went away");
+    close(fd);
+    return -1;
+  }
+  L.fd = fd;
+  pthread_mutex_unlock(&L.lock);
+  return fd;
+}
+
+/* Reads until the daemon goes or we stop; false when stopping. */
+static bool serve(int fd) {
+  char buf[65536];
+  for (;;) {
+    struct pollfd pf[2] = {{.fd = fd, .events = POLLIN}, {.fd = L.wake[0], .events = POLLIN}};
+    if (poll(pf, 2, -1) < 0 && errno != EINTR) return true;
+    if (pf[1].revents) {
+      char c;
+      if (read(L.wake[0], &c, 1) == 1 && c == 'q') return false;
+    }
+    if (!pf[0].revents) continue;
+    struct iovec iov = {buf, sizeof buf};
+    union {
+      struct cmsghdr h;
+      char c[CMSG_SPACE(sizeof(int) * 8)];
+    } u;
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.c, .msg_controllen = sizeof u.c};
+    ssize_t n = recvmsg(fd, &m, MSG_CMSG_CLOEXEC);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return true;
+    pthread_mutex_lock(&L.lock);
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c))
+      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+        for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
+          int f;
+          memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
+          if (L.nfdq < MAX_FDS) L.fdq[L.nfdq++] = f;
+          else close(f);
+        }
+    pthread_mutex_unlock(&L.lock);
+    mcp_framer_feed(&L.framer, buf, n, on_line, NULL);
+  }
+}
+
+static void *link_main(void *arg) {
+  (void)arg;
+  sigset_t all;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, NULL);
+  int delay_ms = 100;
+  while (!L.stopping) {
+    char err[600];
+    pthread_mutex_lock(&L.lock);
+    int fd = L.fd;
+    pthread_mutex_unlock(&L.lock);
+    if (fd < 0) fd = connect_once(false, err, sizeof err);
+    if (fd >= 0) {
+      delay_ms = 100;
+      bool go_on = serve(fd);
+      lose();
+      if (!go_on) break;
+      continue;
+    }
+    /* no daemon now: look again a little later, or when a use of the view
+     * has started one (a byte on the wake pipe) */
+    struct pollfd pf = {.fd = L.wake[0], .events = POLLIN};
+    if (poll(&pf, 1, delay_ms) > 0) {
+      char c;
+      if (read(L.wake[0], &c, 1) == 1 && c == 'q') break;
+    }
+    if (delay_ms < 2000) delay_ms *= 2;
+  }
+  return NULL;
+}
+
+int viewlink_connect(const viewlink_cb *cb, char *err, size_t errlen) {
+  L.cb = *cb;
+  if (pipe2(L.wake, O_CLOEXEC) < 0) {
+    snprintf(err, errlen, "pipe: %s", strerror(errno));
+    return -1;
+  }
+  return connect_once(true, err, errlen) < 0 ? -1 : 0;
+}
+
+int viewlink_run(void) { return pthread_create(&L.thread, NULL, link_main, NULL) == 0 ? 0 : -1; }
+
+int viewlink_open(const char *id, uid_t *uid, gid_t *gid) {
+  pthread_mutex_lock(&L.lock);
+  if (L.fd < 0) { /* the daemon went away: this use of the view starts one */
+    pthread_mutex_unlock(&L.lock);
+    char err[600];
+    static pthread_mutex_t starting = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&starting);
+    int r = L.fd >= 0 ? 0 : connect_once(true, err, sizeof err);
+    pthread_mutex_unlock(&starting);
+    if (r < 0) return -EIO;
+    (void)!write(L.wake[1], "k", 1); /* the link thread serves it */
+    pthread_mutex_lock(&L.lock);
+    if (L.fd < 0) {
+      pthread_mutex_unlock(&L.lock);
+      return -EIO;
+    }
+  }
+  pending p = {.id = ++L.next_id, .fd = -1};
+  p.next = L.pending;
+  L.pending = &p;
+  int r = send_line(L.fd, json_pack("{s:s, s:I, s:s, s:{s:s}}", "jsonrpc", "2.0", "id", (json_int_t)p.id, "method",
+                                    "sbx/view/open", "params", "sandboxId", id));
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += 60; /* a sandbox that must wake first takes milliseconds; this is a bound, not a wait */
+  while (r == 0 && !p.done)
+    if (pthread_cond_timedwait(&L.cond, &L.lock, &until) == ETIMEDOUT) p.err = ETIMEDOUT, p.done = true;
+  for (pending **pp = &L.pending; *pp; pp = &(*pp)->next)
+    if (*pp == &p) {
+      *pp = p.next;
+      break;
+    }
+  pthread_mutex_unlock(&L.lock);
+  if (r < 0) return -EIO;
+  if (p.fd < 0) return -(p.err ? p.err : EIO);
+  *uid = p.uid;
+  *gid = p.gid;
+  return p.fd;
+}
+
+void viewlink_stop(void) {
+  L.stopping = true;
+  (void)!write(L.wake[1], "q", 1);
+  pthread_join(L.thread, NULL);
+}

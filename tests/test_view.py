@@ -1,0 +1,321 @@
+"""The FUSE view (`sbx mount`): every sandbox's /workspace at MOUNT/<id>/,
+live; the file semantics programs expect (the same answers as a native
+directory); changes made inside seen through it and the other way round;
+nothing in it leads a host process out of the sandbox; it survives what
+happens to sandboxes, to itself and to the daemon; real workloads."""
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+
+from sbxtest import Env, run_tests, wait_until
+
+FSOPS = os.environ.get('FSOPS') or os.path.join(os.path.dirname(__file__), '..', 'build', 'tests', 'fsops')
+
+
+class Ctx:
+    def __init__(self):
+        self.env = Env()
+        self.mnt = os.path.join(self.env.root, 'view')
+        os.makedirs(self.mnt)
+        self.c = self.env.mcp(['--sandbox', 'v1'])
+        self.c.initialize()
+        self.c.sh('true')
+        r = self.env.run(['mount', self.mnt])
+        if r.returncode != 0:
+            raise RuntimeError('sbx mount failed: %r' % r.stderr)
+        self.mounted = True
+
+    def umount(self):
+        pid = view_pid(self.mnt)
+        if subprocess.run(['umount', self.mnt], capture_output=True).returncode != 0:
+            subprocess.run(['umount', '-l', self.mnt], capture_output=True)
+        if pid:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+    def close(self):
+        self.umount()
+        self.env.close()
+
+
+def sh(cmd, **kw):
+    return subprocess.run(['sh', '-c', cmd], capture_output=True, text=True, timeout=kw.pop('timeout', 120), **kw)
+
+
+def view_pid(mnt):
+    for p in os.listdir('/proc'):
+        try:
+            cmd = open('/proc/%s/cmdline' % p, 'rb').read().split(b'\0')
+        except OSError:
+            continue
+        if len(cmd) > 2 and cmd[1] == b'mount' and cmd[-2] == mnt.encode():
+            return int(p)
+    return None
+
+
+def test_listing(t, x):
+    t.ok(os.path.isdir(os.path.join(x.mnt, 'v1')), 'a sandbox is a directory of the view')
+    x.c.ok('createSandbox', {'sandboxId': 'v-new'})
+    t.ok(wait_until(lambda: 'v-new' in os.listdir(x.mnt), 10, 'the new sandbox to appear'), 'a new sandbox appears')
+    x.c.ok('destroySandbox', {'sandboxId': 'v-new'})
+    t.ok(wait_until(lambda: 'v-new' not in os.listdir(x.mnt), 10, 'it to go'), 'a destroyed one goes')
+    st = os.stat(os.path.join(x.mnt, 'v1'))
+    t.ok(stat.S_ISDIR(st.st_mode), 'MOUNT/<id> is a directory')
+    x.c.ok('writeFile', {'path': '/workspace/hello.txt', 'content': 'hi\n'})
+    t.eq(open(os.path.join(x.mnt, 'v1', 'hello.txt')).read(), 'hi\n', 'MOUNT/<id>/ is its /workspace')
+
+
+def test_syscall_suite(t, x):
+    native = tempfile.mkdtemp(prefix='sbxt-native-', dir=x.env.root)
+    inview = os.path.join(x.mnt, 'v1', 'fsops')
+    os.makedirs(inview)
+    a = subprocess.run([FSOPS, '--tap', native], capture_output=True, text=True, timeout=120)
+    b = subprocess.run([FSOPS, '--tap', inview], capture_output=True, text=True, timeout=120)
+    t.eq(a.returncode, 0, 'the syscall suite passes on a native directory (the control)', a.stdout[-2000:])
+    t.eq(b.returncode, 0, 'and on the view', b.stdout[-2000:])
+    na, nb = a.stdout.count('\nok '), b.stdout.count('\nok ')
+    t.ok(na > 80 and na == nb, 'the same answers to every one of the %d calls' % na)
+    for line in b.stdout.splitlines():
+        if line.startswith('not ok'):
+            t.ok(False, 'view: ' + line)
+
+
+def test_coherence(t, x):
+    p = os.path.join(x.mnt, 'v1', 'co.txt')
+    x.c.sh('echo one > /workspace/co.txt')
+    t.eq(open(p).read(), 'one\n', 'a file made inside is read through the view')
+    x.c.sh('echo two > /workspace/co.txt')
+    t.ok(wait_until(lambda: open(p).read() == 'two\n', 10, 'the change'), 'a change inside is seen through the view')
+    x.c.sh('chmod 600 /workspace/co.txt')
+    t.ok(wait_until(lambda: os.stat(p).st_mode & 0o777 == 0o600, 10, 'the mode'), 'so is a change of mode')
+    x.c.sh('mkdir -p /workspace/cod && touch /workspace/cod/a')
+    d = os.path.join(x.mnt, 'v1', 'cod')
+    t.ok(wait_until(lambda: os.path.isdir(d) and os.listdir(d) == ['a'], 10, 'the listing'), 'and a new entry')
+    x.c.sh('rm /workspace/cod/a')
+    t.ok(wait_until(lambda: os.listdir(d) == [], 10, 'the removal'), 'and a removal')
+    with open(p, 'w') as f:
+        f.write('from the host\n')
+    t.eq(x.c.sh('cat /workspace/co.txt')['stdout'], 'from the host\n', 'a write through the view is seen inside at once')
+    with open(p, 'a') as f:
+        f.write('appended\n')
+    t.eq(x.c.sh('cat /workspace/co.txt')['stdout'], 'from the host\nappended\n', 'appends too')
+    r = x.c.sh('stat -c %u /workspace/co.txt; echo x > /workspace/made-inside')
+    st = os.stat(os.path.join(x.mnt, 'v1', 'made-inside'))
+    open(os.path.join(x.mnt, 'v1', 'made-by-host'), 'w').close()
+    r = x.c.sh('stat -c %u:%g /workspace/made-by-host')
+    t.eq(r['stdout'].strip(), '0:0', 'what the host creates belongs to sandbox root inside')
+    t.ok(st.st_uid not in (0, os.getuid()) and st.st_uid > 65535, 'through the view files show the sandbox\'s own host '
+         'owner (%d), not the mounting user' % st.st_uid)
+
+
+def test_git_dubious_ownership(t, x):
+    """A repository made inside, with a planted core.fsmonitor: git in the
+    view refuses it, so the planted command never runs on the host."""
+    marker = os.path.join(x.env.root, 'fsmonitor-ran')
+    x.c.sh('cd /workspace && git init -q evil && cd evil && git config core.fsmonitor "touch %s; false" && '
+           'echo x > f && git add f' % marker)
+    repo = os.path.join(x.mnt, 'v1', 'evil')
+    r = sh('cd %s && git status' % repo)
+    t.ok(r.returncode != 0 and 'dubious ownership' in r.stderr, 'git refuses the view\'s repository', r.stderr)
+    t.ok(not os.path.exists(marker), 'the planted fsmonitor did not run on the host')
+    r = sh('cd %s && git -c safe.directory=%s -c core.fsmonitor= status --short' % (repo, repo))
+    t.eq((r.returncode, r.stdout), (0, 'A  f\n'), 'a user who opts in (safe.directory) can use git there')
+
+
+def test_escapes(t, x):
+    secret = os.path.join(x.env.root, 'host-secret')
+    with open(secret, 'w') as f:
+        f.write('host secret\n')
+    t.ok(os.path.exists(secret) and os.path.exists('/etc/shadow'), 'the host targets exist')
+    rel = os.path.relpath(secret, os.path.join(x.mnt, 'v1', 'e'))
+    x.c.sh('mkdir -p /workspace/e && cd /workspace/e && ln -sf %s abs && ln -sf %s rel && ln -sf /etc/shadow shadow && '
+           'ln -sf .. up && ln -sf up/../../../../../../.. deep && ln -sf ../in-ws inws && echo in > ../in-ws'
+           % (secret, rel))
+    e = os.path.join(x.mnt, 'v1', 'e')
+    for name in ('abs', 'rel', 'shadow', 'deep'):
+        target = os.readlink(os.path.join(e, name))
+        t.ok(target.startswith(os.path.join(x.mnt, 'v1') + '/'), 'symlink %s is rewritten into the view (%s)' % (name, target))
+        try:
+            data = open(os.path.join(e, name)).read()
+        except OSError:
+            data = None
+        t.ok(data is None or 'host secret' not in data and 'root:' not in data, 'and reaches nothing of the host')
+    t.eq(open(os.path.join(e, 'inws')).read(), 'in\n', 'a symlink inside the workspace still works')
+    r = sh('find -L %s -maxdepth 6 2>/dev/null | grep -c host-secret' % e)
+    t.eq(r.stdout.strip(), '0', 'find -L through every symlink stays in the view')
+    # FIFOs and sockets made inside connect to nothing on the host
+    x.c.sh('mkfifo /workspace/e/fifo; python3 -c "import socket; s = socket.socket(socket.AF_UNIX); s.bind(\'/workspace/e/sock\')"')
+    fd = os.open(os.path.join(e, 'fifo'), os.O_RDONLY | os.O_NONBLOCK)
+    t.eq(os.read(fd, 10), b'', 'a FIFO made inside is a local pipe with no writer on the host')
+    os.close(fd)
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(os.path.join(e, 'sock'))
+        got = 'connected'
+    except OSError:
+        got = 'refused'
+    s.close()
+    t.eq(got, 'refused', 'a socket made inside accepts nothing from the host')
+    r = x.c.sh('mknod /workspace/e/null c 1 3 2>&1; echo rc=$?')
+    t.ok('rc=0' not in r['stdout'], 'no device node can be made inside', r['stdout'])
+    try:
+        os.mknod(os.path.join(e, 'dev'), 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+        made = True
+    except OSError:
+        made = False
+    t.ok(not made, 'nor through the view')
+    # a rename race inside while the host reads through the view
+    x.c.ok('startProcess', {'processId': 'racer', 'command': 'cd /workspace/e && mkdir -p real && echo inside > real/f; '
+                                                           'while :; do mv real tmp; ln -s %s real; rm real; mv tmp real; done'
+                                                           % os.path.dirname(secret)})
+    leaked = 0
+    for _ in range(2000):
+        try:
+            if 'host secret' in open(os.path.join(e, 'real', 'host-secret')).read():
+                leaked += 1
+        except OSError:
+            pass
+    x.c.ok('killProcess', {'processId': 'racer', 'signal': 'SIGKILL'})
+    t.eq(leaked, 0, 'a symlink swap race inside never leads a host read out (2,000 reads)')
+    # only the mounting user (and root) enter
+    r = subprocess.run(['ls', x.mnt], capture_output=True, preexec_fn=lambda: (os.setgid(4242), os.setuid(4242)))
+    t.ok(r.returncode != 0, 'another host user cannot enter the view', r.stderr)
+
+
+def test_workloads(t, x):
+    src = os.path.join(x.env.root, 'src')
+    os.makedirs(src)
+    sh('cd %s && git init -q && for i in $(seq 200); do mkdir -p d$((i %% 10)); echo $i > d$((i %% 10))/f$i; done && '
+       'ln -s d1/f1 link && git add -A && git -c user.email=t@t -c user.name=t commit -qm one' % src)
+    ws = os.path.join(x.mnt, 'v1')
+    native = os.path.join(x.env.root, 'native')
+    os.makedirs(native)
+    for where in (native, ws):
+        r = sh('cd %s && git clone -q %s clone && cd clone && echo changed >> d1/f1 && touch new && '
+               'git -c safe.directory=* status --porcelain' % (where, src))
+        if where == native:
+            want = r.stdout
+        got = r.stdout
+    t.eq(got, want, 'git clone + git status in the view answer as natively', got)
+    r = x.c.sh('cd /workspace/clone && git -c safe.directory=* log --oneline | wc -l')
+    t.eq(r['stdout'].strip(), '1', 'and the clone is a repository inside the sandbox too')
+    os.makedirs(os.path.join(ws, 'tarred'))
+    r = sh('tar -C %s -cf - . | tar -C %s/tarred -xf - 2>&1; diff -r %s %s/tarred && echo same' % (src, ws, src, ws))
+    t.ok(r.stdout.strip().endswith('same'), 'tar of a source tree into the view', r.stdout[-500:])
+    r = sh('mkdir %s/untar && tar -C %s/tarred -cf - . | tar -C %s/untar -xf - && diff -r %s %s/untar && echo same'
+           % (native, ws, native, src, native))
+    t.ok(r.stdout.strip().endswith('same'), 'and out of it', r.stdout[-500:])
+    r = sh('rsync -a %s/ %s/rs/ && rsync -a %s/rs/ %s/rs-back/ && diff -r %s %s/rs-back && echo same'
+           % (src, ws, ws, native, src, native))
+    t.ok(r.stdout.strip().endswith('same'), 'rsync -a round trip', r.stdout[-500:] + r.stderr[-500:])
+    r = sh('find %s/rs -printf "%%P %%m %%T@ %%s\\n" | sort > %s/a && find %s -printf "%%P %%m %%T@ %%s\\n" | sort > %s/b && '
+           'diff %s/a %s/b && echo same' % (ws, native, src, native, native, native))
+    t.ok(r.stdout.strip().endswith('same'), 'with modes and mtimes kept', r.stdout[-500:])
+    job = ('fio --name=verify --directory=%s --size=32M --bs=4k --rw=randwrite --ioengine=psync --verify=crc32c '
+           '--do_verify=1 --verify_fatal=1 --numjobs=2 --group_reporting')
+    os.makedirs(os.path.join(ws, 'fio'))
+    a = sh(job % os.path.join(native), timeout=300)
+    b = sh(job % os.path.join(ws, 'fio'), timeout=300)
+    t.eq(a.returncode, 0, 'fio verify passes natively', a.stderr[-500:])
+    t.eq(b.returncode, 0, 'and on the view', b.stdout[-800:] + b.stderr[-500:])
+
+
+def test_robustness(t, x):
+    x.c.sh('echo keep > /workspace/held.txt', sandbox='v-gone')
+    p = os.path.join(x.mnt, 'v-gone', 'held.txt')
+    wait_until(lambda: os.path.exists(p), 10, 'the file in the view')
+    f = open(p)
+    t.eq(f.readline(), 'keep\n', 'a file of a sandbox held open through the view')
+    x.c.ok('destroySandbox', {'sandboxId': 'v-gone'})
+    out = {}
+
+    def read_again():
+        try:
+            f.seek(0)
+            out['r'] = f.read()
+        except OSError as e:
+            out['e'] = e.errno
+    th = threading.Thread(target=read_again)
+    th.start()
+    th.join(10)
+    t.ok(not th.is_alive(), 'a read after the sandbox was destroyed does not hang')
+    t.ok(out.get('e') in (5, 2) or out.get('r') == '', 'it fails (EIO/ENOENT) or ends', out)
+    f.close()
+    t.ok(not os.path.exists(os.path.join(x.mnt, 'v-gone')), 'and the sandbox is gone from the view')
+    # a server killed with -9: a second sbx mount takes over
+    pid = view_pid(x.mnt)
+    t.ok(pid is not None, 'the view runs as its own process')
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: not os.path.exists('/proc/%d' % pid), 10, 'the view to die')
+    try:
+        os.listdir(x.mnt)
+        dead = False
+    except OSError:
+        dead = True
+    t.ok(dead, 'a killed view leaves a dead mount')
+    r = x.env.run(['mount', x.mnt])
+    t.ok(r.returncode == 0 and os.path.isdir(os.path.join(x.mnt, 'v1')), 'a second sbx mount recovers the place', r.stderr)
+    r = x.env.run(['mount', x.mnt])
+    t.ok(r.returncode != 0 and b'already' in r.stderr, 'a third is refused: one view per mount point', r.stderr)
+    # the daemon restarts: the view keeps serving (sandboxes wake on use)
+    r = x.env.run(['daemon', 'stop'])
+    t.ok(r.returncode == 0 and not os.path.exists(os.path.join(x.env.runtime, 'sbx.sock')), 'the daemon stopped')
+    x.env.run(['ls'])  # a new daemon
+
+    def back():
+        try:
+            return open(os.path.join(x.mnt, 'v1', 'hello.txt')).read() == 'hi\n'
+        except OSError:
+            return False
+    t.ok(wait_until(back, 30, 'the view to serve again'), 'after a daemon restart the view serves the files again')
+    # SIGTERM unmounts
+    pid = view_pid(x.mnt)
+    os.kill(pid, signal.SIGTERM)
+    t.ok(wait_until(lambda: not os.path.exists('/proc/%d' % pid), 10, 'the view to end'), 'SIGTERM ends the view')
+    t.ok(not os.path.ismount(x.mnt), 'and unmounts it')
+    r = x.env.run(['mount', x.mnt])
+    t.eq(r.returncode, 0, 'mounted again')
+
+
+def test_daemon_runs_the_view(t, x):
+    env = Env()
+    d = None
+    try:
+        mnt = os.path.join(env.root, 'dv')
+        os.makedirs(mnt)
+        d = subprocess.Popen([x.env.sbx, 'daemon', '--mount', mnt], env=env.env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+        wait_until(lambda: env.daemon_pid() is not None, 20, 'the daemon to listen')
+        c = env.mcp(['--sandbox', 'dv1'])
+        c.initialize()
+        c.ok('writeFile', {'path': 'x.txt', 'content': 'via daemon\n'})
+        t.ok(wait_until(lambda: os.path.exists(os.path.join(mnt, 'dv1', 'x.txt')), 20, 'the daemon\'s view'),
+             'sbx daemon --mount runs the view')
+        env.run(['daemon', 'stop'])
+        d.wait(30)
+        t.ok(not os.path.ismount(mnt), 'and takes it down when it stops')
+    finally:
+        if d and d.poll() is None:
+            d.kill()
+        subprocess.run(['umount', '-l', os.path.join(env.root, 'dv')], capture_output=True)
+        env.close()
+
+
+def test_doctor(t, x):
+    r = x.env.run(['doctor'])
+    t.ok(b'FUSE' in r.stdout and b'usable' in r.stdout, 'doctor says FUSE is usable', r.stdout[-500:])
+
+
+if __name__ == '__main__':
+    if os.geteuid() != 0:
+        print('1..0 # SKIP the view tests run as root (the rootless view is tested in test_rootless.py)')
+        sys.exit(77)
+    sys.exit(run_tests([test_listing, test_syscall_suite, test_coherence, test_git_dubious_ownership, test_escapes,
+                        test_workloads, test_robustness, test_daemon_runs_the_view, test_doctor], Ctx))
