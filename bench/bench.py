@@ -10,6 +10,8 @@
            dropped), create and exec latency with them against none
   disk     1 GiB sequential write and tar -x of 2,000 small files in
            /workspace, against the same on the host's disk
+  view     the FUSE view (sbx mount) against the same files reached
+           directly: sequential, random 4 KiB, creates, stats, git status
   exec     `exec true` through `sbx mcp` (stdio relay), p50/p99 over N,
            against plain fork+exec of /bin/true (posix_spawn + wait)
   parallel calls per second of `exec true` with C clients on C sessions
@@ -17,7 +19,7 @@
            HTTP; the ping difference stdio - socket is what the relay adds
   clients  `exec true` latency and throughput with 1, 8 and 64 socket clients
 
-Usage: bench/bench.py [create|wake|many|disk|exec|parallel|transports|clients|all] [--n N]. Needs root, a built
+Usage: bench/bench.py [create|wake|many|disk|view|exec|parallel|transports|clients|all] [--n N]. Needs root, a built
 build/sbx and bubblewrap (scripts/bootstrap installs it)."""
 import argparse
 import os
@@ -344,6 +346,90 @@ def bench_clients(env, seconds):
     print()
 
 
+def init_pid(sandbox):
+    """The host pid of a sandbox's init (its hostname is its id)."""
+    for p in os.listdir('/proc'):
+        try:
+            if open('/proc/%s/comm' % p).read().strip() != 'sbx-init':
+                continue
+            if open('/proc/%s/root/etc/hostname' % p).read().strip() == sandbox:
+                return int(p)
+        except OSError:
+            continue
+    return None
+
+
+def bench_view(size_mb=1024):
+    """The FUSE view against the same files reached directly (through
+    /proc/<init>/root/workspace), in one run."""
+    env = Env()
+    mnt = os.path.join(env.root, 'view')
+    os.makedirs(mnt)
+    try:
+        c = env.socket_client()
+        c.initialize()
+        c.ok('createSandbox', {'sandboxId': 'vb'})
+        r = env.run(['mount', mnt])
+        assert r.returncode == 0, r.stderr
+        pid = init_pid('vb')
+        view = os.path.join(mnt, 'vb')
+        rows = []
+
+        def timed(where, cmd):
+            """cmd in /workspace, caches dropped first: directly in the
+            sandbox's user and mount namespaces (as its root, which is what
+            the view acts as), or through the view."""
+            subprocess.run(['sh', '-c', 'sync; echo 3 > /proc/sys/vm/drop_caches'])
+            if where == 'direct':
+                argv = ['nsenter', '-t', str(pid), '-U', '-m', '--', 'sh', '-c', 'cd /workspace && ' + cmd]
+            else:
+                argv = ['sh', '-c', 'cd %s && %s' % (view, cmd)]
+            t0 = time.perf_counter()
+            p = subprocess.run(argv, capture_output=True, text=True)
+            assert p.returncode == 0, (cmd, p.stderr)
+            return time.perf_counter() - t0, p.stdout
+
+        def both(name, cmd, unit, amount):
+            a, _ = timed('direct', cmd % {'n': 'd'})
+            b, _ = timed('view', cmd % {'n': 'v'})
+            rows.append((name, amount / b, amount / a, unit))
+        both('sequential write %d MiB' % size_mb, 'dd if=/dev/zero of=seq-%%(n)s bs=1M count=%d conv=fsync status=none'
+             % size_mb, 'MiB/s', size_mb)
+        both('sequential read %d MiB' % size_mb, 'dd if=seq-%(n)s of=/dev/null bs=1M status=none', 'MiB/s', size_mb)
+        timed('direct', 'rm -f seq-*')
+        fio = ('fio --name=r --directory=. --filename=rand-%%(n)s --size=256M --bs=4k --rw=%s --ioengine=psync '
+               '--runtime=5 --time_based --direct=0 --output-format=terse --terse-version=3 | cut -d";" -f%s')
+        for w, n in (('direct', 'd'), ('view', 'v')):
+            timed(w, 'fio --name=p --directory=. --filename=rand-%s --size=256M --rw=write --bs=1M --output-format=terse '
+                  '>/dev/null' % n)
+
+        def fio_iops(mode, field):
+            out = {}
+            for w, n in (('direct', 'd'), ('view', 'v')):
+                _, o = timed(w, fio % (mode, field) % {'n': n})
+                out[n] = float(o.strip() or 0)
+            rows.append(('4 KiB random %s' % mode.replace('rand', ''), out['v'], out['d'], 'IOPS'))
+        fio_iops('randread', 8)
+        fio_iops('randwrite', 49)
+        both('create 5,000 files', 'mkdir cr-%(n)s && cd cr-%(n)s && for i in $(seq 5000); do : > f$i; done', 'files/s', 5000)
+        both('stat 5,000 files (ls -l, twice)', 'cd cr-%(n)s && ls -l >/dev/null && ls -l > /dev/null', 'stat/s', 10000)
+        timed('direct', 'mkdir tree && cd tree && git init -q && for d in $(seq 100); do mkdir d$d; for f in $(seq 100); '
+              'do echo $d$f > d$d/f$f; done; done && git add -A && git -c user.email=b@b -c user.name=b commit -qm x')
+        timed('direct', 'git clone -q tree repo-d')
+        timed('direct', 'git clone -q tree repo-v')
+        for w, n in (('direct', 'd'), ('view', 'v')):  # the index takes the stat data each side shows
+            timed(w, 'cd repo-%s && git -c safe.directory=* status --porcelain >/dev/null' % n)
+        both('git status, 10,000 files (warm)', 'cd repo-%(n)s && git -c safe.directory=* status --porcelain >/dev/null && '
+             'git -c safe.directory=* status --porcelain >/dev/null', 'runs/s', 2)
+        print('== the FUSE view against the same files reached directly ==')
+        for name, v, d, unit in rows:
+            print('%-34s view %10.1f %-8s direct %10.1f %-8s (%.0f%%)' % (name, v, unit, d, unit, 100 * v / d))
+        print()
+    finally:
+        env.run(['umount', mnt])
+        env.close()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument('what', nargs='?', default='all')
@@ -361,6 +447,8 @@ def main():
             bench_many(a.n or 1000)
         if a.what in ('disk', 'all'):
             bench_disk()
+        if a.what in ('view', 'all'):
+            bench_view()
         if a.what in ('exec', 'all'):
             bench_exec(env, a.n or 1000)
         if a.what in ('parallel', 'all'):

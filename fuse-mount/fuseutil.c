@@ -6,13 +6,17 @@
 #include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <sys/wait.h>
 
 void sbx_fuse_args_init(sbx_fuse_args *a, const char *subtype, bool allow_other, bool debug) {
   a->args = (struct fuse_args)FUSE_ARGS_INIT(0, NULL);
   fuse_opt_add_arg(&a->args, "sbx");
   char opt[256];
-  snprintf(opt, sizeof opt, "fsname=sbx,subtype=%s,nosuid,nodev%s", subtype, allow_other ? ",allow_other" : "");
+  /* as root the kernel checks mode bits and ACLs (root passes; with
+   * allow_other, other users meet them as everywhere) */
+  snprintf(opt, sizeof opt, "fsname=sbx,subtype=%s,nosuid,nodev%s%s", subtype, allow_other ? ",allow_other" : "",
+           geteuid() == 0 ? ",default_permissions" : "");
   fuse_opt_add_arg(&a->args, "-o");
   fuse_opt_add_arg(&a->args, opt);
   if (debug) fuse_opt_add_arg(&a->args, "-d");
@@ -78,7 +82,10 @@ static int fusermount(const char *mountpoint, char *err, size_t errlen) {
 
 int sbx_fuse_mount(struct fuse_session *se, const char *mountpoint, char *err, size_t errlen) {
   struct stat st;
-  if (stat(mountpoint, &st) < 0) {
+  struct statfs sf;
+  /* statfs always reaches a FUSE server (a stat may be answered from
+   * cache): a dead one says ENOTCONN */
+  if (statfs(mountpoint, &sf) < 0 || stat(mountpoint, &st) < 0) {
     if (errno != ENOTCONN) {
       snprintf(err, errlen, "%s: %s", mountpoint, strerror(errno));
       return -1;
@@ -122,6 +129,21 @@ int sbx_fuse_mount(struct fuse_session *se, const char *mountpoint, char *err, s
     snprintf(err, errlen, "mounting %s failed (is /dev/fuse usable? see sbx doctor)", mountpoint);
     return -1;
   }
+  /* the kernel caps a FUSE mount's readahead at its default (128 KiB);
+   * its device number comes from mountinfo (a stat would wait for the
+   * session we have not started serving yet) */
+  FILE *mi = fopen("/proc/self/mountinfo", "re");
+  char l[4096];
+  while (mi && fgets(l, sizeof l, mi)) {
+    unsigned maj, min;
+    char mnt[4096];
+    if (sscanf(l, "%*s %*s %u:%u %*s %4095s", &maj, &min, mnt) == 3 && !strcmp(mnt, mountpoint)) {
+      char bdi[128];
+      snprintf(bdi, sizeof bdi, "/sys/class/bdi/%u:%u/read_ahead_kb", maj, min);
+      sbx_write_string(bdi, "1024");
+    }
+  }
+  if (mi) fclose(mi);
   return 0;
 }
 
