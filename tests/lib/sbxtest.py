@@ -68,6 +68,7 @@ def run_tests(tests, setup=None):
     ctx = setup() if setup else None
     try:
         for t in tests:
+            started = time.monotonic()
             try:
                 t(tap, ctx) if ctx is not None else t(tap)
             except Exception:
@@ -82,6 +83,7 @@ def run_tests(tests, setup=None):
                         if getattr(c, 'stderr', None):
                             diag += '\nsbx mcp stderr: ' + repr(c.stderr[-5:])
                 tap.ok(False, t.__name__ + ' raised', diag)
+            print('# %s: %.1fs' % (t.__name__, time.monotonic() - started), flush=True)
     finally:
         if ctx is not None and hasattr(ctx, 'close'):
             ctx.close()
