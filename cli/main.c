@@ -5,6 +5,7 @@
 #include "../mcp-server/server.h"
 #include "../sandbox-core/doctor.h"
 #include "../fuse-mount/fuseutil.h"
+#include "../fuse-mount/bucketfs.h"
 #include "../fuse-mount/view.h"
 
 #include <dirent.h>
@@ -436,6 +437,7 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "doctor")) return sbx_doctor(stdout) ? 1 : 0;
   if (!strcmp(cmd, "mount")) return cmd_mount(argc - 1, argv + 1);
   if (!strcmp(cmd, "umount")) return cmd_umount(argc - 1, argv + 1);
+  if (!strcmp(cmd, "bucketfs")) return sbx_bucketfs_main(argc - 1, argv + 1); /* internal: run by the daemon */
   if (!strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
     usage(stdout);
     return 0;

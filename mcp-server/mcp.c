@@ -33,8 +33,8 @@ static const char instructions[] =
     "answer SANDBOX_NOT_FOUND. Work in /workspace (relative paths land there). exec runs /bin/sh -c in a "
     "session that keeps cd and exported variables; pass a progressToken to see output as it comes, and a "
     "timeout (ms) for anything that may hang. Output is capped per stream (maxOutputBytes) with the full "
-    "text saved at outputPath. A sandbox idle for its sleepAfter is reset: its files are gone and the next "
-    "result says reset: true.";
+    "text saved at outputPath. A sandbox idle for its sleepAfter is reset: its files are gone (bucket mounts "
+    "keep theirs) and the next result says reset: true.";
 
 struct mcp_tool {
   const char *name;
@@ -75,7 +75,7 @@ static json_t *output_schema(json_t *t) {
   if (!props) props = json_object();
   json_t *req = json_object_get(t, "outputRequired");
   json_object_set_new(props, "reset", json_pack("{s:s, s:s}", "type", "boolean", "description",
-                                                 "the sandbox had been reset for idleness: its files are gone"));
+                                                 "the sandbox had been reset for idleness: its files are gone (bucket mounts keep theirs)"));
   json_object_set_new(props, "restarted",
                       json_pack("{s:s, s:s}", "type", "boolean", "description",
                                 "the sandbox's processes ended with an earlier daemon; its files and sessions are kept"));
@@ -215,7 +215,7 @@ void mcp_call_ok(mcp_call *call, json_t *structured, const char *text) {
     char *note = NULL;
     if (call->reset) {
       json_object_set_new(structured, "reset", json_true());
-      note = sbx_strdup_printf("%s\n[sandbox %s had been reset after being idle: its earlier files and processes are gone]",
+      note = sbx_strdup_printf("%s\n[sandbox %s had been reset after being idle: its earlier files and processes are gone, bucket mounts kept]",
                                text ? text : "", call->sandbox_id);
     } else if (call->restarted) {
       json_object_set_new(structured, "restarted", json_true());

@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include "mcp.h"
 
+#include "../sandbox-core/bucket.h"
 #include "../sandbox-core/files.h"
 #include "../sandbox-core/netpolicy.h"
 #include "../sandbox-core/ports.h"
@@ -571,6 +572,73 @@ static void h_setenv(mcp_call *call, json_t *args, sbx_sandbox *sb) {
   mcp_call_ok(call, json_pack("{s:I}", "count", (json_int_t)n), "environment updated");
 }
 
+/* ---- buckets ------------------------------------------------------------ */
+
+struct bucket_call {
+  mcp_call *call;
+  char mount_path[1100];
+  char bucket[64];
+  bool local, read_only, unmount;
+};
+
+static void bucket_done(void *ud, const sbx_error *err, const char *detail) {
+  struct bucket_call *b = ud;
+  if (err) {
+    mcp_call_fail(b->call, err);
+  } else if (b->unmount) {
+    char text[1400];
+    snprintf(text, sizeof text, "%s: %s", b->mount_path, detail);
+    mcp_call_ok(b->call, json_pack("{s:s, s:b}", "mountPath", b->mount_path, "unmounted", 1), text);
+  } else {
+    char text[1400];
+    snprintf(text, sizeof text, "%s bucket %s %s at %s%s", b->local ? "local" : "S3", b->bucket, detail, b->mount_path,
+             b->read_only ? " (read-only)" : "");
+    mcp_call_ok(b->call,
+                json_pack("{s:s, s:s, s:b, s:b}", "mountPath", b->mount_path, "bucket", b->bucket, "local", b->local,
+                          "readOnly", b->read_only),
+                text);
+  }
+  free(b);
+}
+
+static void h_mount_bucket(mcp_call *call, json_t *args, sbx_sandbox *sb) {
+  sbx_error err = {0};
+  json_t *creds = json_object_get(args, "credentials"), *local = json_object_get(args, "localBucket");
+  sbx_bucket_req r = {.bucket = str(args, "bucket"), .mount_path = str(args, "mountPath"), .endpoint = str(args, "endpoint"),
+                      .region = str(args, "region"), .prefix = str(args, "prefix"), .profile = str(args, "profile"),
+                      .access_key = str(creds, "accessKeyId"), .secret_key = str(creds, "secretAccessKey"),
+                      .read_only = flag(args, "readOnly"), .local = local ? json_is_true(local) : -1};
+  sbx_bucket spec;
+  char ak[256], sk[256];
+  if (sbx_bucket_prepare(&r, &spec, ak, sk, &err) < 0) return mcp_call_fail(call, &err);
+  explicit_bzero(sk, sizeof sk);
+  struct bucket_call *b = calloc(1, sizeof *b);
+  if (!b) return mcp_call_fail(call, &(sbx_error){.code = "INTERNAL", .message = "out of memory"});
+  b->call = call;
+  snprintf(b->mount_path, sizeof b->mount_path, "%s", spec.mount_path);
+  snprintf(b->bucket, sizeof b->bucket, "%s", spec.bucket);
+  b->local = spec.local;
+  b->read_only = spec.read_only;
+  if (sbx_bucket_mount(sb, &r, bucket_done, b, &err) < 0) {
+    free(b);
+    mcp_call_fail(call, &err);
+  }
+}
+
+static void h_unmount_bucket(mcp_call *call, json_t *args, sbx_sandbox *sb) {
+  sbx_error err = {0};
+  struct bucket_call *b = calloc(1, sizeof *b);
+  if (!b) return mcp_call_fail(call, &(sbx_error){.code = "INTERNAL", .message = "out of memory"});
+  b->call = call;
+  b->unmount = true;
+  const char *mp = str(args, "mountPath");
+  snprintf(b->mount_path, sizeof b->mount_path, "%s%s", mp[0] == '/' ? "" : "/workspace/", mp);
+  if (sbx_bucket_unmount(sb, mp, bucket_done, b, &err) < 0) {
+    free(b);
+    mcp_call_fail(call, &err);
+  }
+}
+
 const mcp_handler mcp_handlers[] = {
     {"createSandbox", h_create, true},
     {"listSandboxes", h_list, true},
@@ -595,5 +663,7 @@ const mcp_handler mcp_handlers[] = {
     {"deleteSession", h_session_delete, false},
     {"listSessions", h_session_list, false},
     {"setEnvVars", h_setenv, false},
+    {"mountBucket", h_mount_bucket, false},
+    {"unmountBucket", h_unmount_bucket, false},
 };
 const size_t mcp_handler_count = SBX_ARRAY_SIZE(mcp_handlers);

@@ -1,5 +1,6 @@
 #define _GNU_SOURCE
 #include "record.h"
+#include "bucket.h"
 
 #include <fcntl.h>
 
@@ -43,6 +44,9 @@ json_t *sbx_record_json(const sbx_sandbox *sb) {
     for (size_t i = 0; i < o->allowed_hosts.n; i++) json_array_append_new(a, json_string(o->allowed_hosts.v[i]));
     json_object_set_new(opts, "allowedHosts", a);
   }
+  json_t *buckets = json_array();
+  for (const sbx_bucket *b = sb->buckets; b; b = b->next) json_array_append_new(buckets, sbx_bucket_to_json(b));
+  json_object_set_new(opts, "buckets", buckets);
   return json_pack("{s:i, s:s, s:I, s:s, s:b, s:o, s:o}", "version", SBX_RECORD_VERSION, "sandboxId", sb->id, "createdAt",
                    (json_int_t)sb->created_wall_ms, "state", sb->state == SBX_ASLEEP ? "asleep" : "active",
                    "resetPending", sb->reset_pending, "options", opts, "sessions", sessions);
@@ -80,6 +84,16 @@ int sbx_record_apply(sbx_sandbox *sb, json_t *rec, char *err, size_t errlen) {
   json_t *h;
   json_array_foreach(json_object_get(o, "allowedHosts"), k, h) {
     if (!json_is_string(h) || sbx_strv_add(&op->allowed_hosts, json_string_value(h)) < 0) BAD("bad allowedHosts");
+  }
+  json_array_foreach(json_object_get(o, "buckets"), k, h) {
+    sbx_bucket *b = calloc(1, sizeof *b);
+    if (!b || sbx_bucket_from_json(h, b) < 0) {
+      free(b);
+      BAD("bad bucket mount");
+    }
+    sbx_bucket **tail = &sb->buckets;
+    while (*tail) tail = &(*tail)->next;
+    *tail = b;
   }
   sb->created_wall_ms = json_integer_value(json_object_get(rec, "createdAt"));
   const char *state = json_string_value(json_object_get(rec, "state"));

@@ -5,6 +5,7 @@
 #include "seccomp.h"
 #include "disk.h"
 #include "record.h"
+#include "bucket.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -270,6 +271,7 @@ int sbx_engine_init(const sbx_engine_config *cfg, sbx_error *err) {
   if (sbx_disk_template(eng.cfg.default_limits.disk_mb, err) < 0) return -1;
   if (eng.cfg.loop) sbx_disk_pool_start(eng.cfg.loop, eng.cfg.default_limits.disk_mb);
   load_records();
+  if (eng.cfg.loop) sbx_bucket_init();
   return 0;
 }
 
@@ -539,6 +541,7 @@ static void sandbox_free(sbx_sandbox *sb) {
   free_sessions(sb);
   sbx_env_clear(&sb->opts.env);
   sbx_strv_clear(&sb->opts.allowed_hosts);
+  sbx_bucket_free_all(sb);
   free(sb->saved_record);
   free(sb);
 }
@@ -597,7 +600,7 @@ static int start(sbx_sandbox *sb, sbx_error *err) {
     /* one name per incarnation: a command of a destroyed sandbox that is
      * still winding down can never touch a new sandbox of the same id */
     char name[96];
-    snprintf(name, sizeof name, "%s.%llu", id, (unsigned long long)++eng.incarnations);
+    snprintf(name, sizeof name, "%s.%llu", id, (unsigned long long)(sb->incarnation = ++eng.incarnations));
     int r = sbx_cg_create(NULL, name, true, &sb->cg);
     if (r == 0) r = sbx_cg_apply(&sb->cg, &opts->limits);
     if (r < 0 && (opts->limits_explicit || !eng.cfg.rootless)) {
@@ -729,6 +732,7 @@ static int start(sbx_sandbox *sb, sbx_error *err) {
     sbx_session *def;
     session_new(sb, "default", "/workspace", &sb->opts.env, &def, NULL);
   }
+  sbx_bucket_start_all(sb);
   return 0;
 fail:
   for (int i = 0; i < nfds; i++) close(fds[i]);
@@ -833,6 +837,7 @@ int sbx_sandbox_destroy(const char *id, sbx_error *err) {
   eng.count--;
   stop_running_async(sb, false);
   sbx_disk_remove(sb->id);
+  sbx_bucket_destroyed(sb);
   changed(sb->id, "destroyed");
   sandbox_free(sb);
   return 0;

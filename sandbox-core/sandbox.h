@@ -70,6 +70,8 @@ typedef struct sbx_sandbox {
   bool reset_pending;     /* the next result tells the caller its files are gone */
   bool restart_pending;   /* ...that its processes ended with an earlier daemon */
   char *saved_record;     /* the record as last written */
+  struct sbx_bucket *buckets; /* bucket mounts (bucket.h), remounted on every start */
+  uint64_t incarnation;       /* which start this is (its cgroup's name, bucket servers') */
   struct sbx_sandbox *next;
 } sbx_sandbox;
 

@@ -1,0 +1,1938 @@
+#define _GNU_SOURCE
+#define FUSE_USE_VERSION 314
+#include "bucketfs.h"
+#include "fuseutil.h"
+#include "s3.h"
+#include "sha256.h"
+#include "../sandbox-core/util.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <fuse_lowlevel.h>
+#include <jansson.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <time.h>
+
+#define CHUNK (1u << 20)     /* reads fetch and cache whole MiBs */
+#define READAHEAD 8          /* chunks fetched ahead of a sequential reader */
+#define HASH_SIZE 16384
+#define UPLOADERS 8
+#define FETCHERS 4
+#define LIST_TTL_MS 5000     /* a directory's listing is trusted this long */
+#define MAX_LIST 200000      /* entries of one directory */
+#define ATTR_TIMEOUT 1.0
+#define PBUF 4096            /* paths and keys (a key is at most 1024 bytes) */
+#define MAX_KEY 1024
+#define RETRY_MS 1000        /* a failed upload is tried again after this */
+#define EXIT_LEFT_JOURNALED 3 /* exit status: some changes wait in the journal */
+
+typedef enum { T_FILE, T_DIR, T_LINK } ntype;
+
+typedef struct lentry {
+  char *name;
+  bool dir;
+  uint64_t size;
+  int64_t modified_ns; /* LastModified */
+} lentry;
+
+typedef struct bnode {
+  char *path; /* "" for the root, else "a/b" (no leading or trailing slash) */
+  ntype type;
+  uint64_t nlookup;
+  int opens;
+  int busy;      /* a request about it is under way (the lock dropped) */
+  int fetching;  /* chunk fetches writing into its cache file */
+  bool remote;   /* the bucket has it, as far as we know */
+  bool unlinked; /* removed: only the kernel's references and open files keep it */
+  uint64_t size;
+  int64_t mtime_ns;
+  int64_t remote_modified_ns; /* the object's LastModified when we last saw it */
+  mode_t mode;                /* permission bits */
+  uid_t uid, gid;             /* as the sandbox sees them */
+  char *target;               /* a symlink's */
+  uint64_t version;           /* bumped when the bucket's object changed under us */
+  uint64_t open_version;      /* the version the kernel's page cache holds */
+  /* the cache file: whole (full) or chunks of the object */
+  int cfd;
+  bool full;
+  uint8_t *present, *inflight;
+  size_t nchunks;
+  uint64_t cached; /* bytes of the cache file we account for */
+  uint64_t lru;
+  bool stale;        /* the bucket's object changed: drop the cache when closed */
+  uint64_t seq_off; /* where a sequential reader goes next */
+  uint64_t uploaded_ms; /* when it last went up (a listing older than that lacks it) */
+  /* what is not in the bucket yet */
+  bool dirty, queued;
+  uint64_t gen, up_gen, fail_gen;
+  /* a directory's listing as the bucket had it, plus our own changes */
+  lentry *list;
+  size_t nlist, cap;
+  uint64_t list_at, list_started;
+  struct bnode *hnext;
+} bnode;
+
+/* A deletion the bucket has not seen yet (journaled as a tombstone). */
+typedef struct gone {
+  char *path;
+  bool dir;
+  uint64_t done_ms; /* deleted there at; kept until a listing newer than that */
+  struct gone *next;
+} gone;
+
+typedef enum { OP_PUT, OP_DEL } opkind;
+typedef struct qitem {
+  char *path;
+  opkind kind;
+  uint64_t not_before;
+  struct qitem *next;
+} qitem;
+
+typedef struct fitem {
+  bnode *n;
+  size_t chunk;
+  struct fitem *next;
+} fitem;
+
+static struct {
+  pthread_mutex_t lock;
+  pthread_cond_t work, done, fetched, fetch_work;
+  s3_conf s3;
+  char prefix[MAX_KEY]; /* "" or "p/" */
+  char cache[1024];
+  bool read_only;
+  uid_t uid_base; /* the host uid of sandbox root (rootless: 0, ids are the namespace's) */
+  uint64_t cache_max, cache_used, tick;
+  bnode *hash[HASH_SIZE];
+  gone *gone[HASH_SIZE];
+  bnode root;
+  qitem *queue;
+  char *busy_paths[UPLOADERS]; /* one operation per path at a time, in order */
+  fitem *fetchq;
+  int inflight;
+  bool stopping, fetch_stop;
+  struct fuse_session *se;
+  char last_error[400];
+} B = {.lock = PTHREAD_MUTEX_INITIALIZER,
+       .work = PTHREAD_COND_INITIALIZER,
+       .done = PTHREAD_COND_INITIALIZER,
+       .fetched = PTHREAD_COND_INITIALIZER,
+       .fetch_work = PTHREAD_COND_INITIALIZER};
+
+/* ---- names ---------------------------------------------------------------- */
+
+static void key_of(const char *path, char *out, size_t len) {
+  if (snprintf(out, len, "%s%s", B.prefix, path) >= (int)len) out[0] = 0; /* cannot happen: join() bounds paths */
+}
+
+static void dir_key_of(const char *path, char *out, size_t len) {
+  if (snprintf(out, len, "%s%s%s", B.prefix, path, *path ? "/" : "") >= (int)len) out[0] = 0;
+}
+
+static void hashed(const char *dir, const char *kind, const char *path, const char *ext, char *out, size_t len) {
+  char h[65];
+  sha256_hex(path, strlen(path), h);
+  snprintf(out, len, "%s/%s/%s%s%s", B.cache, dir, kind, h, ext);
+}
+
+static void cache_path(const char *path, char *out, size_t len) { hashed("data", "", path, "", out, len); }
+static void journal_path(const char *path, bool tomb, char *out, size_t len) {
+  hashed("journal", tomb ? "t-" : "d-", path, ".json", out, len);
+}
+
+/* dir/name, or NULL with errno ENAMETOOLONG when its key (and a directory
+ * marker's trailing slash) would pass S3's 1024 bytes. */
+static char *join(const char *dir, const char *name) {
+  if (strlen(name) > NAME_MAX || strlen(B.prefix) + strlen(dir) + 1 + strlen(name) + 1 > MAX_KEY) {
+    errno = ENAMETOOLONG;
+    return NULL;
+  }
+  errno = ENOMEM;
+  return *dir ? sbx_strdup_printf("%s/%s", dir, name) : strdup(name);
+}
+
+static const char *base_of(const char *path) {
+  const char *s = strrchr(path, '/');
+  return s ? s + 1 : path;
+}
+
+static int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static size_t hash_of(const char *p) {
+  uint64_t h = 1469598103934665603ull;
+  for (; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+  return (size_t)(h % HASH_SIZE);
+}
+
+/* ---- nodes (lock held) ---------------------------------------------------- */
+
+static bnode *node_find(const char *path) {
+  if (!*path) return &B.root;
+  for (bnode *n = B.hash[hash_of(path)]; n; n = n->hnext)
+    if (!strcmp(n->path, path)) return n;
+  return NULL;
+}
+
+static void node_hash(bnode *n) {
+  size_t h = hash_of(n->path);
+  n->hnext = B.hash[h];
+  B.hash[h] = n;
+}
+
+static void node_unhash(bnode *n) {
+  if (n == &B.root) return;
+  for (bnode **pp = &B.hash[hash_of(n->path)]; *pp; pp = &(*pp)->hnext)
+    if (*pp == n) {
+      *pp = n->hnext;
+      n->hnext = NULL;
+      return;
+    }
+}
+
+static bnode *node_new(const char *path, ntype type) {
+  bnode *n = calloc(1, sizeof *n);
+  if (!n || !(n->path = strdup(path))) {
+    free(n);
+    return NULL;
+  }
+  n->type = type;
+  n->cfd = -1;
+  n->mode = type == T_DIR ? 0755 : type == T_LINK ? 0777 : 0644;
+  n->mtime_ns = now_ns();
+  node_hash(n);
+  return n;
+}
+
+static void list_free(bnode *d) {
+  for (size_t i = 0; i < d->nlist; i++) free(d->list[i].name);
+  free(d->list);
+  d->list = NULL;
+  d->nlist = d->cap = 0;
+  d->list_at = 0;
+}
+
+static lentry *list_find(bnode *d, const char *name) {
+  for (size_t i = 0; i < d->nlist; i++)
+    if (!strcmp(d->list[i].name, name)) return &d->list[i];
+  return NULL;
+}
+
+/* Our own changes, kept in the listing so it stays right until the next
+ * one from the bucket (which has them by then, or has them pending). */
+static void list_add(bnode *d, const char *name, bool dir) {
+  if (!d || !d->list_at) return;
+  lentry *e = list_find(d, name);
+  if (e) {
+    e->dir = dir;
+    return;
+  }
+  if (d->nlist == d->cap) {
+    size_t cap = d->cap ? d->cap * 2 : 16;
+    lentry *nl = realloc(d->list, cap * sizeof *nl);
+    if (!nl) {
+      list_free(d); /* listed again next time */
+      return;
+    }
+    d->list = nl;
+    d->cap = cap;
+  }
+  d->list[d->nlist++] = (lentry){.name = strdup(name), .dir = dir};
+}
+
+static void list_remove(bnode *d, const char *name) {
+  if (!d) return;
+  for (size_t i = 0; i < d->nlist; i++)
+    if (!strcmp(d->list[i].name, name)) {
+      free(d->list[i].name);
+      d->list[i] = d->list[--d->nlist];
+      return;
+    }
+}
+
+/* The directory node of a path's parent, if we have it. */
+static bnode *parent_of(const char *path) {
+  const char *s = strrchr(path, '/');
+  if (!s) return &B.root;
+  char p[PBUF];
+  snprintf(p, sizeof p, "%.*s", (int)(s - path), path);
+  return node_find(p);
+}
+
+/* Forgets the node's cached data; never while a file handle or a fetch
+ * uses its cache file (callers check opens; fetches are waited for). */
+static void cache_drop(bnode *n, bool unlink_file) {
+  while (n->fetching) pthread_cond_wait(&B.fetched, &B.lock);
+  if (n->cfd >= 0) close(n->cfd);
+  n->cfd = -1;
+  if (unlink_file) {
+    char p[PBUF];
+    cache_path(n->path, p, sizeof p);
+    unlink(p);
+  }
+  B.cache_used -= n->cached <= B.cache_used ? n->cached : B.cache_used;
+  n->cached = 0;
+  n->full = false;
+  free(n->present);
+  free(n->inflight);
+  n->present = n->inflight = NULL;
+  n->nchunks = 0;
+}
+
+/* Freed once nothing refers to it: the kernel, an open file, an upload,
+ * a fetch. Its clean cached data goes with it. */
+static void node_maybe_free(bnode *n) {
+  if (n == &B.root || n->nlookup || n->opens || n->busy || n->dirty || n->queued) return;
+  bool hashed_here = node_find(n->path) == n;
+  if (hashed_here) node_unhash(n);
+  cache_drop(n, hashed_here);
+  list_free(n);
+  free(n->target);
+  free(n->path);
+  free(n);
+}
+
+static bnode *node_of(fuse_ino_t ino) { return ino == FUSE_ROOT_ID ? &B.root : (bnode *)(uintptr_t)ino; }
+
+static void fill_attr(const bnode *n, struct stat *st) {
+  *st = (struct stat){0};
+  st->st_ino = n == &B.root ? FUSE_ROOT_ID : (ino_t)(uintptr_t)n;
+  st->st_mode = (n->type == T_DIR ? S_IFDIR : n->type == T_LINK ? S_IFLNK : S_IFREG) | (n->mode & 07777);
+  st->st_nlink = n->type == T_DIR ? 2 : 1;
+  st->st_uid = B.uid_base + n->uid;
+  st->st_gid = B.uid_base + n->gid;
+  st->st_size = n->type == T_DIR ? 4096 : (off_t)n->size;
+  st->st_blksize = 128 * 1024;
+  st->st_blocks = (blkcnt_t)((n->size + 511) / 512);
+  st->st_mtim.tv_sec = n->mtime_ns / 1000000000;
+  st->st_mtim.tv_nsec = n->mtime_ns % 1000000000;
+  st->st_atim = st->st_ctim = st->st_mtim;
+}
+
+static s3_meta meta_of(const bnode *n) {
+  mode_t type = n->type == T_LINK ? S_IFLNK : 0;
+  return (s3_meta){.valid = true, .mode = type | (n->mode & 07777), .mtime_ns = n->mtime_ns, .uid = n->uid, .gid = n->gid};
+}
+
+static void apply_meta(bnode *n, const s3_meta *m) {
+  if (!m->valid) return;
+  n->mode = m->mode & 07777;
+  if (m->mtime_ns) n->mtime_ns = m->mtime_ns;
+  n->uid = m->uid;
+  n->gid = m->gid;
+}
+
+/* ---- the journal of what the bucket has not seen yet ---------------------- */
+
+static void write_json_file(const char *path, json_t *j) {
+  char *s = json_dumps(j, JSON_COMPACT);
+  char tmp[PBUF + 8];
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  int fd = s ? open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600) : -1;
+  if (fd >= 0) {
+    if (sbx_write_all(fd, s, strlen(s)) == 0) rename(tmp, path);
+    close(fd);
+  }
+  free(s);
+}
+
+/* A changed node: its metadata, its data in the cache file. */
+static void journal_node(const bnode *n) {
+  char path[PBUF];
+  journal_path(n->path, false, path, sizeof path);
+  json_t *j = json_pack("{s:s, s:s, s:I, s:i, s:I, s:i, s:i}", "path", n->path, "type",
+                        n->type == T_DIR ? "dir" : n->type == T_LINK ? "link" : "file", "size", (json_int_t)n->size,
+                        "mode", (int)n->mode, "mtime", (json_int_t)n->mtime_ns, "uid", (int)n->uid, "gid", (int)n->gid);
+  if (n->target) json_object_set_new(j, "target", json_string(n->target));
+  write_json_file(path, j);
+  json_decref(j);
+}
+
+static void journal_unnode(const char *p) {
+  char path[PBUF];
+  journal_path(p, false, path, sizeof path);
+  unlink(path);
+}
+
+/* ---- the queue: one operation per path at a time, in order ----------------- */
+
+static void enqueue(const char *path, opkind kind, uint64_t delay_ms) {
+  if (kind == OP_PUT) {
+    bnode *n = node_find(path);
+    if (n) n->queued = true;
+  }
+  for (qitem *q = B.queue; q; q = q->next)
+    if (q->kind == kind && !strcmp(q->path, path)) {
+      if (!delay_ms) q->not_before = 0; /* wanted now (fsync) */
+      pthread_cond_broadcast(&B.work);
+      return;
+    }
+  qitem *q = calloc(1, sizeof *q);
+  if (!q || !(q->path = strdup(path))) {
+    free(q);
+    return;
+  }
+  q->kind = kind;
+  q->not_before = delay_ms ? sbx_now_ms() + delay_ms : 0;
+  qitem **tail = &B.queue;
+  while (*tail) tail = &(*tail)->next;
+  *tail = q;
+  pthread_cond_broadcast(&B.work);
+}
+
+static gone *gone_find(const char *path) {
+  for (gone *g = B.gone[hash_of(path)]; g; g = g->next)
+    if (!strcmp(g->path, path)) return g;
+  return NULL;
+}
+
+static gone *gone_add(const char *path, bool dir) {
+  gone *g = gone_find(path);
+  if (!g) {
+    g = calloc(1, sizeof *g);
+    if (!g || !(g->path = strdup(path))) {
+      free(g);
+      return NULL;
+    }
+    size_t h = hash_of(path);
+    g->next = B.gone[h];
+    B.gone[h] = g;
+  }
+  g->dir = dir;
+  g->done_ms = 0;
+  return g;
+}
+
+static void gone_drop(const char *path) {
+  for (gone **pp = &B.gone[hash_of(path)]; *pp; pp = &(*pp)->next)
+    if (!strcmp((*pp)->path, path)) {
+      gone *g = *pp;
+      *pp = g->next;
+      free(g->path);
+      free(g);
+      return;
+    }
+}
+
+/* The object (or directory marker) at path is to be deleted from the
+ * bucket: journaled first, so it happens even after a crash. */
+static void tombstone(const char *path, bool dir) {
+  if (!gone_add(path, dir)) return;
+  char jp[PBUF];
+  journal_path(path, true, jp, sizeof jp);
+  json_t *j = json_pack("{s:s, s:b}", "path", path, "dir", dir);
+  write_json_file(jp, j);
+  json_decref(j);
+  enqueue(path, OP_DEL, 0);
+}
+
+static void mark_dirty(bnode *n) {
+  n->gen++;
+  if (!n->dirty) {
+    n->dirty = true;
+    journal_node(n);
+  }
+}
+
+/* ---- the cache -------------------------------------------------------------- */
+
+/* Opens the node's cache file (lock held): a new or fully cached file is
+ * whole; a remote one gets a map of which chunks are present. */
+static int cache_open(bnode *n) {
+  if (n->cfd >= 0) return 0;
+  char p[PBUF];
+  cache_path(n->path, p, sizeof p);
+  n->cfd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (n->cfd < 0) return -errno;
+  if (!n->remote || n->dirty) {
+    n->full = true;
+    return 0;
+  }
+  n->full = false;
+  n->nchunks = (size_t)((n->size + CHUNK - 1) / CHUNK);
+  n->present = calloc(n->nchunks / 8 + 1, 1);
+  n->inflight = calloc(n->nchunks / 8 + 1, 1);
+  if (!n->present || !n->inflight || ftruncate(n->cfd, 0) < 0 || ftruncate(n->cfd, (off_t)n->size) < 0) {
+    int e = errno ? errno : ENOMEM;
+    cache_drop(n, true);
+    return -e;
+  }
+  return 0;
+}
+
+static bool bit(const uint8_t *m, size_t i) { return m && (m[i / 8] >> (i % 8)) & 1; }
+static void set_bit(uint8_t *m, size_t i, bool v) {
+  if (!m) return;
+  if (v) m[i / 8] |= (uint8_t)(1u << (i % 8));
+  else m[i / 8] &= (uint8_t)~(1u << (i % 8));
+}
+
+/* Least recently used clean data goes when the cache is past its cap. */
+static void evict(uint64_t want) {
+  while (B.cache_used + want > B.cache_max) {
+    bnode *victim = NULL;
+    for (size_t h = 0; h < HASH_SIZE; h++)
+      for (bnode *n = B.hash[h]; n; n = n->hnext)
+        if (n->cached && !n->dirty && !n->opens && !n->busy && (!victim || n->lru < victim->lru)) victim = n;
+    if (!victim) return;
+    cache_drop(victim, true);
+  }
+}
+
+static void account(bnode *n, uint64_t bytes) {
+  n->cached += bytes;
+  B.cache_used += bytes;
+}
+
+/* Fetches one chunk into the cache file (lock held, dropped meanwhile). */
+static int fetch_chunk(bnode *n, size_t i) {
+  while (bit(n->inflight, i)) pthread_cond_wait(&B.fetched, &B.lock);
+  if (n->full || bit(n->present, i) || i >= n->nchunks) return 0;
+  if (n->cfd < 0) return -EIO;
+  set_bit(n->inflight, i, true);
+  n->fetching++;
+  uint64_t off = (uint64_t)i * CHUNK, len = n->size - off < CHUNK ? n->size - off : CHUNK;
+  char key[PBUF];
+  key_of(n->path, key, sizeof key);
+  int fd = n->cfd;
+  n->busy++;
+  pthread_mutex_unlock(&B.lock);
+  s3_err e = {0};
+  uint64_t got = 0;
+  int r = s3_get(&B.s3, key, off, len, fd, off, &got, &e);
+  pthread_mutex_lock(&B.lock);
+  n->busy--;
+  n->fetching--;
+  set_bit(n->inflight, i, false);
+  if (r == 0 && got == len) {
+    if (!n->full && n->present && !bit(n->present, i)) {
+      set_bit(n->present, i, true);
+      account(n, len);
+    }
+    n->lru = ++B.tick;
+  } else if (r == 0) { /* shorter than we knew it: it changed in the bucket */
+    r = -EIO;
+    snprintf(B.last_error, sizeof B.last_error, "%s changed in the bucket while being read", n->path);
+  } else {
+    snprintf(B.last_error, sizeof B.last_error, "%s", e.msg);
+    r = -e.errnum;
+  }
+  pthread_cond_broadcast(&B.fetched);
+  return r;
+}
+
+/* Makes [off, off+len) of a remote object present in its cache file;
+ * a sequential reader gets the next chunks fetched ahead (lock held). */
+static int ensure_range(bnode *n, uint64_t off, uint64_t len, bool ahead) {
+  int r = cache_open(n);
+  if (r < 0 || n->full || off >= n->size || !len) return r;
+  if (off + len > n->size) len = n->size - off;
+  size_t first = off / CHUNK, last = (off + len - 1) / CHUNK;
+  n->busy++; /* not evicted while it fills */
+  evict((last - first + 1) * CHUNK);
+  for (size_t i = first; i <= last && r == 0; i++) r = fetch_chunk(n, i);
+  n->busy--;
+  if (ahead && r == 0)
+    for (size_t i = last + 1; i <= last + READAHEAD && i < n->nchunks; i++) {
+      if (bit(n->present, i) || bit(n->inflight, i)) continue;
+      fitem *f = calloc(1, sizeof *f);
+      if (!f) break;
+      *f = (fitem){.n = n, .chunk = i, .next = B.fetchq};
+      n->busy++;
+      B.fetchq = f;
+      pthread_cond_signal(&B.fetch_work);
+    }
+  return r;
+}
+
+static void *fetcher(void *arg) {
+  (void)arg;
+  pthread_mutex_lock(&B.lock);
+  for (;;) {
+    while (!B.fetchq && !B.fetch_stop) pthread_cond_wait(&B.fetch_work, &B.lock);
+    if (!B.fetchq) break;
+    fitem *f = B.fetchq;
+    B.fetchq = f->next;
+    if (!f->n->unlinked && f->n->cfd >= 0) fetch_chunk(f->n, f->chunk);
+    f->n->busy--;
+    node_maybe_free(f->n);
+    free(f);
+  }
+  pthread_mutex_unlock(&B.lock);
+  return NULL;
+}
+
+/* The whole object in the cache (before it is written to). Lock held. */
+static int ensure_full(bnode *n) {
+  int r = ensure_range(n, 0, n->size, false);
+  if (r < 0 || n->full) return r;
+  n->full = true;
+  uint64_t missing = n->size - (n->cached < n->size ? n->cached : n->size);
+  account(n, missing);
+  free(n->present);
+  free(n->inflight);
+  n->present = n->inflight = NULL;
+  return 0;
+}
+
+/* The node becomes an empty file of ours (O_TRUNC, truncate to 0): no
+ * download, and open handles read the truncation as everywhere (lock held). */
+static int truncate_to_empty(bnode *n) {
+  int r = cache_open(n);
+  if (r < 0) return r;
+  while (n->fetching) pthread_cond_wait(&B.fetched, &B.lock);
+  if (ftruncate(n->cfd, 0) < 0) return -errno;
+  free(n->present);
+  free(n->inflight);
+  n->present = n->inflight = NULL;
+  n->full = true;
+  B.cache_used -= n->cached <= B.cache_used ? n->cached : B.cache_used;
+  n->cached = 0;
+  n->size = 0;
+  n->mtime_ns = now_ns();
+  mark_dirty(n);
+  return 0;
+}
+
+/* ---- uploads ---------------------------------------------------------------- */
+
+static bool path_busy(const char *path) {
+  for (int i = 0; i < UPLOADERS; i++)
+    if (B.busy_paths[i] && !strcmp(B.busy_paths[i], path)) return true;
+  return false;
+}
+
+static int path_take(const char *path) {
+  for (int i = 0; i < UPLOADERS; i++)
+    if (!B.busy_paths[i]) {
+      B.busy_paths[i] = (char *)path;
+      return i;
+    }
+  return -1;
+}
+
+/* Puts a node's content (file, link target, directory marker). Lock held,
+ * dropped during the request. */
+static int put_node(bnode *n, const char *key, s3_err *e) {
+  s3_meta m = meta_of(n);
+  uint64_t size = n->size;
+  ntype type = n->type;
+  char *target = n->target ? strdup(n->target) : NULL;
+  char cpath[PBUF];
+  cache_path(n->path, cpath, sizeof cpath);
+  pthread_mutex_unlock(&B.lock);
+  int rc;
+  if (type == T_DIR) {
+    char dkey[PBUF + 2];
+    snprintf(dkey, sizeof dkey, "%s/", key);
+    rc = s3_put_empty(&B.s3, dkey, &m, e);
+  } else if (type == T_LINK) {
+    rc = s3_put_data(&B.s3, key, target ? target : "", target ? strlen(target) : 0, &m, e);
+  } else {
+    int fd = open(cpath, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      e->errnum = errno;
+      snprintf(e->msg, sizeof e->msg, "the cache file of %s is gone", key);
+      rc = -1;
+    } else {
+      rc = s3_put_fd(&B.s3, key, fd, size, &m, e);
+      close(fd);
+    }
+  }
+  free(target);
+  pthread_mutex_lock(&B.lock);
+  return rc;
+}
+
+static void *uploader(void *arg) {
+  (void)arg;
+  pthread_mutex_lock(&B.lock);
+  for (;;) {
+    qitem *q = NULL;
+    uint64_t now = sbx_now_ms(), wait_ms = 0;
+    bool all_waiting = true;
+    for (qitem **pp = &B.queue; *pp; pp = &(*pp)->next) {
+      if (path_busy((*pp)->path)) continue;
+      if ((*pp)->not_before <= now) {
+        q = *pp;
+        *pp = q->next;
+        break;
+      }
+      uint64_t w = (*pp)->not_before - now;
+      if (!wait_ms || w < wait_ms) wait_ms = w;
+    }
+    for (qitem *x = B.queue; x && all_waiting; x = x->next) all_waiting = x->not_before > now;
+    if (!q) {
+      /* stopping: done when nothing is left, or when all that is left
+       * waits for a bucket that is away (it stays journaled) */
+      if (B.stopping && !B.inflight && (!B.queue || all_waiting)) break;
+      if (wait_ms) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += (time_t)(wait_ms / 1000);
+        ts.tv_nsec += (long)(wait_ms % 1000) * 1000000;
+        if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+        pthread_cond_timedwait(&B.work, &B.lock, &ts);
+      } else {
+        pthread_cond_wait(&B.work, &B.lock);
+      }
+      continue;
+    }
+    B.inflight++;
+    int slot = path_take(q->path);
+    char key[PBUF];
+    key_of(q->path, key, sizeof key);
+    s3_err e = {0};
+    int rc = 0;
+    bnode *n = q->kind == OP_PUT ? node_find(q->path) : NULL;
+    if (q->kind == OP_PUT && n && n != &B.root && n->dirty && !n->unlinked) {
+      uint64_t gen = n->gen;
+      n->busy++;
+      rc = put_node(n, key, &e);
+      n->busy--;
+      if (rc == 0) {
+        n->remote = true;
+        n->uploaded_ms = sbx_now_ms();
+        if (n->gen == gen) {
+          n->dirty = false;
+          n->up_gen = gen;
+          journal_unnode(n->path);
+        }
+        if (strcmp(n->path, q->path) || n->unlinked) {
+          /* renamed or removed while it went up: what went up is stale */
+          if (!node_find(q->path) && (!gone_find(q->path) || gone_find(q->path)->done_ms)) {
+            pthread_mutex_unlock(&B.lock);
+            s3_delete(&B.s3, key, NULL);
+            pthread_mutex_lock(&B.lock);
+          }
+        }
+      } else {
+        n->fail_gen = gen;
+      }
+      n->queued = false;
+      if (rc == 0 && n->dirty && !n->unlinked) enqueue(n->path, OP_PUT, 0); /* changed meanwhile */
+      else if (rc < 0) n->queued = true;
+    } else if (q->kind == OP_DEL) {
+      gone *g = gone_find(q->path);
+      if (g) {
+        char k[PBUF + 2];
+        snprintf(k, sizeof k, "%s%s", key, g->dir ? "/" : "");
+        pthread_mutex_unlock(&B.lock);
+        rc = s3_delete(&B.s3, k, &e);
+        pthread_mutex_lock(&B.lock);
+        if (rc == 0 && (g = gone_find(q->path)) && !g->done_ms) {
+          char jp[PBUF];
+          journal_path(q->path, true, jp, sizeof jp);
+          unlink(jp);
+          g->done_ms = sbx_now_ms();
+          list_remove(parent_of(q->path), base_of(q->path));
+        }
+      }
+    }
+    if (slot >= 0) B.busy_paths[slot] = NULL;
+    if (rc < 0) { /* the bucket is away or refused: kept, tried again later */
+      snprintf(B.last_error, sizeof B.last_error, "%s", e.msg);
+      q->not_before = sbx_now_ms() + RETRY_MS;
+      q->next = NULL;
+      qitem **tail = &B.queue;
+      while (*tail) tail = &(*tail)->next;
+      *tail = q;
+    } else {
+      if (n) node_maybe_free(n);
+      free(q->path);
+      free(q);
+    }
+    B.inflight--;
+    pthread_cond_broadcast(&B.done);
+    pthread_cond_broadcast(&B.work);
+  }
+  pthread_cond_broadcast(&B.work);
+  pthread_mutex_unlock(&B.lock);
+  return NULL;
+}
+
+/* Waits until the node's content as of now is in the bucket, or the try
+ * to put it there failed (lock held). */
+static int wait_uploaded(bnode *n) {
+  if (!n->dirty) return 0;
+  uint64_t gen = n->gen;
+  journal_node(n);
+  n->fail_gen = 0;
+  n->busy++;
+  enqueue(n->path, OP_PUT, 0);
+  while (n->up_gen < gen && n->fail_gen < gen && !n->unlinked) pthread_cond_wait(&B.done, &B.lock);
+  n->busy--;
+  return n->up_gen >= gen || n->unlinked ? 0 : -EIO;
+}
+
+/* ---- listings and lookups ------------------------------------------------------ */
+
+typedef struct list_ctx {
+  lentry *e;
+  size_t n, cap;
+  bool oom;
+} list_ctx;
+
+static void list_cb(void *ud, const char *name, bool dir, uint64_t size, int64_t modified) {
+  list_ctx *l = ud;
+  /* the directory's own marker, and keys no file name can be ("a//b", "../x") */
+  if (!*name || strchr(name, '/') || !strcmp(name, ".") || !strcmp(name, "..") || strlen(name) > NAME_MAX) return;
+  if (l->n == l->cap) {
+    size_t cap = l->cap ? l->cap * 2 : 64;
+    lentry *e = realloc(l->e, cap * sizeof *e);
+    if (!e) {
+      l->oom = true;
+      return;
+    }
+    l->e = e;
+    l->cap = cap;
+  }
+  for (size_t i = 0; dir && i < l->n; i++) /* a name both a file and a directory: the directory wins */
+    if (!strcmp(l->e[i].name, name)) {
+      l->e[i].dir = true;
+      return;
+    }
+  l->e[l->n++] = (lentry){.name = strdup(name), .dir = dir, .size = size, .modified_ns = modified};
+}
+
+static void list_ctx_free(list_ctx *l) {
+  for (size_t i = 0; i < l->n; i++) free(l->e[i].name);
+  free(l->e);
+}
+
+/* The directory's listing from the bucket, trusted for LIST_TTL_MS (lock
+ * held, dropped during the request). When the bucket is away, an older
+ * listing still serves. */
+static int refresh_listing(bnode *d) {
+  if (d->list_at && sbx_now_ms() - d->list_at < LIST_TTL_MS) return 0;
+  uint64_t started = sbx_now_ms();
+  char prefix[PBUF];
+  dir_key_of(d->path, prefix, sizeof prefix);
+  d->busy++;
+  pthread_mutex_unlock(&B.lock);
+  list_ctx l = {0};
+  s3_err e = {0};
+  long k = s3_list(&B.s3, prefix, "/", MAX_LIST, list_cb, &l, &e);
+  pthread_mutex_lock(&B.lock);
+  d->busy--;
+  if (k < 0 || l.oom) {
+    list_ctx_free(&l);
+    snprintf(B.last_error, sizeof B.last_error, "%s", l.oom ? "out of memory" : e.msg);
+    return d->list_at ? 0 : l.oom ? -ENOMEM : -e.errnum;
+  }
+  for (size_t i = 0; i < d->nlist; i++) free(d->list[i].name);
+  free(d->list);
+  d->list = l.e;
+  d->nlist = l.n;
+  d->cap = l.cap;
+  d->list_at = sbx_now_ms();
+  d->list_started = started;
+  /* deletions the bucket had done before this listing began are in it */
+  size_t dl = strlen(d->path);
+  for (size_t h = 0; h < HASH_SIZE; h++)
+    for (gone **pp = &B.gone[h]; *pp;) {
+      gone *g = *pp;
+      const char *rest = dl ? (strncmp(g->path, d->path, dl) || g->path[dl] != '/' ? NULL : g->path + dl + 1) : g->path;
+      if (g->done_ms && g->done_ms < started && rest && !strchr(rest, '/')) {
+        *pp = g->next;
+        free(g->path);
+        free(g);
+      } else {
+        pp = &g->next;
+      }
+    }
+  return 0;
+}
+
+/* Ours and in the bucket, but maybe not in a listing that began before
+ * it went up (lock held). */
+static bool newer_than_listing(const bnode *n, const bnode *d) {
+  return !n->unlinked && (n->dirty || n->queued || !n->remote || n->uploaded_ms >= d->list_started);
+}
+
+/* Reads an object's metadata into a node (lock held, dropped meanwhile). */
+static int head_into(bnode *n, bool dir) {
+  char key[PBUF + 2];
+  if (dir) dir_key_of(n->path, key, sizeof key);
+  else key_of(n->path, key, sizeof key);
+  s3_stat st;
+  s3_err e = {0};
+  n->busy++;
+  pthread_mutex_unlock(&B.lock);
+  int r = s3_head(&B.s3, key, &st, &e);
+  char target[PATH_MAX] = "";
+  if (r == 0 && !dir && st.meta.valid && S_ISLNK(st.meta.mode) && st.size < sizeof target) {
+    int fd = -1; /* a symlink's target is its content */
+    char tmpl[] = "/tmp/sbx-link-XXXXXX";
+    fd = mkostemp(tmpl, O_CLOEXEC);
+    if (fd >= 0) {
+      unlink(tmpl);
+      uint64_t got = 0;
+      if (st.size && s3_get(&B.s3, key, 0, st.size, fd, 0, &got, &e) == 0 && got == st.size) {
+        ssize_t k = pread(fd, target, st.size, 0);
+        target[k > 0 ? k : 0] = 0;
+      }
+      close(fd);
+    }
+  }
+  pthread_mutex_lock(&B.lock);
+  n->busy--;
+  if (r < 0) return -e.errnum;
+  if (n->dirty) return 0; /* ours is newer */
+  if (dir) {
+    apply_meta(n, &st.meta);
+    return 0;
+  }
+  if (n->remote_modified_ns && (st.size != n->size || st.modified_ns / 1000000000 != n->remote_modified_ns / 1000000000)) {
+    n->version++; /* changed in the bucket: the cached data is stale */
+    if (n->opens) n->stale = true; /* open files keep reading what they had */
+    else cache_drop(n, true);
+  }
+  n->type = st.meta.valid && S_ISLNK(st.meta.mode) ? T_LINK : T_FILE;
+  n->size = st.size;
+  n->remote_modified_ns = st.modified_ns;
+  n->mtime_ns = st.mtime_ns;
+  apply_meta(n, &st.meta);
+  if (n->type == T_LINK) {
+    free(n->target);
+    n->target = strdup(target);
+    n->size = strlen(target);
+  }
+  n->remote = true;
+  return 0;
+}
+
+/* The node of parent/name (lock held). The parent's listing says whether
+ * the name exists; a file's metadata comes from a HEAD of its object. */
+static int lookup_node(bnode *parent, const char *name, bnode **out) {
+  if (parent->type != T_DIR) return -ENOTDIR;
+  char *path = join(parent->path, name);
+  if (!path) return -errno;
+  bnode *n = node_find(path);
+  int r = 0;
+  if (n && !n->unlinked && (n->dirty || n->queued || !n->remote)) goto found; /* ours: the bucket knows less */
+  r = refresh_listing(parent);
+  if (r < 0) goto out;
+  n = node_find(path); /* may have come meanwhile */
+  if (n && n->unlinked) n = NULL;
+  lentry *e = list_find(parent, name);
+  if (n && newer_than_listing(n, parent)) {
+    if (!e) list_add(parent, name, n->type == T_DIR);
+    goto found;
+  }
+  if (!e || (gone_find(path) && !n)) {
+    if (n) { /* deleted in the bucket by someone else */
+      n->unlinked = true;
+      node_unhash(n);
+      node_maybe_free(n);
+    }
+    r = -ENOENT;
+    goto out;
+  }
+  bool fresh = !n;
+  if (!n && !(n = node_new(path, e->dir ? T_DIR : T_FILE))) {
+    r = -ENOMEM;
+    goto out;
+  }
+  if (e->dir && n->type != T_DIR) n->type = T_DIR;
+  n->remote = true;
+  /* a file whose listing entry disagrees with what we know is looked at again */
+  bool stale = !e->dir && (e->size != n->size || (e->modified_ns > 0 && e->modified_ns / 1000000000 !=
+                                                                            n->remote_modified_ns / 1000000000));
+  if (fresh || stale) {
+    r = head_into(n, e->dir);
+    if (r == -ENOENT && e->dir) r = 0; /* a directory without a marker */
+    if (r < 0 && r != -ENOENT && !e->dir && fresh) { /* the bucket is away: what the listing says */
+      n->size = e->size;
+      n->remote_modified_ns = e->modified_ns;
+      if (e->modified_ns > 0) n->mtime_ns = e->modified_ns;
+      r = 0;
+    }
+    if (r < 0) {
+      node_maybe_free(n);
+      goto out;
+    }
+  }
+found:
+  *out = n;
+out:
+  free(path);
+  return r;
+}
+
+static void reply_entry(fuse_req_t req, bnode *n) {
+  struct fuse_entry_param e = {.attr_timeout = ATTR_TIMEOUT, .entry_timeout = ATTR_TIMEOUT};
+  n->nlookup++;
+  e.ino = (uintptr_t)n;
+  fill_attr(n, &e.attr);
+  pthread_mutex_unlock(&B.lock);
+  fuse_reply_entry(req, &e);
+}
+
+static void b_lookup(fuse_req_t req, fuse_ino_t parent, const char *name) {
+  bnode *n;
+  pthread_mutex_lock(&B.lock);
+  int r = lookup_node(node_of(parent), name, &n);
+  if (r == 0) return reply_entry(req, n);
+  pthread_mutex_unlock(&B.lock);
+  if (r == -ENOENT) { /* not there: remembered for a moment */
+    struct fuse_entry_param e = {.entry_timeout = ATTR_TIMEOUT};
+    return (void)fuse_reply_entry(req, &e);
+  }
+  fuse_reply_err(req, -r);
+}
+
+static void forget_one(fuse_ino_t ino, uint64_t nl) {
+  bnode *n = node_of(ino);
+  n->nlookup = n->nlookup > nl ? n->nlookup - nl : 0;
+  node_maybe_free(n);
+}
+
+static void b_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nl) {
+  pthread_mutex_lock(&B.lock);
+  forget_one(ino, nl);
+  pthread_mutex_unlock(&B.lock);
+  fuse_reply_none(req);
+}
+
+static void b_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_data *f) {
+  pthread_mutex_lock(&B.lock);
+  for (size_t i = 0; i < count; i++) forget_one(f[i].ino, f[i].nlookup);
+  pthread_mutex_unlock(&B.lock);
+  fuse_reply_none(req);
+}
+
+static void b_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
+  (void)fi;
+  struct stat st;
+  pthread_mutex_lock(&B.lock);
+  fill_attr(node_of(ino), &st);
+  pthread_mutex_unlock(&B.lock);
+  fuse_reply_attr(req, &st, ATTR_TIMEOUT);
+}
+
+/* New metadata for a node: a clean object the bucket has is copied onto
+ * itself with the metadata replaced (its data is not sent again); anything
+ * else goes up whole, later (lock held). */
+static void meta_changed(bnode *n) {
+  if (n == &B.root) return;
+  if (n->dirty || n->type != T_FILE || !n->remote) {
+    mark_dirty(n);
+    journal_node(n);
+    if (!n->opens) enqueue(n->path, OP_PUT, 0);
+    return;
+  }
+  char key[PBUF];
+  key_of(n->path, key, sizeof key);
+  s3_meta m = meta_of(n);
+  s3_err e = {0};
+  n->busy++;
+  pthread_mutex_unlock(&B.lock);
+  int r = s3_copy(&B.s3, key, key, &m, &e);
+  pthread_mutex_lock(&B.lock);
+  n->busy--;
+  if (r < 0 && ensure_full(n) == 0) { /* the bucket is away: the whole object goes up later */
+    mark_dirty(n);
+    if (!n->opens) enqueue(n->path, OP_PUT, 0);
+  }
+}
+
+static void b_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *a, int valid, struct fuse_file_info *fi) {
+  (void)fi;
+  bnode *n = node_of(ino);
+  if (B.read_only) return (void)fuse_reply_err(req, EROFS);
+  pthread_mutex_lock(&B.lock);
+  int r = 0;
+  bool meta = false;
+  if (n == &B.root && (valid & (FUSE_SET_ATTR_MODE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID))) r = -EPERM;
+  if (!r && (valid & FUSE_SET_ATTR_SIZE) && n->type != T_FILE) r = n->type == T_DIR ? -EISDIR : -EINVAL;
+  if (!r && (valid & FUSE_SET_ATTR_UID)) {
+    if (a->st_uid < B.uid_base || a->st_uid - B.uid_base > 65535) r = -EPERM;
+    else if (n->uid != a->st_uid - B.uid_base) n->uid = a->st_uid - B.uid_base, meta = true;
+  }
+  if (!r && (valid & FUSE_SET_ATTR_GID)) {
+    if (a->st_gid < B.uid_base || a->st_gid - B.uid_base > 65535) r = -EPERM;
+    else if (n->gid != a->st_gid - B.uid_base) n->gid = a->st_gid - B.uid_base, meta = true;
+  }
+  if (!r && (valid & FUSE_SET_ATTR_MODE)) n->mode = a->st_mode & 07777, meta = true;
+  if (!r && (valid & (FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_MTIME_NOW))) {
+    n->mtime_ns = valid & FUSE_SET_ATTR_MTIME_NOW ? now_ns()
+                                                   : (int64_t)a->st_mtim.tv_sec * 1000000000 + a->st_mtim.tv_nsec;
+    meta = true;
+  }
+  if (!r && (valid & FUSE_SET_ATTR_SIZE)) {
+    uint64_t to = (uint64_t)a->st_size;
+    r = to ? ensure_full(n) : truncate_to_empty(n); /* what stays is kept */
+    if (!r && ftruncate(n->cfd, a->st_size) < 0) r = -errno;
+    if (!r) {
+      if (to > n->size) account(n, to - n->size);
+      else if (n->cached >= n->size - to) n->cached -= n->size - to, B.cache_used -= n->size - to;
+      n->size = to;
+      n->mtime_ns = now_ns();
+      mark_dirty(n);
+      journal_node(n);
+      if (!n->opens) enqueue(n->path, OP_PUT, 0);
+      meta = false;
+    }
+  }
+  if (!r && meta) meta_changed(n);
+  struct stat st;
+  fill_attr(n, &st);
+  pthread_mutex_unlock(&B.lock);
+  if (r < 0) fuse_reply_err(req, -r);
+  else fuse_reply_attr(req, &st, ATTR_TIMEOUT);
+}
+
+/* ---- files ------------------------------------------------------------------ */
+
+/* A new node at parent/name, replacing a removed one (lock held). */
+static int make_node(bnode *p, const char *name, ntype type, mode_t mode, const struct fuse_ctx *ctx, bnode **out) {
+  char *path = join(p->path, name);
+  if (!path) return -errno;
+  bnode *n = node_find(path);
+  if (n && !n->unlinked) {
+    free(path);
+    return -EEXIST;
+  }
+  if (n) node_unhash(n);
+  gone *g = gone_find(path);
+  if (g && g->dir == (type == T_DIR)) { /* the new one replaces the old object: no deletion */
+    char jp[PBUF];
+    journal_path(path, true, jp, sizeof jp);
+    unlink(jp);
+    gone_drop(path);
+  }
+  n = node_new(path, type);
+  free(path);
+  if (!n) return -ENOMEM;
+  n->mode = mode & 07777;
+  n->uid = ctx->uid >= B.uid_base ? ctx->uid - B.uid_base : 0;
+  n->gid = ctx->gid >= B.uid_base ? ctx->gid - B.uid_base : 0;
+  if (p->mode & S_ISGID) n->gid = p->gid;
+  list_add(p, name, type == T_DIR);
+  *out = n;
+  return 0;
+}
+
+static void b_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, struct fuse_file_info *fi) {
+  if (B.read_only) return (void)fuse_reply_err(req, EROFS);
+  bnode *p = node_of(parent), *n;
+  pthread_mutex_lock(&B.lock);
+  int r = make_node(p, name, T_FILE, mode, fuse_req_ctx(req), &n);
+  if (r == 0) {
+    r = cache_open(n);
+    if (r == 0 && ftruncate(n->cfd, 0) < 0) r = -errno;
+    if (r < 0) {
+      n->unlinked = true;
+      node_unhash(n);
+      list_remove(p, name);
+      node_maybe_free(n);
+    }
+  }
+  if (r < 0) {
+    pthread_mutex_unlock(&B.lock);
+    return (void)fuse_reply_err(req, -r);
+  }
+  mark_dirty(n);
+  n->opens++;
+  n->nlookup++;
+  struct fuse_entry_param e = {.ino = (uintptr_t)n, .attr_timeout = ATTR_TIMEOUT, .entry_timeout = ATTR_TIMEOUT};
+  fill_attr(n, &e.attr);
+  n->open_version = n->version;
+  pthread_mutex_unlock(&B.lock);
+  fi->fh = (uintptr_t)n;
+  fi->keep_cache = 1;
+  fi->noflush = 1;
+  fuse_reply_create(req, &e, fi);
+}
+
+static void b_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
+  bnode *n = node_of(ino);
+  if (n->type == T_DIR) return (void)fuse_reply_err(req, EISDIR);
+  bool writing = (fi->flags & O_ACCMODE) != O_RDONLY;
+  if (writing && B.read_only) return (void)fuse_reply_err(req, EROFS);
+  pthread_mutex_lock(&B.lock);
+  int r = 0;
+  if (n->stale && !n->opens) cache_drop(n, true), n->stale = false;
+  if (writing && (fi->flags & O_TRUNC)) {
+    r = truncate_to_empty(n);
+  } else if (writing) {
+    r = ensure_full(n); /* what is written goes up whole */
+  } else {
+    r = cache_open(n);
+  }
+  if (!r) n->opens++;
+  n->lru = ++B.tick;
+  /* the kernel keeps its cached pages unless the object changed */
+  fi->keep_cache = n->open_version == n->version;
+  n->open_version = n->version;
+  pthread_mutex_unlock(&B.lock);
+  if (r < 0) return (void)fuse_reply_err(req, -r);
+  fi->fh = (uintptr_t)n;
+  fi->noflush = 1;
+  fuse_reply_open(req, fi);
+}
+
+
+/* A FUSE worker's read buffer, freed when the worker ends. */
+static pthread_key_t read_key;
+static pthread_once_t read_once = PTHREAD_ONCE_INIT;
+static void read_key_make(void) { pthread_key_create(&read_key, free); }
+
+static char *read_buf(size_t size) {
+  pthread_once(&read_once, read_key_make);
+  size_t *b = pthread_getspecific(read_key);
+  if (b && b[0] >= size) return (char *)(b + 1);
+  free(b);
+  b = malloc(sizeof *b + size);
+  pthread_setspecific(read_key, b);
+  if (!b) return NULL;
+  b[0] = size;
+  return (char *)(b + 1);
+}
+static void b_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi) {
+  (void)fi;
+  bnode *n = node_of(ino);
+  pthread_mutex_lock(&B.lock);
+  bool seq = n->seq_off == (uint64_t)off;
+  n->seq_off = (uint64_t)off + size;
+  int r = n->full ? 0 : ensure_range(n, (uint64_t)off, size, seq);
+  int fd = n->cfd;
+  uint64_t fsize = n->size;
+  n->lru = ++B.tick;
+  pthread_mutex_unlock(&B.lock);
+  if (r < 0) return (void)fuse_reply_err(req, -r);
+  if ((uint64_t)off >= fsize) return (void)fuse_reply_buf(req, NULL, 0);
+  if ((uint64_t)off + size > fsize) size = (size_t)(fsize - (uint64_t)off);
+  char *buf = read_buf(size);
+  if (!buf) return (void)fuse_reply_err(req, ENOMEM);
+  ssize_t k = pread(fd, buf, size, off);
+  if (k < 0) fuse_reply_err(req, errno);
+  else fuse_reply_buf(req, buf, (size_t)k);
+}
+
+static void b_write(fuse_req_t req, fuse_ino_t ino, const char *data, size_t size, off_t off, struct fuse_file_info *fi) {
+  (void)fi;
+  bnode *n = node_of(ino);
+  pthread_mutex_lock(&B.lock);
+  int fd = n->cfd;
+  uint64_t end = (uint64_t)off + size, grow = end > n->size ? end - n->size : 0;
+  if (grow) evict(grow);
+  bool full = grow && B.cache_used + grow > B.cache_max;
+  pthread_mutex_unlock(&B.lock);
+  if (full) return (void)fuse_reply_err(req, ENOSPC); /* the cache holds only changes not uploaded yet */
+  ssize_t k = pwrite(fd, data, size, off); /* into the cache file: journaled, uploaded on close */
+  if (k < 0) return (void)fuse_reply_err(req, errno);
+  pthread_mutex_lock(&B.lock);
+  end = (uint64_t)off + (uint64_t)k;
+  if (end > n->size) {
+    account(n, end - n->size);
+    n->size = end;
+  }
+  n->mtime_ns = now_ns();
+  mark_dirty(n);
+  pthread_mutex_unlock(&B.lock);
+  fuse_reply_write(req, (size_t)k);
+}
+
+static void b_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
+  (void)fi;
+  bnode *n = node_of(ino);
+  pthread_mutex_lock(&B.lock);
+  n->opens--;
+  if (n->dirty && !n->unlinked) {
+    journal_node(n);
+    if (!n->opens) enqueue(n->path, OP_PUT, 0); /* uploaded on close, in the background */
+  }
+  node_maybe_free(n);
+  pthread_mutex_unlock(&B.lock);
+  fuse_reply_err(req, 0);
+}
+
+static void b_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi) {
+  (void)datasync;
+  (void)fi;
+  bnode *n = node_of(ino);
+  pthread_mutex_lock(&B.lock);
+  int r = n->unlinked ? 0 : wait_uploaded(n);
+  pthread_mutex_unlock(&B.lock);
+  fuse_reply_err(req, -r); /* 0 only once the object is in the bucket */
+}
+
+static void b_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len, struct fuse_file_info *fi) {
+  (void)fi;
+  bnode *n = node_of(ino);
+  if (B.read_only) return (void)fuse_reply_err(req, EROFS);
+  pthread_mutex_lock(&B.lock);
+  int fd = n->cfd;
+  uint64_t end = (uint64_t)off + (uint64_t)len;
+  bool grow = !(mode & FALLOC_FL_KEEP_SIZE) && end > n->size;
+  if (grow) evict(end - n->size);
+  bool nospace = grow && B.cache_used + (end - n->size) > B.cache_max;
+  pthread_mutex_unlock(&B.lock);
+  if (nospace) return (void)fuse_reply_err(req, ENOSPC);
+  if (fallocate(fd, mode, off, len) < 0) return (void)fuse_reply_err(req, errno);
+  pthread_mutex_lock(&B.lock);
+  struct stat st;
+  if (fstat(fd, &st) == 0 && (uint64_t)st.st_size != n->size) { /* grown, or a range collapsed */
+    if ((uint64_t)st.st_size > n->size) account(n, (uint64_t)st.st_size - n->size);
+    n->size = (uint64_t)st.st_size;
+  }
+  mark_dirty(n);
+  pthread_mutex_unlock(&B.lock);
+  fuse_reply_err(req, 0);
+}
+
+/* ---- symlinks: objects whose content is the target ---------------------------- */
+
+static void b_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, const char *name) {
+  if (B.read_only) return (void)fuse_reply_err(req, EROFS);
+  if (strlen(link) >= PATH_MAX) return (void)fuse_reply_err(req, ENAMETOOLONG);
+  bnode *n;
+  pthread_mutex_lock(&B.lock);
+  int r = make_node(node_of(parent), name, T_LINK, 0777, fuse_req_ctx(req), &n);
+  if (r < 0) {
+    pthread_mutex_unlock(&B.lock);
+    return (void)fuse_reply_err(req, -r);
+  }
+  n->target = strdup(link);
+  n->size = strlen(link);
+  mark_dirty(n);
+  enqueue(n->path, OP_PUT, 0);
+  reply_entry(req, n);
+}
+
+static void b_readlink(fuse_req_t req, fuse_ino_t ino) {
+  bnode *n = node_of(ino);
+  pthread_mutex_lock(&B.lock);
+  char *t = n->type == T_LINK && n->target ? strdup(n->target) : NULL;
+  pthread_mutex_unlock(&B.lock);
+  if (!t) return (void)fuse_reply_err(req, EINVAL);
+  fuse_reply_readlink(req, t);
+  free(t);
+}
+
+static void b_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t parent, const char *name) {
+  (void)ino, (void)parent, (void)name;
+  fuse_reply_err(req, EPERM); /* an object store has no hard links */
+}
+
+/* ---- directories -------------------------------------------------------------- */
+
+static void b_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode) {
+  if (B.read_only) return (void)fuse_reply_err(req, EROFS);
+  bnode *p = node_of(parent), *n;
+  pthread_mutex_lock(&B.lock);
+  int r = lookup_node(p, name, &n);
+  if (r == 0 || r != -ENOENT) {
+    pthread_mutex_unlock(&B.lock);
+    return (void)fuse_reply_err(req, r == 0 ? EEXIST : -r);
+  }
+  r = make_node(p, name, T_DIR, mode, fuse_req_ctx(req), &n);
+  if (r < 0) {
+    pthread_mutex_unlock(&B.lock);
+    return (void)fuse_reply_err(req, -r);
+  }
+  n->list_at = sbx_now_ms(); /* new: nothing in it, as far as anyone knows */
+  mark_dirty(n);             /* its marker keeps it while it is empty */
+  enqueue(n->path, OP_PUT, 0);
+  reply_entry(req, n);
+}
+
+/* Whether a directory holds anything: the bucket's entries not deleted,
+ * or our own not uploaded yet or uploaded after the listing began (lock
+ * held). */
+static int dir_empty(bnode *d) {
+  d->list_at = 0; /* ask the bucket now */
+  int r = refresh_listing(d);
+  if (r < 0) return r;
+  for (size_t i = 0; i < d->nlist; i++) {
+    char *path = join(d->path, d->list[i].name);
+    if (!path) return 0;
+    bnode *c = node_find(path);
+    bool there = c ? !c->unlinked : !gone_find(path);
+    free(path);
+    if (there) return 0;
+  }
+  size_t l = strlen(d->path);
+  for (size_t h = 0; h < HASH_SIZE; h++)
+    for (bnode *n = B.hash[h]; n; n = n->hnext)
+      if (!strncmp(n->path, d->path, l) && n->path[l] == '/' && newer_than_listing(n, d)) return 0;
+  return 1;
+}
+
+static void remove_node(bnode *p, bnode *n) {
+  n->unlinked = true;
+  bool was_remote = n->remote;
+  if (n->dirty) journal_unnode(n->path);
+  n->dirty = false;
+  char cp[PBUF];
+  cache_path(n->path, cp, sizeof cp);
+  unlink(cp); /* open handles keep reading and writing their fd */
+  if (n->opens == 0) cache_drop(n, false);
+  n->uploaded_ms = 0;
+  list_remove(p, base_of(n->path));
+  if (was_remote || n->queued) tombstone(n->path, n->type == T_DIR);
+  node_unhash(n);
+  pthread_cond_broadcast(&B.done);
+}
+
+static void b_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name) {
+  if (B.read_only) return (void)fuse_reply_err(req, EROFS);
+  bnode *p = node_of(parent), *n;
+  pthread_mutex_lock(&B.lock);
+  int r = lookup_node(p, name, &n);
+  if (r == 0 && n->type != T_DIR) r = -ENOTDIR;
+  if (r == 0) {
+    n->busy++;
+    r = dir_empty(n);
+    n->busy--;
+    r = r < 0 ? r : r == 0 ? -ENOTEMPTY : 0;
+  }
+  if (r == 0) {
+    remove_node(p, n);
+    list_free(n);
+    node_maybe_free(n);
+  }
+  pthread_mutex_unlock(&B.lock);
+  fuse_reply_err(req, -r);
+}
+
+static void b_unlink(fuse_req_t req, fuse_ino_t parent, const char *name) {
+  if (B.read_only) return (void)fuse_reply_err(req, EROFS);
+  bnode *p = node_of(parent), *n;
+  pthread_mutex_lock(&B.lock);
+  int r = lookup_node(p, name, &n);
+  if (r == 0 && n->type == T_DIR) r = -EISDIR;
+  if (r == 0) {
+    remove_node(p, n);
+    node_maybe_free(n);
+  }
+  pthread_mutex_unlock(&B.lock);
+  fuse_reply_err(req, -r);
+}
+
+typedef struct dirh {
+  lentry *e;
+  size_t n;
+} dirh;
+
+static void dirh_add(dirh *h, size_t *cap, const char *name, bool dir) {
+  for (size_t i = 0; i < h->n; i++)
+    if (!strcmp(h->e[i].name, name)) return;
+  if (h->n == *cap) {
+    size_t nc = *cap ? *cap * 2 : 64;
+    lentry *ne = realloc(h->e, nc * sizeof *ne);
+    if (!ne) return;
+    h->e = ne;
+    *cap = nc;
+  }
+  h->e[h->n++] = (lentry){.name = strdup(name), .dir = dir};
+}
+
+static void b_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
+  bnode *d = node_of(ino);
+  pthread_mutex_lock(&B.lock);
+  int r = refresh_listing(d);
+  dirh *h = r == 0 ? calloc(1, sizeof *h) : NULL;
+  if (!h) {
+    pthread_mutex_unlock(&B.lock);
+    return (void)fuse_reply_err(req, r ? -r : ENOMEM);
+  }
+  /* the bucket's entries less what was removed and not yet deleted there,
+   * then what only we have so far */
+  size_t cap = 0, l = strlen(d->path);
+  for (size_t i = 0; i < d->nlist; i++) {
+    char *path = join(d->path, d->list[i].name);
+    bnode *n = path ? node_find(path) : NULL;
+    bool hidden = path && ((gone_find(path) && !n) || (n && n->unlinked));
+    free(path);
+    if (!hidden) dirh_add(h, &cap, d->list[i].name, d->list[i].dir);
+  }
+  for (size_t b = 0; b < HASH_SIZE; b++)
+    for (bnode *n = B.hash[b]; n; n = n->hnext) {
+      if (!newer_than_listing(n, d)) continue;
+      const char *rest = l ? (strncmp(n->path, d->path, l) || n->path[l] != '/' ? NULL : n->path + l + 1) : n->path;
+      if (rest && !strchr(rest, '/')) dirh_add(h, &cap, rest, n->type == T_DIR);
+    }
+  pthread_mutex_unlock(&B.lock);
+  fi->fh = (uintptr_t)h;
+  fuse_reply_open(req, fi);
+}
+
+static void b_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi) {
+  (void)ino;
+  dirh *h = (dirh *)(uintptr_t)fi->fh;
+  char *buf = calloc(1, size), *p = buf;
+  if (!buf) return (void)fuse_reply_err(req, ENOMEM);
+  size_t rem = size;
+  for (size_t i = (size_t)off; i < h->n + 2; i++) {
+    struct stat st = {.st_ino = (ino_t)(i + 2)};
+    const char *name = i == 0 ? "." : i == 1 ? ".." : h->e[i - 2].name;
+    st.st_mode = i < 2 || h->e[i - 2].dir ? S_IFDIR : S_IFREG;
+    size_t e = fuse_add_direntry(req, p, rem, name, &st, (off_t)(i + 1));
+    if (e > rem) break;
+    p += e, rem -= e;
+  }
+  fuse_reply_buf(req, buf, size - rem);
+  free(buf);
+}
+
+static void b_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
+  (void)ino;
+  dirh *h = (dirh *)(uintptr_t)fi->fh;
+  for (size_t i = 0; i < h->n; i++) free(h->e[i].name);
+  free(h->e);
+  free(h);
+  fuse_reply_err(req, 0);
+}
+
+/* ---- rename: copy, then delete (not atomic) --------------------------------- */
+
+typedef struct keys {
+  char **k;
+  size_t n, cap;
+} keys;
+
+static void keys_cb(void *ud, const char *name, bool dir, uint64_t size, int64_t mtime) {
+  (void)dir, (void)size, (void)mtime;
+  keys *k = ud;
+  if (k->n == k->cap) {
+    k->cap = k->cap ? 2 * k->cap : 64;
+    char **nk = realloc(k->k, k->cap * sizeof *nk);
+    if (!nk) return;
+    k->k = nk;
+  }
+  k->k[k->n++] = strdup(name);
+}
+
+/* Moves one node's state to a new path (lock held). */
+static void move_node(bnode *n, const char *to) {
+  char from_cache[PBUF], to_cache[PBUF];
+  cache_path(n->path, from_cache, sizeof from_cache);
+  cache_path(to, to_cache, sizeof to_cache);
+  rename(from_cache, to_cache);
+  if (n->dirty) journal_unnode(n->path);
+  node_unhash(n);
+  char *np = strdup(to);
+  if (np) free(n->path), n->path = np;
+  node_hash(n);
+  if (n->dirty) journal_node(n);
+}
+
+/* Whatever was at `to` is replaced (lock held). */
+static void replace_target(const char *to) {
+  bnode *old = node_find(to);
+  if (!old) return;
+  old->unlinked = true;
+  if (old->dirty) journal_unnode(old->path);
+  old->dirty = false;
+  node_unhash(old);
+  pthread_cond_broadcast(&B.done);
+  node_maybe_free(old);
+}
+
+static int rename_file(bnode *p, bnode *np, bnode *n, const char *to) {
+  char from[PBUF];
+  snprintf(from, sizeof from, "%s", n->path);
+  if (n->dirty || n->queued || !n->remote || n->type == T_LINK) {
+    /* not in the bucket as it is: it goes up under the new name */
+    bool was_remote = n->remote;
+    replace_target(to);
+    move_node(n, to);
+    n->remote = false;
+    mark_dirty(n);
+    journal_node(n);
+    if (!n->opens) enqueue(to, OP_PUT, 0);
+    if (was_remote) tombstone(from, false);
+  } else {
+    char kf[PBUF], kt[PBUF];
+    key_of(from, kf, sizeof kf);
+    key_of(to, kt, sizeof kt);
+    s3_err e = {0};
+    n->busy++;
+    pthread_mutex_unlock(&B.lock);
+    int r = s3_copy(&B.s3, kf, kt, NULL, &e);
+    if (r == 0) r = s3_delete(&B.s3, kf, &e);
+    pthread_mutex_lock(&B.lock);
+    n->busy--;
+    if (r < 0) return -e.errnum;
+    replace_target(to);
+    move_node(n, to);
+    n->uploaded_ms = sbx_now_ms();
+    gone *g = gone_add(from, false); /* deleted there already: a listing begun before says otherwise */
+    if (g) g->done_ms = sbx_now_ms();
+  }
+  list_remove(p, base_of(from));
+  list_add(np, base_of(to), false);
+  return 0;
+}
+
+static int rename_dir(bnode *p, bnode *np, bnode *n, const char *to) {
+  char kf[PBUF], kt[PBUF], oldp[PBUF];
+  snprintf(oldp, sizeof oldp, "%s", n->path);
+  dir_key_of(oldp, kf, sizeof kf);
+  dir_key_of(to, kt, sizeof kt);
+  keys k = {0};
+  s3_err e = {0};
+  n->busy++;
+  pthread_mutex_unlock(&B.lock);
+  int r = s3_list(&B.s3, kf, NULL, MAX_LIST, keys_cb, &k, &e) < 0 ? -e.errnum : 0;
+  pthread_mutex_lock(&B.lock);
+  for (size_t i = 0; i < k.n && r == 0; i++) { /* every key below: copied, then deleted */
+    char a[2 * PBUF], b[2 * PBUF], rel[2 * PBUF];
+    snprintf(a, sizeof a, "%s%s", kf, k.k[i]);
+    snprintf(b, sizeof b, "%s%s", kt, k.k[i]);
+    snprintf(rel, sizeof rel, "%s/%s", oldp, k.k[i]);
+    size_t rl = strlen(rel);
+    if (rl && rel[rl - 1] == '/') rel[rl - 1] = 0;
+    if (gone_find(rel)) continue; /* deleted here, not yet there: not carried along */
+    pthread_mutex_unlock(&B.lock);
+    if (s3_copy(&B.s3, a, b, NULL, &e) < 0 || s3_delete(&B.s3, a, &e) < 0) r = -e.errnum;
+    pthread_mutex_lock(&B.lock);
+  }
+  n->busy--;
+  for (size_t i = 0; i < k.n; i++) free(k.k[i]);
+  free(k.k);
+  if (r < 0) return r;
+  size_t l = strlen(oldp);
+  for (size_t h = 0; h < HASH_SIZE; h++)
+    for (bnode *c = B.hash[h], *next; c; c = next) {
+      next = c->hnext;
+      if (c == n || strncmp(c->path, oldp, l) || c->path[l] != '/') continue;
+      char *cp = sbx_strdup_printf("%s%s", to, c->path + l);
+      if (!cp) continue;
+      move_node(c, cp);
+      list_free(c);
+      if (c->dirty) enqueue(cp, OP_PUT, 0);
+      free(cp);
+    }
+  replace_target(to);
+  move_node(n, to);
+  list_free(n);
+  mark_dirty(n); /* the new name's marker */
+  enqueue(to, OP_PUT, 0);
+  list_remove(p, base_of(oldp));
+  list_add(np, base_of(to), true);
+  return 0;
+}
+
+static void b_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent, const char *newname,
+                     unsigned int flags) {
+  if (B.read_only) return (void)fuse_reply_err(req, EROFS);
+  if (flags & RENAME_EXCHANGE) return (void)fuse_reply_err(req, EINVAL); /* objects cannot swap atomically */
+  bnode *p = node_of(parent), *np = node_of(newparent), *n = NULL, *t;
+  pthread_mutex_lock(&B.lock);
+  char *to = NULL;
+  int r = lookup_node(p, name, &n);
+  bnode *held = r == 0 ? n : NULL;
+  if (held) held->busy++;
+  int rt = r == 0 ? lookup_node(np, newname, &t) : -ENOENT;
+  if (r == 0 && rt == 0 && t == n) goto out; /* the same file: nothing to do */
+  if (r == 0 && rt == 0) {
+    if (flags & RENAME_NOREPLACE) r = -EEXIST;
+    else if (t->type == T_DIR && n->type != T_DIR) r = -EISDIR;
+    else if (t->type != T_DIR && n->type == T_DIR) r = -ENOTDIR;
+    else if (t->type == T_DIR) {
+      t->busy++;
+      int empty = dir_empty(t);
+      t->busy--;
+      if (empty <= 0) r = empty < 0 ? empty : -ENOTEMPTY;
+      else remove_node(np, t);
+    }
+  } else if (r == 0 && rt != -ENOENT) {
+    r = rt;
+  }
+  if (r == 0 && !(to = join(np->path, newname))) r = -errno;
+  if (r == 0 && n->type == T_DIR) {
+    size_t l = strlen(n->path);
+    if (!strncmp(to, n->path, l) && to[l] == '/') r = -EINVAL; /* into itself */
+  }
+  if (r == 0) r = n->type == T_DIR ? rename_dir(p, np, n, to) : rename_file(p, np, n, to);
+out:
+  if (held) {
+    held->busy--;
+    node_maybe_free(held);
+  }
+  free(to);
+  pthread_mutex_unlock(&B.lock);
+  fuse_reply_err(req, -r);
+}
+
+static void b_statfs(fuse_req_t req, fuse_ino_t ino) {
+  (void)ino;
+  pthread_mutex_lock(&B.lock);
+  uint64_t total = B.cache_max / 4096, used = B.cache_used / 4096;
+  pthread_mutex_unlock(&B.lock);
+  /* what may be written before uploads must catch up: the cache */
+  struct statvfs sv = {.f_bsize = 4096, .f_frsize = 4096, .f_blocks = total, .f_bfree = total - (used < total ? used : total),
+                       .f_files = 1ull << 32, .f_ffree = 1ull << 32, .f_namemax = 255};
+  sv.f_bavail = sv.f_bfree;
+  fuse_reply_statfs(req, &sv);
+}
+
+static void b_init(void *ud, struct fuse_conn_info *conn) {
+  (void)ud;
+  conn->want &= ~(FUSE_CAP_SPLICE_READ | FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE | FUSE_CAP_WRITEBACK_CACHE);
+  conn->max_write = 1024 * 1024;
+  conn->max_readahead = 1024 * 1024;
+}
+
+static const struct fuse_lowlevel_ops ops = {
+    .init = b_init,
+    .lookup = b_lookup,
+    .forget = b_forget,
+    .forget_multi = b_forget_multi,
+    .getattr = b_getattr,
+    .setattr = b_setattr,
+    .readlink = b_readlink,
+    .symlink = b_symlink,
+    .link = b_link,
+    .create = b_create,
+    .open = b_open,
+    .read = b_read,
+    .write = b_write,
+    .release = b_release,
+    .fsync = b_fsync,
+    .fallocate = b_fallocate,
+    .mkdir = b_mkdir,
+    .rmdir = b_rmdir,
+    .unlink = b_unlink,
+    .opendir = b_opendir,
+    .readdir = b_readdir,
+    .releasedir = b_releasedir,
+    .rename = b_rename,
+    .statfs = b_statfs,
+};
+
+/* ---- start ------------------------------------------------------------------ */
+
+/* What an earlier run left journaled goes up first; cached data it did
+ * not journal was clean, and goes (lock held). */
+static void recover(void) {
+  char dir[PBUF];
+  snprintf(dir, sizeof dir, "%s/journal", B.cache);
+  DIR *d = opendir(dir);
+  for (struct dirent *e; d && (e = readdir(d));) {
+    size_t l = strlen(e->d_name);
+    if (l < 6 || strcmp(e->d_name + l - 5, ".json")) continue;
+    char p[PBUF + 300];
+    snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+    json_t *j = json_load_file(p, 0, NULL);
+    const char *path = json_string_value(json_object_get(j, "path"));
+    if (!path || !*path || strlen(path) >= MAX_KEY) {
+      unlink(p);
+    } else if (e->d_name[0] == 't') {
+      tombstone(path, json_is_true(json_object_get(j, "dir")));
+    } else {
+      const char *type = json_string_value(json_object_get(j, "type"));
+      ntype t = type && !strcmp(type, "dir") ? T_DIR : type && !strcmp(type, "link") ? T_LINK : T_FILE;
+      bnode *n = node_find(path) ? node_find(path) : node_new(path, t);
+      char cp[PBUF];
+      cache_path(path, cp, sizeof cp);
+      struct stat st;
+      bool ok = n && (t != T_FILE || stat(cp, &st) == 0);
+      if (ok) {
+        n->type = t;
+        n->size = t == T_FILE ? (uint64_t)st.st_size : 0; /* the cache file is the truth */
+        n->mode = (mode_t)json_integer_value(json_object_get(j, "mode")) & 07777;
+        n->mtime_ns = json_integer_value(json_object_get(j, "mtime"));
+        n->uid = (uid_t)json_integer_value(json_object_get(j, "uid"));
+        n->gid = (gid_t)json_integer_value(json_object_get(j, "gid"));
+        const char *target = json_string_value(json_object_get(j, "target"));
+        if (t == T_LINK) n->target = strdup(target ? target : ""), n->size = strlen(n->target);
+        n->full = true;
+        n->dirty = true;
+        n->gen = 1;
+        if (t == T_FILE) account(n, n->size);
+        enqueue(path, OP_PUT, 0);
+      } else {
+        unlink(p); /* no data for it: nothing was acknowledged */
+        if (n) node_maybe_free(n);
+      }
+    }
+    json_decref(j);
+  }
+  if (d) closedir(d);
+  snprintf(dir, sizeof dir, "%s/data", B.cache);
+  d = opendir(dir);
+  for (struct dirent *e; d && (e = readdir(d));) {
+    if (e->d_name[0] == '.') continue;
+    bool wanted = false;
+    for (size_t h = 0; h < HASH_SIZE && !wanted; h++)
+      for (bnode *n = B.hash[h]; n && !wanted; n = n->hnext) {
+        char cp[PBUF];
+        cache_path(n->path, cp, sizeof cp);
+        wanted = !strcmp(base_of(cp), e->d_name);
+      }
+    if (!wanted) unlinkat(dirfd(d), e->d_name, 0);
+  }
+  if (d) closedir(d);
+}
+
+static int load_config(char *err, size_t errlen) {
+  json_error_t je;
+  json_t *c = json_loadf(stdin, JSON_DISABLE_EOF_CHECK, &je);
+  if (!c) {
+    snprintf(err, errlen, "configuration: %s", je.text);
+    return -1;
+  }
+  const char *ep = json_string_value(json_object_get(c, "endpoint")),
+             *bucket = json_string_value(json_object_get(c, "bucket")),
+             *cache = json_string_value(json_object_get(c, "cacheDir"));
+  if (!ep || !bucket || !cache || strlen(cache) >= sizeof B.cache - 100) {
+    json_decref(c);
+    snprintf(err, errlen, "configuration: endpoint, bucket and cacheDir are required");
+    return -1;
+  }
+  snprintf(B.s3.endpoint, sizeof B.s3.endpoint, "%s", ep);
+  size_t el = strlen(B.s3.endpoint);
+  while (el && B.s3.endpoint[el - 1] == '/') B.s3.endpoint[--el] = 0;
+  snprintf(B.s3.bucket, sizeof B.s3.bucket, "%s", bucket);
+  const char *region = json_string_value(json_object_get(c, "region"));
+  snprintf(B.s3.region, sizeof B.s3.region, "%s", region ? region : "us-east-1");
+  const char *ak = json_string_value(json_object_get(c, "accessKeyId")),
+             *sk = json_string_value(json_object_get(c, "secretAccessKey"));
+  snprintf(B.s3.access_key, sizeof B.s3.access_key, "%s", ak ? ak : "");
+  snprintf(B.s3.secret_key, sizeof B.s3.secret_key, "%s", sk ? sk : "");
+  B.s3.path_style = !json_is_false(json_object_get(c, "pathStyle"));
+  B.s3.public_only = json_is_true(json_object_get(c, "publicOnly"));
+  const char *prefix = json_string_value(json_object_get(c, "prefix"));
+  if (prefix && *prefix) {
+    while (*prefix == '/') prefix++;
+    if (strlen(prefix) > 512) {
+      json_decref(c);
+      snprintf(err, errlen, "configuration: prefix is longer than 512 bytes");
+      return -1;
+    }
+    snprintf(B.prefix, sizeof B.prefix, "%s%s", prefix, *prefix && prefix[strlen(prefix) - 1] != '/' ? "/" : "");
+  }
+  snprintf(B.cache, sizeof B.cache, "%s", cache);
+  B.read_only = json_is_true(json_object_get(c, "readOnly"));
+  B.uid_base = (uid_t)json_integer_value(json_object_get(c, "uidBase"));
+  json_int_t mb = json_integer_value(json_object_get(c, "cacheMaxMB"));
+  B.cache_max = (uint64_t)(mb > 0 ? mb : 2048) << 20;
+  json_decref(c);
+  char sub[PBUF];
+  snprintf(sub, sizeof sub, "%s/data", B.cache);
+  sbx_mkdir_p(sub, 0700);
+  snprintf(sub, sizeof sub, "%s/journal", B.cache);
+  sbx_mkdir_p(sub, 0700);
+  return 0;
+}
+
+static size_t journal_left(void) {
+  size_t n = 0;
+  char dir[PBUF];
+  snprintf(dir, sizeof dir, "%s/journal", B.cache);
+  DIR *d = opendir(dir);
+  for (struct dirent *e; d && (e = readdir(d));) n += e->d_name[0] != '.';
+  if (d) closedir(d);
+  return n;
+}
+
+static void report(FILE **status, const char *fmt, ...) SBX_PRINTF(2, 3);
+static void report(FILE **status, const char *fmt, ...) {
+  if (!*status) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vfprintf(*status, fmt, ap);
+  va_end(ap);
+  fclose(*status);
+  *status = NULL;
+}
+
+int sbx_bucketfs_main(int argc, char **argv) {
+  bool flush_only = false, check = false;
+  const char *mountpoint = NULL; /* mounted by us (benchmarks, by hand), not handed over on fd 3 */
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--flush")) flush_only = true;
+    else if (!strcmp(argv[i], "--check")) check = true;
+    else if (argv[i][0] != '-' && !mountpoint) mountpoint = argv[i];
+    else {
+      fprintf(stderr, "usage: sbx bucketfs [--check|--flush] [MOUNTPOINT] < config.json\n");
+      return 2;
+    }
+  }
+  signal(SIGPIPE, SIG_IGN);
+  prctl(PR_SET_NAME, "sbx-bucketfs");
+  prctl(PR_SET_DUMPABLE, 0); /* its memory holds credentials */
+  struct rlimit nofile;
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0) nofile.rlim_cur = nofile.rlim_max, setrlimit(RLIMIT_NOFILE, &nofile);
+  s3_global_init();
+  char err[600];
+  FILE *status = fcntl(4, F_GETFD) >= 0 ? fdopen(4, "w") : NULL;
+  if (load_config(err, sizeof err) < 0) {
+    report(&status, "err config: %s\n", err);
+    fprintf(stderr, "sbx bucketfs: %s\n", err);
+    return 1;
+  }
+  /* one server per cache at a time: a mount coming back waits for the
+   * last one to finish its uploads */
+  char lockp[PBUF];
+  snprintf(lockp, sizeof lockp, "%s/lock", B.cache);
+  int lockfd = open(lockp, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (lockfd < 0 || flock(lockfd, flush_only ? LOCK_EX | LOCK_NB : LOCK_EX) < 0) {
+    report(&status, "err cache: %s is in use\n", B.cache);
+    return flush_only ? 0 : 1; /* a flush finds another server on it: that one uploads */
+  }
+  B.root = (bnode){.nlookup = 2, .type = T_DIR, .path = "", .cfd = -1, .mode = 0755, .remote = true};
+  B.root.mtime_ns = now_ns();
+  if (check) { /* a new mount: say whether the bucket answers, in words without secrets */
+    s3_err e = {0};
+    if (s3_check(&B.s3, &e) < 0) {
+      report(&status, "err %s\n", e.msg);
+      return 1;
+    }
+  }
+  pthread_t up[UPLOADERS], fe[FETCHERS];
+  for (int i = 0; i < UPLOADERS; i++) pthread_create(&up[i], NULL, uploader, NULL);
+  for (int i = 0; i < FETCHERS; i++) pthread_create(&fe[i], NULL, fetcher, NULL);
+  pthread_mutex_lock(&B.lock);
+  recover();
+  pthread_mutex_unlock(&B.lock);
+  int rc = 0;
+  if (!flush_only) {
+    sbx_fuse_args fa;
+    sbx_fuse_args_init(&fa, "bucket", mountpoint != NULL, false);
+    struct fuse_args args = fa.args;
+    B.se = fuse_session_new(&args, &ops, sizeof ops, NULL);
+    char merr[600] = "cannot serve the mount";
+    if (!B.se || (mountpoint ? sbx_fuse_mount(B.se, mountpoint, merr, sizeof merr) : fuse_session_mount(B.se, "/dev/fd/3")) != 0) {
+      report(&status, "err FUSE: %s\n", merr);
+      fprintf(stderr, "sbx bucketfs: %s\n", merr);
+      return 1;
+    }
+    report(&status, "ok\n");
+    rc = sbx_fuse_loop(B.se, -1);
+    fuse_session_unmount(B.se);
+    fuse_session_destroy(B.se);
+    fuse_opt_free_args(&args);
+  } else {
+    report(&status, "ok\n");
+  }
+  /* the mount is gone (unmounted, or its sandbox stopped): what is not
+   * uploaded yet still goes; what cannot go now stays journaled */
+  pthread_mutex_lock(&B.lock);
+  B.stopping = true;
+  B.fetch_stop = true;
+  pthread_cond_broadcast(&B.work);
+  pthread_cond_broadcast(&B.fetch_work);
+  pthread_mutex_unlock(&B.lock);
+  for (int i = 0; i < UPLOADERS; i++) pthread_join(up[i], NULL);
+  for (int i = 0; i < FETCHERS; i++) pthread_join(fe[i], NULL);
+  size_t left = journal_left();
+  if (left) fprintf(stderr, "sbx bucketfs %s: %zu changes stay journaled (%s)\n", B.s3.bucket, left, B.last_error);
+  s3_thread_done();
+  return left ? EXIT_LEFT_JOURNALED : rc < 0 ? 1 : 0;
+}
