@@ -12,6 +12,10 @@
            /workspace, against the same on the host's disk
   view     the FUSE view (sbx mount) against the same files reached
            directly: sequential, random 4 KiB, creates, stats, git status
+  buckets  a bucket on a loopback S3 server (npm s3rver) mounted by
+           sbx-bucketfs against Debian's s3fs on the same server: untar of
+           2,000 source files and reading them back, 1 GiB sequential write
+           and read; the wake of a sandbox with a bucket mount
   exec     `exec true` through `sbx mcp` (stdio relay), p50/p99 over N,
            against plain fork+exec of /bin/true (posix_spawn + wait)
   parallel calls per second of `exec true` with C clients on C sessions
@@ -19,7 +23,7 @@
            HTTP; the ping difference stdio - socket is what the relay adds
   clients  `exec true` latency and throughput with 1, 8 and 64 socket clients
 
-Usage: bench/bench.py [create|wake|many|disk|view|exec|parallel|transports|clients|all] [--n N]. Needs root, a built
+Usage: bench/bench.py [create|wake|many|disk|view|buckets|exec|parallel|transports|clients|all] [--n N]. Needs root, a built
 build/sbx and bubblewrap (scripts/bootstrap installs it)."""
 import argparse
 import os
@@ -430,6 +434,152 @@ def bench_view(size_mb=1024):
         env.close()
 
 
+def bench_buckets(size_mb=1024, files=2000):
+    """sbx-bucketfs (the server a mountBucket runs, here mounted on the
+    host by `sbx bucketfs MOUNTPOINT`) against s3fs, both on one s3rver:
+    each number is the time until the data is in the bucket (untar: every
+    object stored; writes: dd's fsync), and reads start from an empty cache
+    (a fresh mount, caches dropped)."""
+    import json
+    from s3server import AK, SK, S3
+    env = Env()
+    s3 = S3(env.root, buckets=('bench',))
+    procs = []
+    mounts = []
+
+    def drop():
+        subprocess.run(['sh', '-c', 'sync; echo 3 > /proc/sys/vm/drop_caches'])
+
+    def mount(kind, where, prefix):
+        mnt = os.path.join(env.root, where)
+        os.makedirs(mnt, exist_ok=True)
+        if kind == 'sbx':
+            cache = os.path.join(env.root, where + '-cache')
+            os.makedirs(cache, exist_ok=True)
+            cfg = json.dumps({'endpoint': s3.direct, 'bucket': 'bench', 'region': 'us-east-1', 'prefix': prefix,
+                              'accessKeyId': AK, 'secretAccessKey': SK, 'pathStyle': True, 'cacheDir': cache,
+                              'cacheMaxMB': 8192, 'uidBase': 0})
+            p = subprocess.Popen([env.sbx, 'bucketfs', mnt], stdin=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            p.stdin.write(cfg.encode())
+            p.stdin.close()
+            procs.append(p)
+        else:
+            pw = os.path.join(env.root, 's3fs.passwd')
+            with open(pw, 'w') as f:
+                f.write('%s:%s\n' % (AK, SK))
+            os.chmod(pw, 0o600)
+            subprocess.run(['s3fs', 'bench:/' + prefix, mnt, '-o', 'url=%s,use_path_request_style,passwd_file=%s' %
+                            (s3.direct, pw)], check=True)
+        deadline = time.monotonic() + 30
+        while not os.path.ismount(mnt):
+            assert time.monotonic() < deadline, 'mount of %s' % kind
+            time.sleep(0.05)
+        mounts.append(mnt)
+        return mnt
+
+    def umount(mnt):
+        subprocess.run(['umount', mnt], capture_output=True)
+        mounts.remove(mnt)
+        for p in procs:
+            if p.poll() is None:
+                p.wait(timeout=600)  # its uploads finish first
+
+    def timed(cmd, until=None):
+        t0 = time.perf_counter()
+        subprocess.run(['sh', '-c', cmd], check=True)
+        if until:
+            while not until():
+                time.sleep(0.01)
+        return time.perf_counter() - t0
+
+    try:
+        # a real source tree: the first files of /usr/include
+        names = []
+        for d, _, fs in sorted(os.walk('/usr/include')):
+            for f in sorted(fs):
+                if len(names) < files and os.path.isfile(os.path.join(d, f)):
+                    names.append(os.path.relpath(os.path.join(d, f), '/usr/include'))
+        tarball = os.path.join(env.root, 'src.tar')
+        subprocess.run(['tar', 'cf', tarball, '-C', '/usr/include'] + names, check=True)
+        tar_mb = os.path.getsize(tarball) / 1e6
+        rows = []
+        for kind in ('sbx', 's3fs'):
+            # s3fs needs the source's parent directories as objects it can see
+            pre = kind + '-tree'
+            m = mount(kind, kind + '-w', pre)
+            up = timed('tar xf %s -C %s' % (tarball, m),
+                       lambda: len([k for k in s3.stored_keys('bench', pre + '/') if not k.endswith('/')]) >= files)
+            umount(m)
+            drop()
+            m = mount(kind, kind + '-r', pre)
+            rd = timed('cd %s && tar cf - . | wc -c >/dev/null' % m)
+            umount(m)
+            pre = kind + '-seq'
+            m = mount(kind, kind + '-sw', pre)
+            sw = timed('dd if=/dev/zero of=%s/big bs=1M count=%d conv=fsync status=none' % (m, size_mb))
+            umount(m)
+            drop()
+            m = mount(kind, kind + '-sr', pre)
+            sr = timed('dd if=%s/big of=/dev/null bs=1M status=none' % m)
+            umount(m)
+            rows.append((kind, up, rd, sw, sr))
+        print('== bucket mounts: sbx-bucketfs against s3fs, same s3rver on loopback ==')
+        print('(%d files of /usr/include, %.1f MB; %d MiB sequential)' % (files, tar_mb, size_mb))
+        print('%-6s %22s %22s %18s %18s' % ('', 'untar until stored', 'read back (cold)', 'write 1 GiB+fsync',
+                                           'read 1 GiB (cold)'))
+        for kind, up, rd, sw, sr in rows:
+            print('%-6s %20.2f s %20.2f s %13.0f MiB/s %13.0f MiB/s' % (kind, up, rd, size_mb / sw, size_mb / sr))
+        (_, a, b, c, d), (_, a2, b2, c2, d2) = rows
+        print('%-6s %21.1fx %21.1fx %17.2fx %17.2fx' % ('ratio', a2 / a, b2 / b, c2 / c, d2 / d))
+        print('(ratio: how many times faster sbx is than s3fs)')
+        print()
+        bench_bucket_wake(env, s3)
+    finally:
+        for m in list(mounts):
+            subprocess.run(['umount', '-l', m], capture_output=True)
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        s3.close()
+        env.close()
+
+
+def bench_bucket_wake(env, s3, n=20):
+    """The first call to a sandbox reset for idleness, with one bucket
+    mount it gets back, against the same without a mount."""
+    import json
+    from s3server import AK, SK
+    cfg = os.path.join(env.root, 'config.json')
+    with open(cfg, 'w') as f:
+        json.dump({'buckets': {'allowedEndpoints': ['http://127.0.0.1:']}}, f)
+    env.run(['daemon', 'stop'])
+    env.env['SBX_CONFIG'] = cfg
+    c = env.socket_client()
+    c.initialize()
+    c.request('logging/setLevel', {'level': 'notice'})
+    res = {}
+    for kind in ('plain', 'bucket'):
+        xs = []
+        for i in range(n):
+            sid = '%s%d' % (kind[0], i)
+            c.ok('createSandbox', {'sandboxId': sid, 'sleepAfter': '1s'})
+            if kind == 'bucket':
+                c.ok('mountBucket', {'sandboxId': sid, 'bucket': 'bench', 'mountPath': '/data', 'prefix': 'wake',
+                                     'endpoint': s3.direct, 'credentials': {'accessKeyId': AK, 'secretAccessKey': SK}})
+            c.next(lambda m: m.get('method') == 'notifications/message' and
+                   m['params']['data'].get('sandboxId') == sid, 30)
+            t0 = time.perf_counter()
+            r = c.ok('exists', {'sandboxId': sid, 'path': '/data' if kind == 'bucket' else '/workspace'})
+            xs.append((time.perf_counter() - t0) * 1000)
+            assert r.get('exists'), r
+            c.ok('destroySandbox', {'sandboxId': sid})
+        res[kind] = xs
+    print('== wake after an idle reset (n=%d) ==' % n)
+    print('%-34s p50 %7.2f ms  p99 %7.2f ms' % ('with one bucket mount', pct(res['bucket'], 50), pct(res['bucket'], 99)))
+    print('%-34s p50 %7.2f ms  p99 %7.2f ms' % ('without', pct(res['plain'], 50), pct(res['plain'], 99)))
+    print()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument('what', nargs='?', default='all')
@@ -449,6 +599,8 @@ def main():
             bench_disk()
         if a.what in ('view', 'all'):
             bench_view()
+        if a.what in ('buckets', 'all'):
+            bench_buckets()
         if a.what in ('exec', 'all'):
             bench_exec(env, a.n or 1000)
         if a.what in ('parallel', 'all'):
