@@ -79,9 +79,16 @@ static json_t *output_schema(json_t *t) {
   json_object_set_new(props, "restarted",
                       json_pack("{s:s, s:s}", "type", "boolean", "description",
                                 "the sandbox's processes ended with an earlier daemon; its files and sessions are kept"));
-  json_object_set_new(props, "error",
-                      json_pack("{s:s, s:{s:{s:s}, s:{s:s}}, s:[s,s]}", "type", "object", "properties", "code", "type",
-                                "string", "message", "type", "string", "required", "code", "message"));
+  json_t *own = json_object_get(props, "error");
+  if (own) { /* the tool's own error field (runCode's exception): a failure's fits it too */
+    json_t *p = json_object_get(own, "properties");
+    json_object_set_new(p, "code", json_pack("{s:s}", "type", "string"));
+    json_object_set_new(p, "message", json_pack("{s:s}", "type", "string"));
+  } else {
+    json_object_set_new(props, "error",
+                        json_pack("{s:s, s:{s:{s:s}, s:{s:s}}, s:[s,s]}", "type", "object", "properties", "code", "type",
+                                  "string", "message", "type", "string", "required", "code", "message"));
+  }
   /* either the success fields or an error */
   return json_pack("{s:s, s:o, s:[{s:O}, {s:[s]}]}", "type", "object", "properties", props, "anyOf", "required",
                    req ? req : json_array(), "required", "error");
@@ -205,6 +212,7 @@ static void call_free(mcp_call *call) {
   }
   json_decref(call->id);
   json_decref(call->progress_token);
+  json_decref(call->extra_content);
   free(call);
 }
 
@@ -226,6 +234,7 @@ void mcp_call_ok(mcp_call *call, json_t *structured, const char *text) {
     json_t *res = json_pack("{s:[{s:s, s:s}], s:O, s:b}", "content", "type", "text", "text", note ? note : text ? text : "",
                             "structuredContent", structured, "isError", 0);
     free(note);
+    if (call->extra_content) json_array_extend(json_object_get(res, "content"), call->extra_content);
     send_result(call->conn, call->id, call->modern, res);
   }
   json_decref(structured);
@@ -506,6 +515,7 @@ static void do_cancelled(mcp_conn *c, json_t *params) {
     if (rid && json_equal(call->id, rid)) {
       call->cancelled = true;
       if (call->exec) sbx_exec_cancel(call->exec);
+      if (call->code_run) sbx_code_cancel(call->code_run);
     }
 }
 
@@ -644,6 +654,7 @@ void mcp_conn_close(mcp_conn *c) {
   for (mcp_call *call = c->calls; call; call = call->next) {
     call->cancelled = true;
     if (call->exec) sbx_exec_cancel(call->exec);
+    if (call->code_run) sbx_code_cancel(call->code_run);
   }
   conn_unref(c);
 }

@@ -5,7 +5,7 @@
 #include <stdbool.h>
 #include <uv.h>
 
-#include "../sandbox-core/exec.h"
+#include "../sandbox-core/code.h"
 
 #define MCP_MAX_MESSAGE (64u * 1024 * 1024) /* one message, any transport */
 #define MCP_SERVER_NAME "sbx"
@@ -46,6 +46,8 @@ typedef struct mcp_call {
   const mcp_tool *tool;
   char sandbox_id[64];
   sbx_exec *exec;
+  sbx_code_run *code_run; /* runCode in progress: cancellation interrupts it */
+  json_t *extra_content;  /* content blocks after the text (runCode's images) */
   bool sandbox_created; /* this call created the sandbox */
   bool modern;          /* protocol 2026-07-28: results carry resultType */
   bool reset;           /* the sandbox was woken after an idle reset */

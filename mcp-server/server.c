@@ -242,6 +242,7 @@ static void on_idle_tick(uv_timer_t *t) {
   for (int i = 0; i < n && i < 16; i++) {
     fprintf(stderr, "sbx daemon: sandbox %s reset after being idle\n", ids[i]);
     sbx_process_forget_sandbox(ids[i]);
+    sbx_code_forget_sandbox(ids[i]);
     mcp_broadcast_log("notice", ids[i], "sandbox %s was reset after being idle; its files are gone (bucket mounts keep theirs)", ids[i]);
   }
 }

@@ -142,6 +142,7 @@ static void h_destroy(mcp_call *call, json_t *args, sbx_sandbox *sb) {
   snprintf(id, sizeof id, "%s", sb->id);
   sbx_exec_cancel_sandbox(sb);
   sbx_process_forget_sandbox(id);
+  sbx_code_forget_sandbox(id);
   if (sbx_sandbox_destroy(id, &err) < 0) return mcp_call_fail(call, &err);
   char text[128];
   snprintf(text, sizeof text, "sandbox %s destroyed", id);
@@ -639,6 +640,174 @@ static void h_unmount_bucket(mcp_call *call, json_t *args, sbx_sandbox *sb) {
   }
 }
 
+/* ---- code contexts ---------------------------------------------------------- */
+
+static void context_ready(void *ud, sbx_code_ctx *c, const sbx_error *err) {
+  mcp_call *call = ud;
+  if (err) return mcp_call_fail(call, err);
+  json_t *o = sbx_code_json(c);
+  char text[256];
+  snprintf(text, sizeof text, "code context %s (%s %s) in %s", json_string_value(json_object_get(o, "id")),
+           json_string_value(json_object_get(o, "language")), json_string_value(json_object_get(o, "version")),
+           json_string_value(json_object_get(o, "cwd")));
+  mcp_call_ok(call, o, text);
+}
+
+static void h_context_create(mcp_call *call, json_t *args, sbx_sandbox *sb) {
+  sbx_error err = {0};
+  sbx_env env = {0};
+  if (env_from_json(json_object_get(args, "env"), &env, &err) < 0) {
+    sbx_env_clear(&env);
+    return mcp_call_fail(call, &err);
+  }
+  const char *lang = str(args, "language");
+  int r = sbx_code_create(mcp_call_loop(call), sb, lang ? lang : "python", NULL, str(args, "cwd"), &env, context_ready,
+                          call, NULL, &err);
+  sbx_env_clear(&env);
+  if (r < 0) mcp_call_fail(call, &err);
+}
+
+static void h_context_list(mcp_call *call, json_t *args, sbx_sandbox *sb) {
+  (void)args;
+  json_t *o = sbx_code_list(sb->id);
+  size_t n = json_array_size(json_object_get(o, "contexts"));
+  char text[64];
+  snprintf(text, sizeof text, "%zu code context%s", n, n == 1 ? "" : "s");
+  mcp_call_ok(call, o, text);
+}
+
+static sbx_code_ctx *find_context(mcp_call *call, json_t *args, sbx_sandbox *sb) {
+  const char *id = str(args, "contextId");
+  sbx_code_ctx *c = id ? sbx_code_find(sb->id, id) : NULL;
+  if (!c) {
+    sbx_error err;
+    sbx_err(&err, "CONTEXT_NOT_FOUND", "no code context '%s' in sandbox '%s' (listCodeContexts shows them)", id ? id : "",
+            sb->id);
+    mcp_call_fail(call, &err);
+  }
+  return c;
+}
+
+static void h_context_delete(mcp_call *call, json_t *args, sbx_sandbox *sb) {
+  sbx_code_ctx *c = find_context(call, args, sb);
+  if (!c) return;
+  char text[128];
+  snprintf(text, sizeof text, "code context %s deleted", str(args, "contextId"));
+  json_t *o = json_pack("{s:s, s:b}", "contextId", str(args, "contextId"), "deleted", 1);
+  sbx_code_delete(c);
+  mcp_call_ok(call, o, text);
+}
+
+static void code_chunk(void *ud, const char *stream, const char *text, size_t len) {
+  mcp_call_progress(ud, stream, text, len);
+}
+
+/* A short text of a run for clients that show only text; images also go
+ * as image blocks (the structured result keeps everything). */
+static void code_done(void *ud, json_t *res, const sbx_error *err) {
+  mcp_call *call = ud;
+  call->code_run = NULL;
+  if (err) return mcp_call_fail(call, err);
+  sbx_buf t = {0};
+  json_t *v;
+  size_t i;
+  json_array_foreach(json_object_get(json_object_get(res, "logs"), "stdout"), i, v)
+      sbx_buf_append(&t, json_string_value(v), json_string_length(v));
+  bool any_err = false;
+  json_array_foreach(json_object_get(json_object_get(res, "logs"), "stderr"), i, v) {
+    if (!any_err) {
+      if (t.len && t.data[t.len - 1] != '\n') sbx_buf_append(&t, "\n", 1);
+      sbx_buf_append(&t, "[stderr]\n", 9);
+      any_err = true;
+    }
+    sbx_buf_append(&t, json_string_value(v), json_string_length(v));
+  }
+  json_t *images = json_array();
+  json_array_foreach(json_object_get(res, "results"), i, v) {
+    const char *kinds[][2] = {{"png", "image/png"}, {"jpeg", "image/jpeg"}};
+    bool image = false;
+    for (int k = 0; k < 2; k++) {
+      json_t *data = json_object_get(v, kinds[k][0]);
+      if (json_is_string(data)) {
+        json_array_append_new(images, json_pack("{s:s, s:O, s:s}", "type", "image", "data", data, "mimeType", kinds[k][1]));
+        image = true;
+      }
+    }
+    json_t *text = json_object_get(v, "text");
+    if (t.len && t.data[t.len - 1] != '\n') sbx_buf_append(&t, "\n", 1);
+    if (image) sbx_buf_append(&t, "[image]\n", 8);
+    else if (json_is_string(text)) sbx_buf_append(&t, json_string_value(text), json_string_length(text));
+  }
+  json_t *e = json_object_get(res, "error");
+  if (e) {
+    if (t.len && t.data[t.len - 1] != '\n') sbx_buf_append(&t, "\n", 1);
+    json_array_foreach(json_object_get(e, "traceback"), i, v) {
+      sbx_buf_append(&t, json_string_value(v), json_string_length(v));
+      if (!json_string_length(v) || json_string_value(v)[json_string_length(v) - 1] != '\n') sbx_buf_append(&t, "\n", 1);
+    }
+    char line[600];
+    int n = snprintf(line, sizeof line, "%s: %s", json_string_value(json_object_get(e, "name")),
+                     json_string_value(json_object_get(e, "value")));
+    if (!json_array_size(json_object_get(e, "traceback"))) sbx_buf_append(&t, line, (size_t)n);
+  }
+  if (!t.len) sbx_buf_append(&t, "(no output)", 11);
+  sbx_buf_append(&t, "", 1);
+  if (json_array_size(images)) call->extra_content = images;
+  else json_decref(images);
+  json_incref(res);
+  mcp_call_ok(call, res, t.data);
+  sbx_buf_free(&t);
+}
+
+struct code_call {
+  mcp_call *call;
+  json_t *args;
+};
+
+static void run_in(mcp_call *call, json_t *args, sbx_code_ctx *c) {
+  sbx_error err = {0};
+  json_t *code = json_object_get(args, "code");
+  if (sbx_code_submit(c, json_string_value(code), json_string_length(code), json_integer_value(json_object_get(args, "timeout")),
+                   code_chunk, code_done, call, &call->code_run, &err) < 0)
+    mcp_call_fail(call, &err);
+}
+
+static void default_ready(void *ud, sbx_code_ctx *c, const sbx_error *err) {
+  struct code_call *cc = ud;
+  if (err) mcp_call_fail(cc->call, err);
+  else run_in(cc->call, cc->args, c);
+  json_decref(cc->args);
+  free(cc);
+}
+
+static void h_run_code(mcp_call *call, json_t *args, sbx_sandbox *sb) {
+  sbx_error err = {0};
+  const char *lang = str(args, "language");
+  if (str(args, "contextId")) {
+    sbx_code_ctx *c = find_context(call, args, sb);
+    if (c) run_in(call, args, c);
+    return;
+  }
+  /* a default context per language, made on first use */
+  char id[32];
+  snprintf(id, sizeof id, "default-%s", lang ? lang : "python");
+  sbx_code_ctx *c = sbx_code_find(sb->id, id);
+  if (c && sbx_code_dead(c)) {
+    sbx_code_delete(c); /* it died: a fresh one */
+    c = NULL;
+  }
+  if (c) return run_in(call, args, c);
+  struct code_call *cc = calloc(1, sizeof *cc);
+  if (!cc) return mcp_call_fail(call, &(sbx_error){.code = "INTERNAL", .message = "out of memory"});
+  cc->call = call;
+  cc->args = json_incref(args);
+  if (sbx_code_create(mcp_call_loop(call), sb, lang ? lang : "python", id, NULL, NULL, default_ready, cc, NULL, &err) < 0) {
+    json_decref(cc->args);
+    free(cc);
+    mcp_call_fail(call, &err);
+  }
+}
+
 const mcp_handler mcp_handlers[] = {
     {"createSandbox", h_create, true},
     {"listSandboxes", h_list, true},
@@ -665,5 +834,9 @@ const mcp_handler mcp_handlers[] = {
     {"setEnvVars", h_setenv, false},
     {"mountBucket", h_mount_bucket, false},
     {"unmountBucket", h_unmount_bucket, false},
+    {"createCodeContext", h_context_create, false},
+    {"listCodeContexts", h_context_list, false},
+    {"deleteCodeContext", h_context_delete, false},
+    {"runCode", h_run_code, false},
 };
 const size_t mcp_handler_count = SBX_ARRAY_SIZE(mcp_handlers);

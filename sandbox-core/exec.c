@@ -27,7 +27,7 @@ struct sbx_exec {
   uv_loop_t *loop;
   sbx_sandbox *sb;
   char session_id[64];
-  bool keep_session;
+  bool keep_session, discard, background;
   char *call_cwd; /* a cwd given for this call only */
   sbx_env call_env;
   sbx_cgroup cg;
@@ -154,8 +154,10 @@ static void finish(sbx_exec *x) {
     update_session(x);
     sbx_session *s = sbx_session_find(x->sb, x->session_id);
     if (s && s->busy) s->busy--;
-    x->sb->running--;
-    sbx_sandbox_touch(x->sb);
+    if (!x->background) {
+      x->sb->running--;
+      sbx_sandbox_touch(x->sb);
+    }
   }
   sbx_exec_result res = {0};
   res.exit_code = x->exit_code;
@@ -261,8 +263,10 @@ static void spill(sbx_exec *x, int i, const char *p, size_t n) {
 
 static void on_chunk(sbx_exec *x, int i, const char *p, size_t n) {
   struct stream *st = &x->s[i];
-  spill(x, i, p, n);
-  sbx_headtail_add(&st->ht, p, n);
+  if (!x->discard) {
+    spill(x, i, p, n);
+    sbx_headtail_add(&st->ht, p, n);
+  }
   if (!x->on_chunk) return;
   /* progress chunks end on code-point boundaries */
   char *buf = malloc(st->carry_len + n);
@@ -335,6 +339,35 @@ static void stdin_written(uv_write_t *req, int status) {
   x->in_open = false;
 }
 
+struct more_in {
+  uv_write_t req;
+  char data[];
+};
+
+static void more_written(uv_write_t *req, int status) {
+  (void)status;
+  free(req->data);
+}
+
+int sbx_exec_write(sbx_exec *x, const char *data, size_t len) {
+  if (x->done || !x->in_open || uv_is_closing((uv_handle_t *)&x->in)) return -1;
+  if (!data) {
+    close_handle(x, (uv_handle_t *)&x->in);
+    x->in_open = false;
+    return 0;
+  }
+  struct more_in *m = malloc(sizeof *m + len);
+  if (!m) return -1;
+  memcpy(m->data, data, len);
+  m->req.data = m;
+  uv_buf_t b = uv_buf_init(m->data, (unsigned)len);
+  if (uv_write(&m->req, (uv_stream_t *)&x->in, &b, 1, more_written) < 0) {
+    free(m);
+    return -1;
+  }
+  return 0;
+}
+
 void sbx_exec_cancel(sbx_exec *x) {
   if (x->done) return;
   x->cancelled = true;
@@ -384,7 +417,7 @@ void sbx_exec_cancel_sandbox(sbx_sandbox *sb) {
   for (sbx_exec *x = all_execs; x; x = x->next)
     if (x->sb == sb && !x->done) {
       sbx_exec_cancel(x);
-      sb->running--;
+      if (!x->background) sb->running--;
       x->sb = NULL;
     }
 }
@@ -412,6 +445,8 @@ int sbx_exec_start(uv_loop_t *loop, sbx_sandbox *sb, const sbx_exec_opts *o, sbx
   x->s[0].file_fd = x->s[1].file_fd = -1;
   snprintf(x->session_id, sizeof x->session_id, "%s", sid);
   x->keep_session = o->keep_session;
+  x->discard = o->discard;
+  x->background = o->background;
   if (o->cwd) x->call_cwd = strdup(cwd);
   x->limit = o->max_output ? o->max_output : SBX_DEFAULT_MAX_OUTPUT;
   sbx_headtail_init(&x->s[0].ht, x->limit);
@@ -436,7 +471,7 @@ int sbx_exec_start(uv_loop_t *loop, sbx_sandbox *sb, const sbx_exec_opts *o, sbx
     x->oom_before = sbx_cg_oom_kills(&sb->cg);
   }
   /* fd 0: stdin or /dev/null; 1, 2: output; 3: shell state */
-  if (o->stdin_data) {
+  if (o->stdin_data || o->stdin_stream) {
     int p[2];
     if (pipe2(p, O_CLOEXEC) < 0) goto fail_errno;
     fds[0] = p[0];
@@ -471,7 +506,13 @@ int sbx_exec_start(uv_loop_t *loop, sbx_sandbox *sb, const sbx_exec_opts *o, sbx
     x->pipe_open[i] = true;
     uv_read_start((uv_stream_t *)&x->pipes[i], alloc_cb, read_cb);
   }
-  if (o->stdin_data) {
+  if (o->stdin_stream) {
+    uv_pipe_init(loop, &x->in, 0);
+    x->in.data = x;
+    x->handles++;
+    x->in_open = true;
+    uv_pipe_open(&x->in, ours[0]);
+  } else if (o->stdin_data) {
     uv_pipe_init(loop, &x->in, 0);
     x->in.data = x;
     x->handles++;
@@ -489,7 +530,7 @@ int sbx_exec_start(uv_loop_t *loop, sbx_sandbox *sb, const sbx_exec_opts *o, sbx
   uv_poll_start(&x->pidpoll, UV_READABLE, pid_cb);
   if (o->timeout_ms > 0) uv_timer_start(&x->timer, timer_cb, o->timeout_ms, 0);
   s->busy++;
-  sb->running++;
+  if (!x->background) sb->running++;
   x->next = all_execs;
   all_execs = x;
   if (out) *out = x;

@@ -20,6 +20,9 @@ typedef struct sbx_exec_opts {
   size_t stdin_len;
   size_t max_output; /* per stream; 0: default */
   bool keep_session; /* false: run with session state but do not save it */
+  bool stdin_stream; /* stdin stays open for sbx_exec_write (stdin_data unused) */
+  bool discard;      /* output only goes to the chunk callback: nothing kept or spilled */
+  bool background;   /* not activity: the sandbox may still go idle (a code context) */
 } sbx_exec_opts;
 
 typedef struct sbx_exec_result {
@@ -42,6 +45,9 @@ int sbx_exec_start(uv_loop_t *loop, sbx_sandbox *sb, const sbx_exec_opts *o, sbx
                    sbx_exec_done_cb on_done, void *ud, sbx_exec **out, sbx_error *err);
 /* Kills the command's tree; done fires later with cancelled = true. */
 void sbx_exec_cancel(sbx_exec *x);
+/* More input for a command started with stdin_stream (copied); len 0 with
+ * data NULL closes it. -1 when its stdin is gone. */
+int sbx_exec_write(sbx_exec *x, const char *data, size_t len);
 /* Sends sig to every process of the command (its cgroup), or, without
  * cgroups, to its process group. */
 void sbx_exec_signal(sbx_exec *x, int sig);

@@ -33,6 +33,7 @@ static const char *const etc_allow[] = {
     "xattr.conf", "gitconfig", "vim", "fonts", "locale.alias", "locale.gen",
     "debconf.conf", "deluser.conf", "adduser.conf", "mke2fs.conf", "ucf.conf",
     "libaudit.conf", "pam.conf", "pam.d", "security", "default", "selinux",
+    "matplotlibrc", /* Debian keeps matplotlib's defaults here (runCode plots) */
 };
 static const char *const etc_deny[] = {
     "ssl/private", "apt/auth.conf", "apt/auth.conf.d", "security/opasswd",

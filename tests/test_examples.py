@@ -32,6 +32,17 @@ def test_python(t, x):
     check_png(t, out, 'python example')
 
 
+def test_runcode(t, x):
+    out = os.path.join(x.env.root, 'runcode.png')
+    p = subprocess.run([sys.executable, os.path.join(EX, 'python', 'runcode.py'), out], env=dict(x.env.env, SBX=SBX),
+                       capture_output=True, timeout=180, cwd=x.env.root)
+    t.ok(p.returncode == 0 and b'rows: 12' in p.stdout and b'visits' in p.stdout,
+         'runCode example: a CSV through pandas, described and plotted', (p.stdout[-400:], p.stderr[-800:]))
+    data = open(out, 'rb').read() if os.path.exists(out) else b''
+    w, h = struct.unpack('>II', data[16:24]) if data[:8] == b'\x89PNG\r\n\x1a\n' else (0, 0)
+    t.ok(200 < w < 400 and 100 < h < 300, 'the plot comes back as an image block and saves as a PNG', (len(data), w, h))
+
+
 def test_node(t, x):
     if not os.path.isdir(os.path.join(EX, 'node', 'node_modules')):
         t.skip('node example', 'run scripts/bootstrap first')
@@ -61,4 +72,4 @@ def test_view_edit_build(t, x):
 
 
 if __name__ == '__main__':
-    sys.exit(run_tests([test_python, test_node, test_view_edit_build], Ctx))
+    sys.exit(run_tests([test_python, test_runcode, test_node, test_view_edit_build], Ctx))

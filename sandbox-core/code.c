@@ -1,0 +1,432 @@
+#define _GNU_SOURCE
+#include "code.h"
+#include "driver_node.h"
+#include "driver_python.h"
+
+#define MAX_LINE (16u * 1024 * 1024)   /* one message from a driver (a big plot) */
+#define MAX_LOGS (1024u * 1024)        /* per stream and run, kept in the result */
+#define MAX_RESULTS (16u * 1024 * 1024) /* all of a run's results */
+#define STOP_GRACE_MS 5000             /* an interrupted run has this long to stop */
+
+struct sbx_code_run {
+  sbx_code_ctx *ctx;
+  uint64_t id;
+  char *code;
+  size_t len;
+  int64_t timeout_ms;
+  bool sent, cancelled;
+  json_t *results, *out, *err;
+  size_t out_bytes, err_bytes, result_bytes;
+  bool truncated;
+  uv_timer_t timer; /* the backstop: a run that does not stop ends its context */
+  sbx_code_chunk_cb chunk_cb;
+  sbx_code_done_cb done_cb;
+  void *ud;
+  sbx_code_run *next;
+};
+
+struct sbx_code_ctx {
+  char id[64], sandbox[64], language[16], cwd[1024];
+  uv_loop_t *loop;
+  sbx_exec *x;
+  bool ready, dead, forgotten;
+  char why[600]; /* why it died */
+  sbx_buf line;
+  bool skipping; /* the rest of an oversized line */
+  uint64_t next_id, count, created_ms;
+  pid_t pid;
+  char version[32];
+  sbx_code_run *runs; /* the first one is the running one once sent */
+  sbx_code_ready_cb ready_cb;
+  void *ready_ud;
+  sbx_code_ctx *next;
+};
+
+static sbx_code_ctx *all;
+
+sbx_code_ctx *sbx_code_find(const char *sandbox, const char *id) {
+  for (sbx_code_ctx *c = all; c; c = c->next)
+    if (!c->forgotten && !strcmp(c->sandbox, sandbox) && !strcmp(c->id, id)) return c;
+  return NULL;
+}
+
+json_t *sbx_code_json(const sbx_code_ctx *c) {
+  json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:I}", "id", c->id, "language", c->language, "cwd", c->cwd, "status",
+                        c->dead ? "dead" : c->ready ? "ready" : "starting", "executionCount", (json_int_t)c->count);
+  if (c->dead) json_object_set_new(o, "error", json_string(c->why));
+  if (c->version[0]) json_object_set_new(o, "version", json_string(c->version));
+  return o;
+}
+
+json_t *sbx_code_list(const char *sandbox) {
+  json_t *a = json_array();
+  for (sbx_code_ctx *c = all; c; c = c->next)
+    if (!c->forgotten && !strcmp(c->sandbox, sandbox)) json_array_append_new(a, sbx_code_json(c));
+  return json_pack("{s:o}", "contexts", a);
+}
+
+/* ---- runs ------------------------------------------------------------------ */
+
+static void run_timer_closed(uv_handle_t *h) {
+  sbx_code_run *r = h->data;
+  free(r->code);
+  json_decref(r->results);
+  json_decref(r->out);
+  json_decref(r->err);
+  free(r);
+}
+
+static void run_free(sbx_code_run *r) {
+  uv_timer_stop(&r->timer);
+  uv_close((uv_handle_t *)&r->timer, run_timer_closed);
+}
+
+static void unlink_run(sbx_code_run *r) {
+  for (sbx_code_run **pp = &r->ctx->runs; *pp; pp = &(*pp)->next)
+    if (*pp == r) {
+      *pp = r->next;
+      return;
+    }
+}
+
+static void run_fail(sbx_code_run *r, const sbx_error *e) {
+  unlink_run(r);
+  if (r->done_cb) r->done_cb(r->ud, NULL, e);
+  run_free(r);
+}
+
+static void ctx_end(sbx_code_ctx *c, const char *why);
+
+static void send_next(sbx_code_ctx *c);
+
+static void run_done(sbx_code_ctx *c, sbx_code_run *r, json_t *error) {
+  unlink_run(r);
+  c->count++;
+  if (r->done_cb) {
+    json_t *res = json_pack("{s:O, s:{s:O, s:O}, s:I}", "results", r->results, "logs", "stdout", r->out, "stderr",
+                            r->err, "executionCount", (json_int_t)c->count);
+    if (json_is_object(error)) json_object_set(res, "error", error);
+    if (r->truncated) json_object_set_new(res, "truncated", json_true());
+    r->done_cb(r->ud, res, NULL);
+    json_decref(res);
+  }
+  run_free(r);
+  send_next(c);
+}
+
+static void backstop(uv_timer_t *t) {
+  sbx_code_run *r = t->data;
+  sbx_code_ctx *c = r->ctx;
+  sbx_error e;
+  sbx_err(&e, "COMMAND_TIMEOUT", "the code did not stop when interrupted; its %s context was ended (its state is gone)",
+          c->language);
+  run_fail(r, &e);
+  ctx_end(c, "ended: a run did not stop when interrupted");
+}
+
+static void send_next(sbx_code_ctx *c) {
+  sbx_code_run *r = c->runs;
+  if (!c->ready || c->dead || !r || r->sent) return;
+  json_t *req = json_pack("{s:I, s:s%, s:I}", "id", (json_int_t)r->id, "code", r->code, r->len, "timeout",
+                          (json_int_t)r->timeout_ms);
+  char *line = json_dumps(req, JSON_COMPACT | JSON_ENSURE_ASCII);
+  json_decref(req);
+  bool ok = line && sbx_exec_write(c->x, line, strlen(line)) == 0 && sbx_exec_write(c->x, "\n", 1) == 0;
+  free(line);
+  if (!ok) {
+    sbx_error e;
+    sbx_err(&e, "INTERNAL", "the %s context does not take input", c->language);
+    return run_fail(r, &e);
+  }
+  r->sent = true;
+  if (r->timeout_ms > 0) uv_timer_start(&r->timer, backstop, (uint64_t)r->timeout_ms + STOP_GRACE_MS, 0);
+}
+
+int sbx_code_submit(sbx_code_ctx *c, const char *code, size_t len, int64_t timeout_ms, sbx_code_chunk_cb chunk_cb,
+                 sbx_code_done_cb done_cb, void *ud, sbx_code_run **out, sbx_error *err) {
+  if (c->dead) return sbx_err(err, "CONTEXT_NOT_FOUND", "code context '%s' has died (%s): delete it and create another", c->id, c->why);
+  if (len > SBX_MAX_CODE) return sbx_err(err, "VALIDATION_FAILED", "code is limited to %d bytes", SBX_MAX_CODE);
+  size_t queued = 0;
+  for (sbx_code_run *r = c->runs; r; r = r->next) queued++;
+  if (queued >= SBX_MAX_CODE_QUEUE)
+    return sbx_err(err, "RESOURCE_LIMIT", "code context '%s' already has %zu runs waiting", c->id, queued);
+  sbx_code_run *r = calloc(1, sizeof *r);
+  if (!r || !(r->code = malloc(len + 1))) {
+    free(r);
+    return sbx_err(err, "INTERNAL", "out of memory");
+  }
+  memcpy(r->code, code, len);
+  r->code[len] = 0;
+  r->len = len;
+  r->ctx = c;
+  r->id = ++c->next_id;
+  r->timeout_ms = timeout_ms;
+  r->results = json_array();
+  r->out = json_array();
+  r->err = json_array();
+  r->chunk_cb = chunk_cb;
+  r->done_cb = done_cb;
+  r->ud = ud;
+  uv_timer_init(c->loop, &r->timer);
+  r->timer.data = r;
+  sbx_code_run **pp = &c->runs;
+  while (*pp) pp = &(*pp)->next;
+  *pp = r;
+  if (out) *out = r;
+  send_next(c);
+  return 0;
+}
+
+void sbx_code_cancel(sbx_code_run *r) {
+  sbx_code_ctx *c = r->ctx;
+  if (!r->sent) { /* still waiting: it never runs */
+    sbx_error e;
+    sbx_err(&e, "INTERNAL", "cancelled before it ran");
+    return run_fail(r, &e);
+  }
+  if (r->cancelled) return;
+  r->cancelled = true;
+  if (!c->dead) sbx_exec_write(c->x, "{\"interrupt\":true}\n", 19);
+  if (!uv_is_active((uv_handle_t *)&r->timer) || uv_timer_get_due_in(&r->timer) > STOP_GRACE_MS)
+    uv_timer_start(&r->timer, backstop, STOP_GRACE_MS, 0);
+}
+
+/* ---- what the driver says ----------------------------------------------------- */
+
+static sbx_code_run *run_of(sbx_code_ctx *c, json_t *msg) {
+  json_t *id = json_object_get(msg, "id");
+  sbx_code_run *r = c->runs;
+  if (!r || !r->sent) return NULL;
+  if (json_is_integer(id) && (uint64_t)json_integer_value(id) != r->id) return NULL;
+  return r; /* text without an id (a child writing late) goes to the run in progress */
+}
+
+static void add_log(sbx_code_run *r, const char *stream, const char *text, size_t len) {
+  bool out = !strcmp(stream, "stdout");
+  size_t *bytes = out ? &r->out_bytes : &r->err_bytes;
+  if (*bytes + len > MAX_LOGS) {
+    len = *bytes < MAX_LOGS ? MAX_LOGS - *bytes : 0;
+    r->truncated = true;
+  }
+  if (len) {
+    json_array_append_new(out ? r->out : r->err, json_stringn(text, len));
+    *bytes += len;
+  }
+  if (r->chunk_cb) r->chunk_cb(r->ud, out ? "stdout" : "stderr", text, len);
+}
+
+static const char *const result_keys[] = {"text", "html", "png", "jpeg", "svg", "json", "markdown", "latex", "javascript",
+                                          "isMain", NULL};
+
+/* A result, as the driver sent it: only known keys, strings (json: any). */
+static json_t *clean_result(json_t *in) {
+  if (!json_is_object(in)) return NULL;
+  json_t *o = json_object();
+  for (int i = 0; result_keys[i]; i++) {
+    json_t *v = json_object_get(in, result_keys[i]);
+    if (!v) continue;
+    if (!strcmp(result_keys[i], "json") || (!strcmp(result_keys[i], "isMain") && json_is_boolean(v)) || json_is_string(v))
+      json_object_set(o, result_keys[i], v);
+  }
+  return o;
+}
+
+static void on_message(sbx_code_ctx *c, json_t *msg) {
+  if (json_is_true(json_object_get(msg, "ready")) && !c->ready) {
+    c->ready = true;
+    json_t *pid = json_object_get(msg, "pid"), *ver = json_object_get(msg, "version");
+    if (json_is_integer(pid)) c->pid = (pid_t)json_integer_value(pid);
+    if (json_is_string(ver)) snprintf(c->version, sizeof c->version, "%s", json_string_value(ver));
+    if (c->ready_cb) {
+      sbx_code_ready_cb cb = c->ready_cb;
+      c->ready_cb = NULL;
+      cb(c->ready_ud, c, NULL);
+    }
+    return send_next(c);
+  }
+  sbx_code_run *r = run_of(c, msg);
+  if (!r) return;
+  json_t *stream = json_object_get(msg, "stream"), *text = json_object_get(msg, "text");
+  if (json_is_string(stream) && json_is_string(text)) {
+    const char *s = json_string_value(stream);
+    if (!strcmp(s, "stdout") || !strcmp(s, "stderr")) add_log(r, s, json_string_value(text), json_string_length(text));
+    return;
+  }
+  json_t *res = clean_result(json_object_get(msg, "result"));
+  if (res) {
+    char *dump = json_dumps(res, JSON_COMPACT);
+    size_t n = dump ? strlen(dump) : 0;
+    free(dump);
+    if (r->result_bytes + n > MAX_RESULTS) {
+      r->truncated = true;
+      json_decref(res);
+    } else {
+      r->result_bytes += n;
+      json_array_append_new(r->results, res);
+    }
+    return;
+  }
+  if (json_is_true(json_object_get(msg, "done"))) {
+    json_t *e = json_object_get(msg, "error"), *clean = NULL;
+    if (json_is_object(e)) {
+      json_t *name = json_object_get(e, "name"), *value = json_object_get(e, "value"), *tb = json_object_get(e, "traceback");
+      clean = json_pack("{s:s, s:s, s:[]}", "name", json_is_string(name) ? json_string_value(name) : "Error", "value",
+                        json_is_string(value) ? json_string_value(value) : "", "traceback");
+      size_t i;
+      json_t *l;
+      json_array_foreach(tb, i, l) if (json_is_string(l)) json_array_append(json_object_get(clean, "traceback"), l);
+    }
+    run_done(c, r, clean);
+    json_decref(clean);
+  }
+}
+
+static void on_output(void *ud, int stream, const char *data, size_t len) {
+  sbx_code_ctx *c = ud;
+  if (stream != 1) { /* the interpreter's own complaints before the driver runs */
+    sbx_code_run *r = c->runs;
+    if (r && r->sent) add_log(r, "stderr", data, len);
+    return;
+  }
+  while (len) {
+    const char *nl = memchr(data, '\n', len);
+    size_t take = nl ? (size_t)(nl - data) : len;
+    if (!c->skipping) {
+      if (c->line.len + take > MAX_LINE) {
+        c->skipping = true; /* too big to be ours: dropped */
+        c->line.len = 0;
+      } else {
+        sbx_buf_append(&c->line, data, take);
+      }
+    }
+    if (!nl) break;
+    if (!c->skipping && c->line.len) {
+      json_error_t je;
+      json_t *msg = json_loadb(c->line.data, c->line.len, JSON_REJECT_DUPLICATES, &je);
+      if (json_is_object(msg)) on_message(c, msg);
+      else {
+        /* not a message: something wrote to the channel; it is output */
+        sbx_code_run *r = c->runs;
+        if (r && r->sent) {
+          sbx_buf_append(&c->line, "\n", 1);
+          add_log(r, "stdout", c->line.data, c->line.len);
+        }
+      }
+      json_decref(msg);
+    }
+    c->line.len = 0;
+    c->skipping = false;
+    len -= take + 1;
+    data = nl + 1;
+  }
+}
+
+static void ctx_free_if_done(sbx_code_ctx *c) {
+  if (!c->forgotten || c->x) return;
+  for (sbx_code_ctx **pp = &all; *pp; pp = &(*pp)->next)
+    if (*pp == c) {
+      *pp = c->next;
+      break;
+    }
+  sbx_buf_free(&c->line);
+  free(c);
+}
+
+static void fail_all(sbx_code_ctx *c, const char *code) {
+  while (c->runs) {
+    sbx_error e;
+    sbx_err(&e, code, "the %s context ended before the code finished (%s)", c->language, c->why);
+    run_fail(c->runs, &e);
+  }
+}
+
+static void on_exit_cb(void *ud, const sbx_exec_result *res, const sbx_error *err) {
+  sbx_code_ctx *c = ud;
+  c->x = NULL;
+  if (!c->dead) {
+    c->dead = true;
+    if (err) snprintf(c->why, sizeof c->why, "%s", err->message);
+    else if (!c->ready && res->exit_code == 127)
+      snprintf(c->why, sizeof c->why, "%s is not installed in the sandbox", !strcmp(c->language, "python") ? "python3" : "node");
+    else if (res->oom) snprintf(c->why, sizeof c->why, "killed: the sandbox ran out of memory");
+    else snprintf(c->why, sizeof c->why, "its interpreter ended (exit code %d)", res->exit_code);
+  }
+  const char *code = !c->ready && !err && res->exit_code == 127 ? "INTERPRETER_NOT_AVAILABLE" : "INTERNAL";
+  if (c->ready_cb) {
+    sbx_error e;
+    sbx_err(&e, code, "the %s context could not start: %s", c->language, c->why);
+    sbx_code_ready_cb cb = c->ready_cb;
+    c->ready_cb = NULL;
+    cb(c->ready_ud, NULL, &e);
+  }
+  fail_all(c, code);
+  ctx_free_if_done(c);
+}
+
+static void ctx_end(sbx_code_ctx *c, const char *why) {
+  if (!c->dead) {
+    c->dead = true;
+    snprintf(c->why, sizeof c->why, "%s", why);
+  }
+  if (c->x) sbx_exec_cancel(c->x); /* on_exit_cb follows */
+}
+
+/* ---- contexts ----------------------------------------------------------------- */
+
+int sbx_code_create(uv_loop_t *loop, sbx_sandbox *sb, const char *language, const char *id, const char *cwd,
+                    const sbx_env *env, sbx_code_ready_cb ready_cb, void *ud, sbx_code_ctx **out, sbx_error *err) {
+  bool py = !strcmp(language, "python");
+  if (!py && strcmp(language, "javascript"))
+    return sbx_err(err, "VALIDATION_FAILED", "language must be \"python\" or \"javascript\"");
+  size_t n = 0;
+  for (sbx_code_ctx *c = all; c; c = c->next)
+    if (!c->forgotten && !strcmp(c->sandbox, sb->id)) n++;
+  if (n >= SBX_MAX_CODE_CONTEXTS)
+    return sbx_err(err, "RESOURCE_LIMIT", "sandbox '%s' has %zu code contexts already (deleteCodeContext some)", sb->id, n);
+  sbx_code_ctx *c = calloc(1, sizeof *c);
+  if (!c) return sbx_err(err, "INTERNAL", "out of memory");
+  static uint64_t seq;
+  if (id) snprintf(c->id, sizeof c->id, "%s", id);
+  else snprintf(c->id, sizeof c->id, "ctx-%llu-%llu", (unsigned long long)(sbx_now_ms() % 1000000), (unsigned long long)++seq);
+  snprintf(c->sandbox, sizeof c->sandbox, "%s", sb->id);
+  snprintf(c->language, sizeof c->language, "%s", language);
+  snprintf(c->cwd, sizeof c->cwd, "%s", cwd ? cwd : "/workspace");
+  c->loop = loop;
+  c->created_ms = sbx_now_ms();
+  c->ready_cb = ready_cb;
+  c->ready_ud = ud;
+  sbx_env e = {0};
+  if (env) sbx_env_copy(&e, env);
+  sbx_env_set(&e, "SBX_DRIVER", py ? driver_python : driver_node);
+  if (py) sbx_env_set(&e, "PYTHONUNBUFFERED", "1");
+  /* `command -v` first: a missing interpreter is exit 127 before any output */
+  const char *cmd = py ? "command -v python3 >/dev/null || exit 127; exec python3 -c \"$SBX_DRIVER\""
+                       : "command -v node >/dev/null || exit 127; exec node -e \"$SBX_DRIVER\"";
+  sbx_exec_opts o = {.command = cmd, .cwd = c->cwd, .env = &e, .stdin_stream = true, .discard = true, .background = true};
+  int r = sbx_exec_start(loop, sb, &o, on_output, on_exit_cb, c, &c->x, err);
+  sbx_env_clear(&e);
+  if (r < 0) {
+    free(c);
+    return -1;
+  }
+  c->next = all;
+  all = c;
+  if (out) *out = c;
+  return 0;
+}
+
+bool sbx_code_dead(const sbx_code_ctx *c) { return c->dead; }
+
+void sbx_code_delete(sbx_code_ctx *c) {
+  c->forgotten = true;
+  ctx_end(c, "deleted");
+  fail_all(c, "CONTEXT_NOT_FOUND");
+  ctx_free_if_done(c);
+}
+
+void sbx_code_forget_sandbox(const char *sandbox) {
+  for (sbx_code_ctx *c = all, *next; c; c = next) {
+    next = c->next;
+    if (!c->forgotten && !strcmp(c->sandbox, sandbox)) sbx_code_delete(c);
+  }
+}

@@ -1,0 +1,266 @@
+# sbx's Python code context: one process per context, inside the sandbox.
+# Requests come as JSON lines on fd 0 ({"id", "code", "timeout"} or
+# {"interrupt": true}); everything goes back as JSON lines on fd 1:
+# {"ready"}, then per run {"id", "stream", "text"}, {"id", "result"} and
+# {"id", "done", "error"}. User code gets /dev/null as stdin, and its fd 1
+# and 2 (subprocesses included) are pumped into stream messages.
+import ast
+import base64
+import json
+import os
+import queue
+import signal
+import sys
+import threading
+import traceback
+
+os.environ.pop('SBX_DRIVER', None)
+os.environ.setdefault('MPLBACKEND', 'Agg')
+_ctl_fd = os.dup(1)
+_in_fd = os.dup(0)
+_lock = threading.Lock()
+_current = [None]  # the id of the run in progress
+
+
+def _send(msg):
+    data = (json.dumps(msg, ensure_ascii=True, default=str) + '\n').encode()
+    with _lock:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(_ctl_fd, view):]
+
+
+_pipes = []  # (read fd, lock held while a chunk is read and sent)
+
+
+def _pump(fd, name, plock):
+    import select
+    while True:
+        select.select([fd], [], [])
+        with plock:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                return
+            if not chunk:
+                return
+            _send({'id': _current[0], 'stream': name, 'text': chunk.decode('utf-8', 'replace')})
+
+
+def _drain():
+    """What subprocesses wrote before the run ended goes out before its end."""
+    import fcntl
+    import termios
+    import time
+    deadline = time.monotonic() + 0.5
+    for fd, plock in _pipes:
+        while time.monotonic() < deadline:
+            n = fcntl.ioctl(fd, termios.FIONREAD, b'\0\0\0\0')
+            if int.from_bytes(n, sys.byteorder) == 0:
+                break
+            time.sleep(0.001)
+        with plock:
+            pass
+
+
+class _Stream:
+    """sys.stdout and sys.stderr: text straight to the control channel, in
+    order with results."""
+
+    def __init__(self, name):
+        self.name = name
+        self.encoding = 'utf-8'
+        self.errors = 'replace'
+
+    def write(self, s):
+        if not isinstance(s, str):
+            raise TypeError('write() argument must be str, not %s' % type(s).__name__)
+        if s:
+            _send({'id': _current[0], 'stream': self.name, 'text': s})
+        return len(s)
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return False
+
+    def fileno(self):
+        return 1 if self.name == 'stdout' else 2
+
+    def writable(self):
+        return True
+
+
+for _fd, _name in ((1, 'stdout'), (2, 'stderr')):
+    _r, _w = os.pipe()
+    os.dup2(_w, _fd)
+    os.close(_w)
+    _plock = threading.Lock()
+    _pipes.append((_r, _plock))
+    threading.Thread(target=_pump, args=(_r, _name, _plock), daemon=True).start()
+_null = os.open('/dev/null', os.O_RDONLY)
+os.dup2(_null, 0)
+os.close(_null)
+sys.stdin = open(0, 'r', closefd=False)
+sys.stdout = _Stream('stdout')
+sys.stderr = _Stream('stderr')
+
+_MIME = (('_repr_html_', 'html'), ('_repr_markdown_', 'markdown'), ('_repr_svg_', 'svg'), ('_repr_png_', 'png'),
+         ('_repr_jpeg_', 'jpeg'), ('_repr_latex_', 'latex'), ('_repr_json_', 'json'), ('_repr_javascript_', 'javascript'))
+
+
+def _figure_png(fig):
+    import io
+    buf = io.BytesIO()
+    fig.savefig(buf, format='png', bbox_inches='tight')
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _bundle(value):
+    out = {}
+    mod = type(value).__module__ or ''
+    if mod.startswith('matplotlib') and hasattr(value, 'savefig'):
+        out['png'] = _figure_png(value)
+        _shown.add(id(value))
+    for meth, key in _MIME:
+        f = getattr(value, meth, None)
+        if not callable(f) or isinstance(value, type):
+            continue
+        try:
+            r = f()
+        except Exception:
+            continue
+        if isinstance(r, tuple):
+            r = r[0]
+        if r is None:
+            continue
+        if key in ('png', 'jpeg') and isinstance(r, (bytes, bytearray)):
+            r = base64.b64encode(r).decode()
+        out[key] = r
+    try:
+        out['text'] = repr(value)
+    except Exception as e:
+        out['text'] = '<repr failed: %s>' % e
+    return out
+
+
+_shown = set()
+
+
+def display(*values, **kw):
+    """Adds each value to the run's results, in order (as in Jupyter)."""
+    for v in values:
+        if kw.get('raw') and isinstance(v, dict):
+            _send({'id': _current[0], 'result': v})
+        else:
+            _send({'id': _current[0], 'result': _bundle(v)})
+
+
+def _flush_figures():
+    plt = sys.modules.get('matplotlib.pyplot')
+    if not plt:
+        return
+    for num in plt.get_fignums():
+        fig = plt.figure(num)
+        if id(fig) not in _shown:
+            _send({'id': _current[0], 'result': {'png': _figure_png(fig), 'text': repr(fig)}})
+    plt.close('all')
+    _shown.clear()
+
+
+def _patch_show():
+    plt = sys.modules.get('matplotlib.pyplot')
+    if plt and getattr(plt.show, '__module__', '') != __name__:
+        plt.show = lambda *a, **k: _flush_figures()
+        plt.show.__module__ = __name__
+
+
+_ns = {'__name__': '__main__', '__builtins__': __builtins__, 'display': display}
+import builtins  # noqa: E402
+builtins.display = display
+
+
+def _run(code):
+    tree = ast.parse(code, '<code>', 'exec')
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Expression(tree.body.pop().value)
+    exec(compile(tree, '<code>', 'exec'), _ns)
+    _patch_show()
+    if last is not None:
+        value = eval(compile(last, '<code>', 'eval'), _ns)
+        _patch_show()
+        if value is not None:
+            _ns['_'] = value
+            _send({'id': _current[0], 'result': dict(_bundle(value), isMain=True)})
+
+
+_requests = queue.Queue()
+_running = threading.Event()
+
+
+def _reader():
+    buf = b''
+    while True:
+        try:
+            chunk = os.read(_in_fd, 1 << 20)
+        except OSError:
+            chunk = b''
+        if not chunk:
+            _requests.put(None)
+            return
+        buf += chunk
+        while b'\n' in buf:
+            line, buf = buf.split(b'\n', 1)
+            try:
+                req = json.loads(line)
+            except ValueError:
+                continue
+            if req.get('interrupt'):
+                if _running.is_set():
+                    os.kill(os.getpid(), signal.SIGINT)
+            else:
+                _requests.put(req)
+
+
+threading.Thread(target=_reader, daemon=True).start()
+signal.signal(signal.SIGINT, signal.default_int_handler)
+_send({'ready': True, 'pid': os.getpid(), 'version': sys.version.split()[0]})
+
+while True:
+    req = _requests.get()
+    if req is None:
+        break
+    _current[0] = req.get('id')
+    error = None
+    timer = None
+    timeout = req.get('timeout') or 0
+    try:
+        _running.set()
+        if timeout > 0:
+            timer = threading.Timer(timeout / 1000.0, lambda: os.kill(os.getpid(), signal.SIGINT))
+            timer.daemon = True
+            timer.start()
+        try:
+            _run(req.get('code', ''))
+            _flush_figures()
+        finally:
+            _running.clear()
+            if timer:
+                timer.cancel()
+    except BaseException as e:  # noqa: B902 (KeyboardInterrupt too: the context lives on)
+        if isinstance(e, SystemExit):
+            error = {'name': 'SystemExit', 'value': str(e.code), 'traceback': []}
+        else:
+            tb = traceback.format_exception(type(e), e, e.__traceback__)
+            # the driver's own frames are not the user's business
+            tb = [t for t in tb if 'File "<string>"' not in t]
+            error = {'name': type(e).__name__, 'value': str(e), 'traceback': tb}
+        try:
+            _flush_figures()
+        except Exception:
+            pass
+    _drain()
+    _send({'id': _current[0], 'done': True, 'error': error})
+    _current[0] = None

@@ -1,0 +1,166 @@
+"""runCode and code contexts through MCP: state across runs, plots as PNG
+images, DataFrames as HTML, exceptions that leave the context usable,
+timeouts and cancellation that interrupt without losing state, independent
+contexts, JavaScript with top-level await, and a driver channel that cannot
+be made to lie its way into the daemon."""
+import base64
+import json
+import sys
+import time
+
+from sbxtest import Env, run_tests, wait_until
+
+
+class Ctx:
+    def __init__(self):
+        self.env = Env()
+        self.c = self.env.mcp(['--sandbox', 'code'])
+        self.c.initialize()
+
+    def close(self):
+        self.env.close()
+
+
+def run(x, code, **kw):
+    return x.c.ok('runCode', dict(code=code, **kw), 120)
+
+
+def test_state_and_results(t, x):
+    r = run(x, 'x = 20\ny = x * 2\nprint("hello")\ny + 2')
+    t.eq(r['logs']['stdout'], ['hello', '\n'], 'print goes to logs.stdout')
+    t.eq([res.get('text') for res in r['results']], ['42'], 'the last expression is the result')
+    t.eq(r['executionCount'], 1, 'executionCount counts runs')
+    r = run(x, 'import math\ndef f(n): return math.factorial(n)\nf(5) + x')
+    t.eq(r['results'][0]['text'], '140', 'variables, imports and functions persist in the context')
+    r = run(x, 'display(1, "two")\nimport os\nos.system("echo from a child")\nNone')
+    t.eq([res['text'] for res in r['results']], ['1', "'two'"], 'display() adds results in order; None is no result')
+    t.eq(''.join(r['logs']['stdout']), 'from a child\n', 'what a subprocess prints is captured too')
+
+
+def test_exception(t, x):
+    res, _ = x.c.call('runCode', {'code': 'keep = 7\n1/0'}, 60)
+    r = res['structuredContent']
+    t.ok(not res['isError'], 'an exception in the code is a result, not a tool error', res)
+    t.eq((r['error']['name'], r['error']['value']), ('ZeroDivisionError', 'division by zero'), 'error {name, value}')
+    t.ok(any('1/0' in line or 'line 2' in line for line in r['error']['traceback']), 'with the traceback', r['error'])
+    t.ok('ZeroDivisionError' in res['content'][0]['text'], 'and the text says it', res['content'])
+    t.eq(run(x, 'keep + 1')['results'][0]['text'], '8', 'the context is still usable, with its state')
+
+
+def test_plot_and_dataframe(t, x):
+    res, _ = x.c.call('runCode', {'code': 'import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.title("t")'}, 120)
+    r = res['structuredContent']
+    pngs = [b['png'] for b in r['results'] if 'png' in b]
+    t.eq(len(pngs), 1, 'a matplotlib figure comes back as one png result without plt.show()', r['results'])
+    raw = base64.b64decode(pngs[0]) if pngs else b''
+    t.ok(raw.startswith(b'\x89PNG\r\n\x1a\n') and len(raw) > 1000, 'and it is a real PNG (%d bytes)' % len(raw))
+    imgs = [b for b in res['content'] if b['type'] == 'image']
+    t.ok(len(imgs) == 1 and imgs[0]['mimeType'] == 'image/png' and imgs[0]['data'] == pngs[0],
+         'the PNG is also an MCP image content block', [b['type'] for b in res['content']])
+    r = run(x, 'import pandas as pd\ndf = pd.DataFrame({"a": [1, 2], "b": [3, 4]})\ndf')
+    main = r['results'][-1]
+    t.ok('<table' in main.get('html', '') and 'a' in main.get('text', ''), 'a DataFrame comes back as html and text', main)
+    r = run(x, 'class R:\n    def _repr_markdown_(self): return "**md**"\n    def _repr_svg_(self): return "<svg/>"\nR()')
+    t.eq((r['results'][0].get('markdown'), r['results'][0].get('svg')), ('**md**', '<svg/>'),
+         '_repr_markdown_ and _repr_svg_ come back under their keys')
+
+
+def test_timeout_and_cancel(t, x):
+    run(x, 'counter = 41')
+    t0 = time.monotonic()
+    r = run(x, 'while True: pass', timeout=1000)
+    t.eq(r.get('error', {}).get('name'), 'KeyboardInterrupt', 'timeout interrupts a busy loop (KeyboardInterrupt)', r)
+    t.ok(time.monotonic() - t0 < 30, 'and answers')
+    t.eq(run(x, 'counter + 1')['results'][0]['text'], '42', 'the context keeps its earlier variables')
+    # cancellation: notifications/cancelled interrupts like a timeout
+    c = x.c
+    i = next(c.ids)
+    c.send({'jsonrpc': '2.0', 'id': i, 'method': 'tools/call',
+            'params': {'name': 'runCode', 'arguments': {'code': 'import time\nstarted = True\nprint("go", flush=True)\n'
+                                                                 'time.sleep(1000)'}, '_meta': {'progressToken': 'pc'}}})
+    c.next(lambda m: m.get('method') == 'notifications/progress' and m['params'].get('progressToken') == 'pc', 60)
+    c.notify('notifications/cancelled', {'requestId': i, 'reason': 'test'})
+    r = run(x, 'started, counter')
+    t.eq(r['results'][0]['text'], '(True, 41)', 'a cancelled run is interrupted; the next one runs with the state kept')
+
+
+def test_contexts_independent(t, x):
+    a = x.c.ok('createCodeContext', {'language': 'python'})
+    b = x.c.ok('createCodeContext', {'language': 'python', 'cwd': '/tmp'})
+    t.ok(a['id'] != b['id'] and a['cwd'] == '/workspace' and b['cwd'] == '/tmp', 'two contexts, each with its cwd', (a, b))
+    run(x, 'v = "in a"', contextId=a['id'])
+    r = run(x, 'import os\n(globals().get("v"), os.getcwd())', contextId=b['id'])
+    t.eq(r['results'][0]['text'], "(None, '/tmp')", 'contexts do not share state')
+    ids = [ctx['id'] for ctx in x.c.ok('listCodeContexts')['contexts']]
+    t.ok(a['id'] in ids and b['id'] in ids, 'listCodeContexts shows them', ids)
+    x.c.ok('deleteCodeContext', {'contextId': b['id']})
+    t.eq(x.c.err('runCode', {'code': '1', 'contextId': b['id']}), 'CONTEXT_NOT_FOUND', 'a deleted context is gone')
+    t.eq(x.c.err('deleteCodeContext', {'contextId': 'nope'}), 'CONTEXT_NOT_FOUND', 'an unknown one is CONTEXT_NOT_FOUND')
+    # a context whose interpreter died says so, and runCode's default one comes back fresh
+    res, _ = x.c.call('runCode', {'code': 'import os, signal\nos.kill(os.getpid(), signal.SIGKILL)', 'contextId': a['id']}, 60)
+    t.ok(res['isError'] and 'ended' in res['structuredContent']['error']['message'],
+         'a run whose interpreter dies fails clearly', res['structuredContent'])
+    res, _ = x.c.call('runCode', {'code': '1', 'contextId': a['id']}, 60)
+    t.ok(res['isError'] and 'died' in res['structuredContent']['error']['message'], 'and the dead context says so', res)
+
+
+def test_javascript(t, x):
+    r = run(x, 'let a = 40;\nconsole.log("hi", {b: 1});\na + 2', language='javascript')
+    t.eq((r['results'][0]['text'], r['logs']['stdout']), ('42', ['hi { b: 1 }\n']), 'JS: console.log and the last value')
+    r = run(x, 'const got = await new Promise((res) => setTimeout(() => res(a), 10));\ngot + 1', language='javascript')
+    t.eq(r['results'][0]['text'], '41', 'top-level await')
+    r = run(x, 'got * 2 + a', language='javascript')
+    t.eq(r['results'][0]['text'], '120', 'let/const survive between runs, awaited ones too')
+    r = run(x, '({x: [1, 2]})', language='javascript')
+    t.eq(r['results'][0].get('json'), {'x': [1, 2]}, 'an object also comes back as json')
+    r = run(x, 'null.x', language='javascript')
+    t.eq(r.get('error', {}).get('name'), 'TypeError', 'JS errors with their name', r)
+    t.ok(any('<code>' in line for line in r['error']['traceback']), 'and the stack', r['error'])
+    r = run(x, 'while (true) {}', language='javascript', timeout=1000)
+    t.eq(r.get('error', {}).get('name'), 'TimeoutError', 'timeout stops a JS busy loop', r)
+    r = run(x, 'await new Promise(() => {})', language='javascript', timeout=1000)
+    t.ok(r.get('error', {}).get('name') == 'TimeoutError' and 'abandoned' in r['error']['value'],
+         'a never-ending await is abandoned and the context says so', r)
+    t.eq(run(x, 'a', language='javascript')['results'][0]['text'], '40', 'and the context keeps its state')
+
+
+def test_lying_driver(t, x):
+    # code that writes fake protocol lines and garbage straight to the channel
+    code = ('import os\n'
+            'os.write(1, b\'{"id": 999, "done": true}\\n{"ready": true}\\nnot json at all\\n\')\n'
+            'os.write(1, b\'{"id": 1, "result": {"png": 5, "evil": "x"}}\\n\')\n'
+            'os.write(1, b"x" * 3000000 + b"\\n")\n'
+            '"still fine"')
+    r = run(x, code)
+    t.eq(r['results'][-1]['text'], "'still fine'", 'forged and oversized lines do not end or corrupt the run', r['results'][-1])
+    t.ok(all(set(res) <= {'text', 'html', 'png', 'jpeg', 'svg', 'json', 'markdown', 'latex', 'javascript', 'isMain'}
+             for res in r['results']), 'results carry only known keys')
+    t.eq(run(x, '1 + 1')['results'][0]['text'], '2', 'the context goes on')
+
+
+def test_reset_ends_contexts(t, x):
+    c = x.c
+    c.ok('createSandbox', {'sandboxId': 'nap', 'sleepAfter': '2s'})
+    ctx = c.ok('createCodeContext', {'sandboxId': 'nap'})
+    c.ok('runCode', {'sandboxId': 'nap', 'code': 'z = 1', 'contextId': ctx['id']})
+    c.request('logging/setLevel', {'level': 'notice'})
+    c.next(lambda m: m.get('method') == 'notifications/message' and m['params']['data'].get('sandboxId') == 'nap', 30)
+    t.ok(True, 'a sandbox with a code context still goes idle and is reset')
+    t.eq(c.err('runCode', {'sandboxId': 'nap', 'code': 'z', 'contextId': ctx['id']}), 'CONTEXT_NOT_FOUND',
+         'the reset ended its code contexts')
+
+
+def test_missing_interpreter(t, x):
+    c = x.c
+    c.ok('createSandbox', {'sandboxId': 'nopy'})
+    # an interpreter the sandbox does not have: PATH without it
+    res, _ = c.call('createCodeContext', {'sandboxId': 'nopy', 'language': 'python', 'env': {'PATH': '/nonexistent'}}, 60)
+    t.eq(res['structuredContent'].get('error', {}).get('code'), 'INTERPRETER_NOT_AVAILABLE',
+         'no python3 is INTERPRETER_NOT_AVAILABLE', res['structuredContent'])
+    t.ok('python3' in res['structuredContent']['error']['message'], 'naming the binary', res['structuredContent'])
+
+
+if __name__ == '__main__':
+    sys.exit(run_tests([test_state_and_results, test_exception, test_plot_and_dataframe, test_timeout_and_cancel,
+                        test_contexts_independent, test_javascript, test_lying_driver, test_reset_ends_contexts,
+                        test_missing_interpreter], setup=Ctx))
