@@ -511,12 +511,15 @@ static void do_resources_read(request *r) {
 
 static void do_cancelled(mcp_conn *c, json_t *params) {
   json_t *rid = json_object_get(params, "requestId");
-  for (mcp_call *call = c->calls; call; call = call->next)
+  for (mcp_call *call = c->calls, *next; call; call = next) {
+    next = call->next; /* a wait answers (and goes) at once */
     if (rid && json_equal(call->id, rid)) {
       call->cancelled = true;
       if (call->exec) sbx_exec_cancel(call->exec);
       if (call->code_run) sbx_code_cancel(call->code_run);
+      if (call->wait) mcp_wait_cancel(call->wait);
     }
+  }
 }
 
 static void do_hello(mcp_conn *c, json_t *params) {
@@ -651,10 +654,12 @@ void mcp_conn_set_default_sandbox(mcp_conn *c, const char *id) {
 void mcp_conn_close(mcp_conn *c) {
   c->closed = true;
   /* a client that disconnects mid-call has its work cancelled */
-  for (mcp_call *call = c->calls; call; call = call->next) {
+  for (mcp_call *call = c->calls, *next; call; call = next) {
+    next = call->next;
     call->cancelled = true;
     if (call->exec) sbx_exec_cancel(call->exec);
     if (call->code_run) sbx_code_cancel(call->code_run);
+    if (call->wait) mcp_wait_cancel(call->wait);
   }
   conn_unref(c);
 }

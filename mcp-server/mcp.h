@@ -47,6 +47,7 @@ typedef struct mcp_call {
   char sandbox_id[64];
   sbx_exec *exec;
   sbx_code_run *code_run; /* runCode in progress: cancellation interrupts it */
+  void *wait;             /* waitForLog and friends in progress: cancellation ends it */
   json_t *extra_content;  /* content blocks after the text (runCode's images) */
   bool sandbox_created; /* this call created the sandbox */
   bool modern;          /* protocol 2026-07-28: results carry resultType */
@@ -57,6 +58,8 @@ typedef struct mcp_call {
 } mcp_call;
 
 uv_loop_t *mcp_call_loop(mcp_call *call);
+/* Ends a waitForLog/waitForExit/streamProcessLogs call (tools.c). */
+void mcp_wait_cancel(void *wait);
 /* Finishes the call with structured content (stolen) and a short text. */
 void mcp_call_ok(mcp_call *call, json_t *structured, const char *text);
 void mcp_call_fail(mcp_call *call, const sbx_error *err);

@@ -3,6 +3,8 @@
 #define _GNU_SOURCE
 #include "mcp.h"
 
+#include <regex.h>
+
 #include "../sandbox-core/bucket.h"
 #include "../sandbox-core/files.h"
 #include "../sandbox-core/netpolicy.h"
@@ -334,6 +336,356 @@ static void h_kill_all(mcp_call *call, json_t *args, sbx_sandbox *sb) {
   char text[64];
   snprintf(text, sizeof text, "signalled %d processes", n);
   mcp_call_ok(call, json_pack("{s:i}", "count", n), text);
+}
+
+/* ---- waiting on processes ------------------------------------------------------ */
+
+#define MAX_LOG_LINE (64 * 1024) /* a longer line is matched on its first 64 KiB */
+
+struct proc_wait {
+  mcp_call *call;
+  sbx_process *p;
+  sbx_process_watch *w;
+  uv_timer_t timer;
+  regex_t re;
+  bool has_re, stream_all, finished;
+  sbx_buf line[2];
+  char id[64];
+};
+
+static void wait_closed(uv_handle_t *h) {
+  struct proc_wait *pw = h->data;
+  if (pw->has_re) regfree(&pw->re);
+  sbx_buf_free(&pw->line[0]);
+  sbx_buf_free(&pw->line[1]);
+  free(pw);
+}
+
+/* Answers once: the watch and the timer go. */
+static void wait_finish(struct proc_wait *pw, json_t *ok, const char *text, const sbx_error *err) {
+  if (pw->finished) return json_decref(ok);
+  pw->finished = true;
+  pw->call->wait = NULL;
+  if (pw->w && pw->p) sbx_process_unwatch(pw->p, pw->w);
+  pw->w = NULL;
+  if (err) mcp_call_fail(pw->call, err);
+  else mcp_call_ok(pw->call, ok, text);
+  uv_timer_stop(&pw->timer);
+  uv_close((uv_handle_t *)&pw->timer, wait_closed);
+}
+
+static bool wait_line(struct proc_wait *pw, int stream, const char *line, size_t len) {
+  char *z = strndup(line, len);
+  bool hit = z && regexec(&pw->re, z, 0, NULL, 0) == 0;
+  if (hit) {
+    char text[300];
+    snprintf(text, sizeof text, "%.280s", z);
+    wait_finish(pw, json_pack("{s:s, s:s, s:s}", "processId", pw->id, "line", z, "stream", stream == 2 ? "stderr" : "stdout"),
+                text, NULL);
+  }
+  free(z);
+  return hit;
+}
+
+/* Feeds output through the line buffers; true once a line matched. */
+static bool wait_feed(struct proc_wait *pw, int stream, const char *data, size_t len) {
+  sbx_buf *b = &pw->line[stream == 2];
+  while (len) {
+    const char *nl = memchr(data, '\n', len);
+    size_t take = nl ? (size_t)(nl - data) : len;
+    if (b->len < MAX_LOG_LINE) sbx_buf_append(b, data, b->len + take > MAX_LOG_LINE ? MAX_LOG_LINE - b->len : take);
+    if (!nl) break;
+    bool hit = wait_line(pw, stream, b->data ? b->data : "", b->len);
+    b->len = 0;
+    if (hit) return true;
+    len -= take + 1;
+    data = nl + 1;
+  }
+  return false;
+}
+
+static void wait_chunk(void *ud, int stream, const char *data, size_t len) {
+  struct proc_wait *pw = ud;
+  if (pw->finished) return;
+  if (pw->stream_all) return mcp_call_progress(pw->call, stream == 2 ? "stderr" : "stdout", data, len);
+  if (pw->has_re) wait_feed(pw, stream, data, len);
+}
+
+static json_t *exit_json(sbx_process *p) {
+  return json_pack("{s:s, s:i, s:s}", "processId", p->id, "exitCode", p->exit_code, "status", p->status);
+}
+
+static void wait_end(void *ud, sbx_process *p) {
+  struct proc_wait *pw = ud;
+  pw->w = NULL; /* the process drops its watches itself */
+  pw->p = p;
+  if (pw->finished) return;
+  sbx_error err;
+  if (!p) {
+    sbx_err(&err, "PROCESS_NOT_FOUND", "process '%s' is gone (its sandbox was reset or destroyed)", pw->id);
+    return wait_finish(pw, NULL, NULL, &err);
+  }
+  if (pw->has_re) {
+    for (int i = 0; i < 2; i++) /* a last line without a newline */
+      if (pw->line[i].len && wait_line(pw, i + 1, pw->line[i].data, pw->line[i].len)) return;
+    sbx_err(&err, "PROCESS_EXITED", "process '%s' ended (%s, exit code %d) without printing a matching line", pw->id,
+            p->status, p->exit_code);
+    return wait_finish(pw, NULL, NULL, &err);
+  }
+  char text[128];
+  snprintf(text, sizeof text, "%s %s (exit code %d)", p->id, p->status, p->exit_code);
+  wait_finish(pw, exit_json(p), text, NULL);
+}
+
+static void wait_timeout(uv_timer_t *t) {
+  struct proc_wait *pw = t->data;
+  sbx_error err;
+  sbx_err(&err, "COMMAND_TIMEOUT", "process '%s' %s within the timeout", pw->id,
+          pw->has_re ? "printed no matching line" : "did not end");
+  wait_finish(pw, NULL, NULL, &err);
+}
+
+/* kind: 'l' waitForLog, 'x' waitForExit, 's' streamProcessLogs */
+static void process_wait(mcp_call *call, json_t *args, sbx_sandbox *sb, char kind) {
+  sbx_process *p = find_process(call, args, sb);
+  if (!p) return;
+  struct proc_wait *pw = calloc(1, sizeof *pw);
+  if (!pw) return mcp_call_fail(call, &(sbx_error){.code = "INTERNAL", .message = "out of memory"});
+  pw->call = call;
+  pw->p = p;
+  snprintf(pw->id, sizeof pw->id, "%s", p->id);
+  pw->stream_all = kind == 's';
+  uv_timer_init(mcp_call_loop(call), &pw->timer);
+  pw->timer.data = pw;
+  if (kind == 'l') {
+    int rc = regcomp(&pw->re, str(args, "pattern"), REG_EXTENDED | REG_NOSUB);
+    if (rc) {
+      char why[200];
+      regerror(rc, &pw->re, why, sizeof why);
+      sbx_error err;
+      sbx_err(&err, "VALIDATION_FAILED", "pattern is not a valid regular expression: %s", why);
+      return wait_finish(pw, NULL, NULL, &err);
+    }
+    pw->has_re = true;
+  }
+  /* what is there already: the logs so far (the last 1 MiB of each stream) */
+  for (int stream = 1; stream <= 2 && kind != 'x'; stream++) {
+    size_t n = 0;
+    char *old = sbx_process_logs(p, stream, 0, &n);
+    if (old && kind == 's' && n) mcp_call_progress(call, stream == 2 ? "stderr" : "stdout", old, n);
+    bool hit = old && kind == 'l' && wait_feed(pw, stream, old, n);
+    free(old);
+    if (hit) return;
+  }
+  if (p->done) return wait_end(pw, p);
+  pw->w = sbx_process_watch_add(p, wait_chunk, wait_end, pw);
+  if (!pw->w) return wait_finish(pw, NULL, NULL, &(sbx_error){.code = "INTERNAL", .message = "out of memory"});
+  int64_t timeout = json_integer_value(json_object_get(args, "timeout"));
+  if (timeout > 0) uv_timer_start(&pw->timer, wait_timeout, (uint64_t)timeout, 0);
+  call->wait = pw;
+}
+
+static void h_wait_log(mcp_call *call, json_t *args, sbx_sandbox *sb) { process_wait(call, args, sb, 'l'); }
+static void h_wait_exit(mcp_call *call, json_t *args, sbx_sandbox *sb) { process_wait(call, args, sb, 'x'); }
+static void h_stream_logs(mcp_call *call, json_t *args, sbx_sandbox *sb) { process_wait(call, args, sb, 's'); }
+
+void mcp_wait_cancel(void *wait) {
+  struct proc_wait *pw = wait;
+  sbx_error err;
+  sbx_err(&err, "INTERNAL", "cancelled");
+  wait_finish(pw, NULL, NULL, &err);
+}
+
+/* ---- gitCheckout --------------------------------------------------------------- */
+
+/* git runs inside the sandbox; the URL, branch and directory reach it as
+ * variables, never as shell text. Exit 3: the target is in the way. */
+static const char git_script[] =
+    "if [ -e \"$SBX_GIT_DIR\" ] && [ -n \"$(ls -A \"$SBX_GIT_DIR\" 2>/dev/null)\" ]; then\n"
+    "  if [ \"$SBX_GIT_FORCE\" = 1 ]; then rm -rf -- \"$SBX_GIT_DIR\"; else exit 3; fi\n"
+    "fi\n"
+    "command -v git >/dev/null || exit 127\n"
+    "git clone --progress ${SBX_GIT_BRANCH:+--branch \"$SBX_GIT_BRANCH\"} ${SBX_GIT_DEPTH:+--depth \"$SBX_GIT_DEPTH\"} "
+    "-- \"$SBX_GIT_URL\" \"$SBX_GIT_DIR\" || exit 4\n"
+    "cd \"$SBX_GIT_DIR\" && git rev-parse HEAD && git rev-parse --abbrev-ref HEAD\n";
+
+struct git_call {
+  mcp_call *call;
+  char *url;    /* as given */
+  char *shown;  /* with any password replaced */
+  char *secret; /* the userinfo to hide, or NULL */
+  char dir[4096];
+};
+
+/* Text with the URL's credentials replaced by "***" (malloc'd). */
+static char *redact(const struct git_call *g, const char *text, size_t len, size_t *out_len) {
+  sbx_buf b = {0};
+  size_t sl = g->secret ? strlen(g->secret) : 0;
+  for (size_t i = 0; i < len;) {
+    if (sl && i + sl <= len && !memcmp(text + i, g->secret, sl)) {
+      sbx_buf_append(&b, "***", 3);
+      i += sl;
+    } else {
+      sbx_buf_append(&b, text + i, 1);
+      i++;
+    }
+  }
+  sbx_buf_append(&b, "", 1);
+  if (out_len) *out_len = b.len - 1;
+  return b.data;
+}
+
+static void git_free(struct git_call *g) {
+  free(g->url);
+  free(g->shown);
+  if (g->secret) explicit_bzero(g->secret, strlen(g->secret));
+  free(g->secret);
+  free(g);
+}
+
+static void git_chunk(void *ud, int stream, const char *data, size_t len) {
+  struct git_call *g = ud;
+  size_t n;
+  char *t = redact(g, data, len, &n);
+  mcp_call_progress(g->call, stream == 1 ? "stdout" : "stderr", t, n);
+  free(t);
+}
+
+static void git_done(void *ud, const sbx_exec_result *r, const sbx_error *err) {
+  struct git_call *g = ud;
+  mcp_call *call = g->call;
+  call->exec = NULL;
+  sbx_error e = {0};
+  if (err) {
+    e = *err;
+  } else if (r->timed_out) {
+    sbx_err(&e, "COMMAND_TIMEOUT", "git clone did not finish within the timeout");
+  } else if (r->exit_code == 3) {
+    sbx_err(&e, "FILE_EXISTS", "%s exists and is not empty (force: true replaces it)", g->dir);
+  } else if (r->exit_code == 127) {
+    sbx_err(&e, "GIT_CLONE_FAILED", "git is not installed in the sandbox");
+  } else if (r->exit_code != 0) {
+    /* git's own words: from its last "fatal:" (else its last line), credentials hidden */
+    size_t n;
+    char *t = redact(g, r->err, r->err_len, &n);
+    for (size_t k = 0; k < n; k++)
+      if (t[k] == '\r') t[k] = '\n';
+    while (n && t[n - 1] == '\n') t[--n] = 0;
+    char *last = NULL;
+    for (char *f = strstr(t, "fatal:"); f; f = strstr(f + 1, "fatal:")) last = f;
+    if (!last) {
+      last = strrchr(t, '\n');
+      last = last ? last + 1 : t;
+    }
+    sbx_err(&e, "GIT_CLONE_FAILED", "git clone %s failed: %s", g->shown, *last ? last : "(no message)");
+    free(t);
+  }
+  if (e.code) {
+    git_free(g);
+    return mcp_call_fail(call, &e);
+  }
+  char *nl = memchr(r->out, '\n', r->out_len);
+  char commit[64] = "", branch[256] = "";
+  if (nl) {
+    snprintf(commit, sizeof commit, "%.*s", (int)(nl - r->out), r->out);
+    snprintf(branch, sizeof branch, "%.*s", (int)strcspn(nl + 1, "\n"), nl + 1);
+  }
+  char text[4400];
+  snprintf(text, sizeof text, "cloned %s (%s at %.12s) into %s", g->shown, branch, commit, g->dir);
+  mcp_call_ok(call, json_pack("{s:s, s:s, s:s, s:s}", "repoUrl", g->shown, "branch", branch, "targetDir", g->dir, "commit",
+                              commit),
+              text);
+  git_free(g);
+}
+
+/* http(s)://, git://, ssh:// URLs and scp-like user@host:path; nothing
+ * git would read as an option, a local path or a transport helper. */
+static bool git_url_ok(const char *u, const char **userinfo, size_t *ui_len) {
+  *userinfo = NULL;
+  *ui_len = 0;
+  for (const char *p = u; *p; p++)
+    if ((unsigned char)*p <= ' ' || *p == 0x7f) return false;
+  const char *schemes[] = {"https://", "http://", "git://", "ssh://"};
+  for (size_t i = 0; i < SBX_ARRAY_SIZE(schemes); i++) {
+    size_t l = strlen(schemes[i]);
+    if (strncasecmp(u, schemes[i], l)) continue;
+    const char *host = u + l;
+    size_t hl = strcspn(host, "/?#");
+    if (!hl) return false;
+    const char *end = host + hl, *at = NULL;
+    for (const char *p = host; p < end; p++)
+      if (*p == '@') at = p;
+    if (at) {
+      *userinfo = host;
+      *ui_len = at - host;
+      host = at + 1;
+    }
+    return host < end && *host != '-';
+  }
+  if (strstr(u, "://")) return false; /* another scheme */
+  /* scp-like: [user@]host:path, host without '/' before the ':' */
+  const char *colon = strchr(u, ':');
+  return colon && colon > u && u[0] != '-' && !memchr(u, '/', colon - u) && colon[1] && strncmp(u, "ext:", 4) &&
+         strncmp(u, "file:", 5) && strncmp(u, "fd:", 3);
+}
+
+static void h_git_checkout(mcp_call *call, json_t *args, sbx_sandbox *sb) {
+  sbx_error err = {0};
+  const char *url = str(args, "repoUrl"), *branch = str(args, "branch"), *target = str(args, "targetDir");
+  const char *ui;
+  size_t ui_len;
+  if (!git_url_ok(url, &ui, &ui_len))
+    return mcp_call_fail(call, &(sbx_error){.code = "INVALID_GIT_URL",
+                                            .message = "repoUrl must be an https://, http://, git:// or ssh:// URL "
+                                                       "(or user@host:path)"});
+  if (branch && (branch[0] == '-' || strpbrk(branch, " \t\n\\:~^?*[") || strstr(branch, "..")))
+    return mcp_call_fail(call, &(sbx_error){.code = "VALIDATION_FAILED", .message = "branch is not a valid git ref name"});
+  struct git_call *g = calloc(1, sizeof *g);
+  if (!g) return mcp_call_fail(call, &(sbx_error){.code = "INTERNAL", .message = "out of memory"});
+  g->call = call;
+  g->url = strdup(url);
+  const char *colon = ui ? memchr(ui, ':', ui_len) : NULL;
+  if (ui && colon) { /* user:password@: the password is the secret (the whole userinfo when it has none) */
+    g->secret = strndup(colon + 1, ui_len - (colon + 1 - ui));
+  } else if (ui && strncasecmp(url, "ssh://", 6)) {
+    g->secret = strndup(ui, ui_len); /* a token as the user name */
+  }
+  if (g->secret && !*g->secret) free(g->secret), g->secret = NULL;
+  g->shown = redact(g, url, strlen(url), NULL);
+  /* the target: targetDir, else /workspace/<repo name> */
+  char name[256];
+  const char *tail = url + strlen(url);
+  while (tail > url && tail[-1] == '/') tail--;
+  const char *start = tail;
+  while (start > url && start[-1] != '/' && start[-1] != ':') start--;
+  size_t nl = tail - start;
+  if (nl > 4 && !strncmp(tail - 4, ".git", 4)) nl -= 4;
+  snprintf(name, sizeof name, "%.*s", (int)nl, start);
+  if (!target && (!name[0] || !strcmp(name, ".") || !strcmp(name, ".."))) snprintf(name, sizeof name, "repo");
+  char rel[4400];
+  snprintf(rel, sizeof rel, "%s", target ? target : name);
+  if (sbx_fs_abspath(rel, g->dir, &err) < 0) {
+    git_free(g);
+    return mcp_call_fail(call, &err);
+  }
+  char depth[32] = "";
+  json_int_t d = json_integer_value(json_object_get(args, "depth"));
+  if (d > 0) snprintf(depth, sizeof depth, "%lld", (long long)d);
+  sbx_env env = {0};
+  sbx_env_set(&env, "SBX_GIT_URL", url);
+  sbx_env_set(&env, "SBX_GIT_DIR", g->dir);
+  sbx_env_set(&env, "SBX_GIT_BRANCH", branch ? branch : "");
+  sbx_env_set(&env, "SBX_GIT_DEPTH", depth);
+  sbx_env_set(&env, "SBX_GIT_FORCE", flag(args, "force") ? "1" : "0");
+  sbx_env_set(&env, "GIT_TERMINAL_PROMPT", "0"); /* a private repo fails instead of waiting for a password */
+  sbx_exec_opts o = {.command = git_script, .env = &env, .session_id = str(args, "sessionId"),
+                     .timeout_ms = json_integer_value(json_object_get(args, "timeout")), .max_output = 65536};
+  int r = sbx_exec_start(mcp_call_loop(call), sb, &o, git_chunk, git_done, g, &call->exec, &err);
+  sbx_env_clear(&env);
+  if (r < 0) {
+    git_free(g);
+    mcp_call_fail(call, &err);
+  }
 }
 
 struct port_wait {
@@ -838,5 +1190,9 @@ const mcp_handler mcp_handlers[] = {
     {"listCodeContexts", h_context_list, false},
     {"deleteCodeContext", h_context_delete, false},
     {"runCode", h_run_code, false},
+    {"waitForLog", h_wait_log, false},
+    {"waitForExit", h_wait_exit, false},
+    {"streamProcessLogs", h_stream_logs, false},
+    {"gitCheckout", h_git_checkout, false},
 };
 const size_t mcp_handler_count = SBX_ARRAY_SIZE(mcp_handlers);

@@ -8,6 +8,48 @@
 
 static sbx_process *all;
 
+struct sbx_process_watch {
+  sbx_watch_chunk_cb chunk;
+  sbx_watch_end_cb end;
+  void *ud;
+  sbx_process_watch *next;
+};
+
+sbx_process_watch *sbx_process_watch_add(sbx_process *p, sbx_watch_chunk_cb chunk, sbx_watch_end_cb end, void *ud) {
+  sbx_process_watch *w = calloc(1, sizeof *w);
+  if (!w) return NULL;
+  *w = (sbx_process_watch){chunk, end, ud, p->watches};
+  p->watches = w;
+  return w;
+}
+
+void sbx_process_unwatch(sbx_process *p, sbx_process_watch *w) {
+  for (sbx_process_watch **pp = &p->watches; *pp; pp = &(*pp)->next)
+    if (*pp == w) {
+      *pp = w->next;
+      free(w);
+      return;
+    }
+}
+
+static void on_chunk(void *ud, int stream, const char *data, size_t len) {
+  sbx_process *p = ud;
+  for (sbx_process_watch *w = p->watches, *next; w; w = next) {
+    next = w->next; /* a watcher may leave while called */
+    if (w->chunk) w->chunk(w->ud, stream, data, len);
+  }
+}
+
+/* Tells every watcher the end (p NULL: forgotten) and drops them. */
+static void end_watches(sbx_process *p, bool forgotten) {
+  while (p->watches) {
+    sbx_process_watch *w = p->watches;
+    p->watches = w->next;
+    w->end(w->ud, forgotten ? NULL : p);
+    free(w);
+  }
+}
+
 static int count_in(const char *sandbox) {
   int n = 0;
   for (sbx_process *p = all; p; p = p->next)
@@ -53,6 +95,7 @@ static void on_done(void *ud, const sbx_exec_result *r, const sbx_error *err) {
     p->err_len = r->err_len;
     if (r->output_path) snprintf(p->output_path, sizeof p->output_path, "%s", r->output_path);
   }
+  end_watches(p, p->orphaned);
   if (p->orphaned) unlink_free(p);
 }
 
@@ -88,7 +131,7 @@ int sbx_process_start(uv_loop_t *loop, sbx_sandbox *sb, const char *id, const sb
   sbx_exec_opts opts = *o;
   opts.keep_session = false;
   opts.max_output = SBX_PROCESS_LOG;
-  if (sbx_exec_start(loop, sb, &opts, NULL, on_done, p, &p->x, err) < 0) {
+  if (sbx_exec_start(loop, sb, &opts, on_chunk, on_done, p, &p->x, err) < 0) {
     free(p->command);
     free(p);
     return -1;
@@ -110,6 +153,7 @@ void sbx_process_forget_sandbox(const char *sandbox) {
   for (sbx_process *p = all, *next; p; p = next) {
     next = p->next;
     if (strcmp(p->sandbox, sandbox) || p->orphaned) continue;
+    end_watches(p, true);
     if (p->done) unlink_free(p);
     else p->orphaned = true; /* freed when its exec ends */
   }

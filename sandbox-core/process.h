@@ -5,6 +5,8 @@
 #define SBX_MAX_PROCESSES 64            /* records per sandbox, running or finished */
 #define SBX_PROCESS_LOG (1024 * 1024)   /* per stream kept in memory; the rest spills to a file */
 
+typedef struct sbx_process_watch sbx_process_watch;
+
 typedef struct sbx_process {
   char id[64], sandbox[64];
   char *command;
@@ -16,8 +18,18 @@ typedef struct sbx_process {
   char *out, *err; /* once done */
   size_t out_len, err_len;
   char output_path[128];
+  sbx_process_watch *watches;
   struct sbx_process *next;
 } sbx_process;
+
+/* Someone following a running process's output (waitForLog,
+ * streamProcessLogs) or waiting for its end. chunk: stream 1 or 2, UTF-8.
+ * end: p has ended (p->done) or is being forgotten (p NULL); the watch is
+ * gone after it. */
+typedef void (*sbx_watch_chunk_cb)(void *ud, int stream, const char *data, size_t len);
+typedef void (*sbx_watch_end_cb)(void *ud, sbx_process *p);
+sbx_process_watch *sbx_process_watch_add(sbx_process *p, sbx_watch_chunk_cb chunk, sbx_watch_end_cb end, void *ud);
+void sbx_process_unwatch(sbx_process *p, sbx_process_watch *w);
 
 int sbx_process_start(uv_loop_t *loop, sbx_sandbox *sb, const char *id, const sbx_exec_opts *o, sbx_process **out,
                       sbx_error *err);

@@ -1,5 +1,6 @@
 """Background processes: startProcess, its logs and status, waitForPort,
-killProcess of a whole tree, and their end with the sandbox."""
+waitForLog, waitForExit and streamProcessLogs, killProcess of a whole tree,
+and their end with the sandbox."""
 import sys
 
 from sbxtest import Ctx, Env, run_tests, wait_until
@@ -91,5 +92,45 @@ def test_early_signals(t, x):
     c.close()
 
 
+def test_wait_for_log_and_exit(t, x):
+    c = x.c
+    c.ok('startProcess', {'processId': 'srv', 'command': 'echo booting; sleep 0.3; echo "db ready" >&2; sleep 0.3; '
+                                                         'echo "listening on :8080"; exec sleep 1000'})
+    r = c.ok('waitForLog', {'processId': 'srv', 'pattern': 'listening on :[0-9]+', 'timeout': 20000}, 40)
+    t.eq((r['line'], r['stream']), ('listening on :8080', 'stdout'), 'waitForLog answers with the matching line')
+    r = c.ok('waitForLog', {'processId': 'srv', 'pattern': '^db', 'timeout': 20000}, 40)
+    t.eq((r['line'], r['stream']), ('db ready', 'stderr'), 'output printed before the call counts, stderr too')
+    t.eq(c.err('waitForLog', {'processId': 'srv', 'pattern': 'never', 'timeout': 500}), 'COMMAND_TIMEOUT',
+         'no match within the timeout is COMMAND_TIMEOUT')
+    t.eq(c.err('waitForLog', {'processId': 'srv', 'pattern': '(unclosed'}), 'VALIDATION_FAILED', 'a bad pattern is refused')
+    t.eq(c.err('waitForExit', {'processId': 'srv', 'timeout': 300}), 'COMMAND_TIMEOUT', 'waitForExit times out while it runs')
+    c.ok('startProcess', {'processId': 'quit', 'command': 'sleep 0.5; exit 7'})
+    r = c.ok('waitForExit', {'processId': 'quit', 'timeout': 20000}, 40)
+    t.eq((r['exitCode'], r['status']), (7, 'failed'), 'waitForExit answers with the exit code once it ends')
+    t.eq(c.ok('waitForExit', {'processId': 'quit'})['exitCode'], 7, 'and at once for one that has ended')
+    t.eq(c.err('waitForLog', {'processId': 'quit', 'pattern': 'x'}), 'PROCESS_EXITED',
+         'waitForLog on an ended process without the line: PROCESS_EXITED')
+    c.ok('killProcess', {'processId': 'srv'})
+
+
+def test_stream_logs(t, x):
+    c = x.c
+    c.ok('startProcess', {'processId': 'ticker', 'command': 'echo first; for i in 1 2 3; do sleep 0.2; echo tick$i; done'})
+    r, notes = c.call('streamProcessLogs', {'processId': 'ticker', 'timeout': 20000}, 40, progress=True)
+    text = ''.join(n['params'].get('message', '') for n in notes)
+    t.ok(not r['isError'] and r['structuredContent']['exitCode'] == 0, 'streamProcessLogs answers when the process ends', r)
+    t.ok('first' in text and 'tick3' in text, 'after sending its output as progress, buffered then live', text)
+    # cancelling the stream ends the call, not the process
+    c.ok('startProcess', {'processId': 'long', 'command': 'while :; do echo alive; sleep 0.2; done'})
+    i = next(c.ids)
+    c.send({'jsonrpc': '2.0', 'id': i, 'method': 'tools/call',
+            'params': {'name': 'streamProcessLogs', 'arguments': {'processId': 'long'}, '_meta': {'progressToken': 'sl'}}})
+    c.next(lambda m: m.get('method') == 'notifications/progress' and m['params'].get('progressToken') == 'sl', 20)
+    c.notify('notifications/cancelled', {'requestId': i})
+    t.eq(status(x, 'long')['status'], 'running', 'a cancelled stream leaves the process running')
+    c.ok('killProcess', {'processId': 'long'})
+
+
 if __name__ == '__main__':
-    sys.exit(run_tests([test_server, test_exit_and_logs, test_tree_and_kill_all, test_with_sandbox, test_early_signals], lambda: Ctx('procs')))
+    sys.exit(run_tests([test_server, test_exit_and_logs, test_tree_and_kill_all, test_with_sandbox, test_early_signals,
+                        test_wait_for_log_and_exit, test_stream_logs], lambda: Ctx('procs')))
