@@ -16,6 +16,10 @@
            sbx-bucketfs against Debian's s3fs on the same server: untar of
            2,000 source files and reading them back, 1 GiB sequential write
            and read; the wake of a sandbox with a bucket mount
+  code     runCode "1+1" in a warm context against `exec true`; the first
+           run in a new Python/Node context against `python3 -c pass` and
+           `node -e 0` run by exec; gitCheckout of a 1,000-commit repository
+           against `git clone` of it on the host
   exec     `exec true` through `sbx mcp` (stdio relay), p50/p99 over N,
            against plain fork+exec of /bin/true (posix_spawn + wait)
   parallel calls per second of `exec true` with C clients on C sessions
@@ -23,7 +27,7 @@
            HTTP; the ping difference stdio - socket is what the relay adds
   clients  `exec true` latency and throughput with 1, 8 and 64 socket clients
 
-Usage: bench/bench.py [create|wake|many|disk|view|buckets|exec|parallel|transports|clients|all] [--n N]. Needs root, a built
+Usage: bench/bench.py [create|wake|many|disk|view|buckets|code|exec|parallel|transports|clients|all] [--n N]. Needs root, a built
 build/sbx and bubblewrap (scripts/bootstrap installs it)."""
 import argparse
 import os
@@ -580,6 +584,77 @@ def bench_bucket_wake(env, s3, n=20):
     print()
 
 
+def bench_code(n=200):
+    """runCode through sbx mcp against exec, and gitCheckout against a
+    clone on the host, in one run."""
+    env = Env()
+    try:
+        c = env.mcp(['--sandbox', 'codebench'])
+        c.initialize()
+        c.ok('runCode', {'code': '1+1'})
+        c.sh('true')
+        warm = lat_each(lambda i: c.ok('runCode', {'code': '1+1'}), n)
+        ex = lat_each(lambda i: c.sh('true'), n)
+        print('== runCode (n=%d) ==' % n)
+        print('%-34s p50 %7.2f ms  p99 %7.2f ms' % ('runCode "1+1", warm context', pct(warm, 50), pct(warm, 99)))
+        print('%-34s p50 %7.2f ms  p99 %7.2f ms' % ('exec true (yardstick)', pct(ex, 50), pct(ex, 99)))
+        print('%-34s p50 %7.2fx' % ('ratio', pct(warm, 50) / pct(ex, 50)))
+        for lang, cmd in (('python', 'python3 -c pass'), ('javascript', 'node -e 0')):
+            m = 20
+            c.ok('runCode', {'code': '1', 'language': lang})  # the interpreter in the page cache
+            xs = []
+            for i in range(m):
+                t0 = time.perf_counter()
+                ctx = c.ok('createCodeContext', {'language': lang})
+                c.ok('runCode', {'code': '1', 'contextId': ctx['id']})
+                xs.append((time.perf_counter() - t0) * 1000)
+                c.ok('deleteCodeContext', {'contextId': ctx['id']})
+            ys = lat_each(lambda i: c.sh(cmd), m)
+            print('%-34s p50 %7.2f ms  p99 %7.2f ms' % ('first run, new %s context' % lang, pct(xs, 50), pct(xs, 99)))
+            print('%-34s p50 %7.2f ms  p99 %7.2f ms' % ('exec ' + cmd, pct(ys, 50), pct(ys, 99)))
+            print('%-34s p50 %7.2fx' % ('ratio', pct(xs, 50) / pct(ys, 50)))
+        # a 1,000-commit repository, served by git daemon inside the sandbox
+        c.sh('set -e; mkdir -p /srv/r && cd /srv/r && git init -q -b main && for i in $(seq 1000); do echo $i > f; '
+             'git add f; git -c user.email=b@b -c user.name=b commit -qm c$i; done && git clone -q --bare . /srv/r.git',
+             wait=600)
+        c.ok('startProcess', {'processId': 'gitd', 'command': 'exec git daemon --reuseaddr --base-path=/srv '
+                                                            '--export-all --listen=127.0.0.1 --port=9418 /srv'})
+        c.ok('waitForPort', {'port': 9418, 'timeout': 20000}, 40)
+        gx = []
+        for i in range(5):
+            t0 = time.perf_counter()
+            c.ok('gitCheckout', {'repoUrl': 'git://127.0.0.1:9418/r.git', 'targetDir': '/workspace/r%d' % i}, 120)
+            gx.append((time.perf_counter() - t0) * 1000)
+        host = os.path.join(env.root, 'hostrepo')
+        subprocess.run(['sh', '-c', 'mkdir -p %s && cd %s && git init -q -b main && for i in $(seq 1000); do echo $i > f; '
+                        'git add f; git -c user.email=b@b -c user.name=b commit -qm c$i; done' % (host, host)],
+                       check=True)
+        subprocess.run(['git', 'daemon', '--detach', '--reuseaddr', '--base-path=' + env.root, '--export-all',
+                        '--listen=127.0.0.1', '--port=9419', '--pid-file=' + host + '.pid', env.root], check=True)
+        import socket
+        deadline = time.monotonic() + 20
+        while True:  # until git daemon accepts connections
+            try:
+                socket.create_connection(('127.0.0.1', 9419), 1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, 'git daemon on 9419'
+                time.sleep(0.02)
+        subprocess.run(['git', 'clone', '-q', 'git://127.0.0.1:9419/hostrepo', host + '-warm'], check=True)
+        hx = []
+        for i in range(5):
+            t0 = time.perf_counter()
+            subprocess.run(['git', 'clone', '-q', 'git://127.0.0.1:9419/hostrepo', '%s-c%d' % (host, i)], check=True)
+            hx.append((time.perf_counter() - t0) * 1000)
+        os.kill(int(open(host + '.pid').read()), 15)
+        print('%-34s p50 %7.2f ms' % ('gitCheckout, 1,000 commits', pct(gx, 50)))
+        print('%-34s p50 %7.2f ms' % ('git clone on the host', pct(hx, 50)))
+        print('%-34s p50 %7.2fx' % ('ratio', pct(gx, 50) / pct(hx, 50)))
+        print()
+    finally:
+        env.close()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument('what', nargs='?', default='all')
@@ -601,6 +676,8 @@ def main():
             bench_view()
         if a.what in ('buckets', 'all'):
             bench_buckets()
+        if a.what in ('code', 'all'):
+            bench_code()
         if a.what in ('exec', 'all'):
             bench_exec(env, a.n or 1000)
         if a.what in ('parallel', 'all'):
