@@ -3,6 +3,8 @@
 #include "driver_node.h"
 #include "driver_python.h"
 
+#include <signal.h>
+
 #define MAX_LINE (16u * 1024 * 1024)   /* one message from a driver (a big plot) */
 #define MAX_LOGS (1024u * 1024)        /* per stream and run, kept in the result */
 #define MAX_RESULTS (16u * 1024 * 1024) /* all of a run's results */
@@ -186,7 +188,10 @@ void sbx_code_cancel(sbx_code_run *r) {
   }
   if (r->cancelled) return;
   r->cancelled = true;
-  if (!c->dead) sbx_exec_write(c->x, "{\"interrupt\":true}\n", 19);
+  /* Python's driver turns the line into SIGINT for itself; Node's main
+   * thread may be in a busy loop, so it gets the signal (breakOnSigint) */
+  if (!c->dead && !strcmp(c->language, "python")) sbx_exec_write(c->x, "{\"interrupt\":true}\n", 19);
+  else if (!c->dead) sbx_exec_signal_command(c->x, SIGINT);
   if (!uv_is_active((uv_handle_t *)&r->timer) || uv_timer_get_due_in(&r->timer) > STOP_GRACE_MS)
     uv_timer_start(&r->timer, backstop, STOP_GRACE_MS, 0);
 }

@@ -388,11 +388,10 @@ char *sbx_exec_output(sbx_exec *x, int stream, size_t *len) {
   return text;
 }
 
-pid_t sbx_exec_pid_in_sandbox(sbx_exec *x) {
+/* The supervisor's one child is the command (its host pid), or 0. */
+static pid_t command_pid(sbx_exec *x) {
   if (x->done || x->exited) return 0;
-  /* the supervisor's one child is the command; its last NSpid is the pid
-   * inside the sandbox */
-  char path[96], buf[256];
+  char path[96];
   snprintf(path, sizeof path, "/proc/%d/task/%d/children", x->pid, x->pid);
   FILE *f = fopen(path, "re");
   int child = 0;
@@ -400,9 +399,26 @@ pid_t sbx_exec_pid_in_sandbox(sbx_exec *x) {
     if (fscanf(f, "%d", &child) != 1) child = 0;
     fclose(f);
   }
+  return child > 0 ? child : 0;
+}
+
+int sbx_exec_signal_command(sbx_exec *x, int sig) {
+  pid_t child = command_pid(x);
+  int fd = child ? sbx_pidfd_open(child) : -1;
+  if (fd < 0) return -1;
+  /* still the supervisor's child (not a pid reused meanwhile)? */
+  int r = command_pid(x) == child ? sbx_pidfd_send_signal(fd, sig) : -1;
+  close(fd);
+  return r;
+}
+
+pid_t sbx_exec_pid_in_sandbox(sbx_exec *x) {
+  /* the command's last NSpid is its pid inside the sandbox */
+  char path[96], buf[256];
+  pid_t child = command_pid(x);
   if (child <= 0) return 0;
   snprintf(path, sizeof path, "/proc/%d/status", child);
-  f = fopen(path, "re");
+  FILE *f = fopen(path, "re");
   pid_t inside = 0;
   while (f && fgets(buf, sizeof buf, f))
     if (!strncmp(buf, "NSpid:", 6)) {

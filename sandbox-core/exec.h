@@ -56,5 +56,7 @@ void sbx_exec_signal(sbx_exec *x, int sig);
 char *sbx_exec_output(sbx_exec *x, int stream, size_t *len);
 /* The command's pid as the sandbox sees it (0 once it is gone). */
 pid_t sbx_exec_pid_in_sandbox(sbx_exec *x);
+/* A signal to the command's own process only (not its children). */
+int sbx_exec_signal_command(sbx_exec *x, int sig);
 /* Kills every exec of a sandbox (before it is destroyed). */
 void sbx_exec_cancel_sandbox(sbx_sandbox *sb);

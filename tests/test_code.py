@@ -122,6 +122,15 @@ def test_javascript(t, x):
     t.ok(r.get('error', {}).get('name') == 'TimeoutError' and 'abandoned' in r['error']['value'],
          'a never-ending await is abandoned and the context says so', r)
     t.eq(run(x, 'a', language='javascript')['results'][0]['text'], '40', 'and the context keeps its state')
+    c = x.c
+    i = next(c.ids)
+    c.send({'jsonrpc': '2.0', 'id': i, 'method': 'tools/call',
+            'params': {'name': 'runCode', 'arguments': {'code': 'console.log("go");\nwhile (true) {}', 'language': 'javascript'},
+                       '_meta': {'progressToken': 'js'}}})
+    c.next(lambda m: m.get('method') == 'notifications/progress' and m['params'].get('progressToken') == 'js', 60)
+    c.notify('notifications/cancelled', {'requestId': i, 'reason': 'test'})
+    t.eq(run(x, 'a + 2', language='javascript')['results'][0]['text'], '42',
+         'cancelling a JS busy loop interrupts it (SIGINT) and the context goes on')
 
 
 def test_lying_driver(t, x):

@@ -1,7 +1,6 @@
 // sbx's JavaScript code context: one Node process per context, inside the
-// sandbox. Requests come as JSON lines on fd 0 ({"id", "code", "timeout"} or
-// {"interrupt": true}), read by a worker thread so an interrupt reaches a
-// busy loop; everything goes back as JSON lines on fd 1. Code runs in this
+// sandbox. Requests come as JSON lines on fd 0 ({"id", "code", "timeout"});
+// an interrupt is SIGINT; everything goes back as JSON lines on fd 1. Code runs in this
 // realm (runInThisContext), so top-level let/const/class persist between
 // runs like consecutive <script>s; code with `await` runs in an async
 // function whose top-level declarations become globals.
@@ -10,7 +9,6 @@ const fs = require('fs');
 const util = require('util');
 const vm = require('vm');
 const { Writable } = require('stream');
-const { Worker } = require('worker_threads');
 
 delete process.env.SBX_DRIVER;
 let current = null;
@@ -144,30 +142,23 @@ async function next() {
   setImmediate(next);
 }
 
-const reader = new Worker(`
-  const fs = require('fs');
-  const { parentPort } = require('worker_threads');
-  const buf = Buffer.alloc(1 << 20);
-  let rest = '';
-  for (;;) {
-    let n = 0;
-    try { n = fs.readSync(0, buf, 0, buf.length, null); } catch (e) { if (e.code === 'EAGAIN') continue; n = 0; }
-    if (!n) { parentPort.postMessage(null); break; }
-    rest += buf.toString('utf8', 0, n);
-    let i;
-    while ((i = rest.indexOf('\\n')) >= 0) {
-      const line = rest.slice(0, i);
-      rest = rest.slice(i + 1);
-      let req;
-      try { req = JSON.parse(line); } catch (e) { continue; }
-      if (req && req.interrupt) process.kill(process.pid, 'SIGINT');
-      else parentPort.postMessage(req);
+// requests: lines on stdin, read when the loop is idle; an interrupt is
+// SIGINT from the daemon (it stops a busy loop through breakOnSigint)
+let rest = '';
+process.stdin.setEncoding('utf8');
+process.stdin.on('data', (chunk) => {
+  rest += chunk;
+  let i;
+  while ((i = rest.indexOf('\n')) >= 0) {
+    const line = rest.slice(0, i);
+    rest = rest.slice(i + 1);
+    let req;
+    try { req = JSON.parse(line); } catch (e) { continue; }
+    if (req && typeof req === 'object' && !req.interrupt) {
+      queue.push(req);
+      next();
     }
   }
-`, { eval: true });
-reader.on('message', (req) => {
-  if (req === null) process.exit(0);
-  queue.push(req);
-  next();
 });
+process.stdin.on('end', () => process.exit(0));
 send({ ready: true, pid: process.pid, version: process.version });
