@@ -38,6 +38,8 @@ static struct {
 
 static void hconn_closed(uv_handle_t *hd) {
   hconn *c = hd->data;
+  if (c->mcp) mcp_conn_close(c->mcp); /* a client gone mid-call cancels its work (here, not inside a send) */
+  c->mcp = NULL;
   sbx_buf_free(&c->in);
   json_decref(c->want_id);
   free(c);
@@ -46,8 +48,6 @@ static void hconn_closed(uv_handle_t *hd) {
 static void hconn_close(hconn *c) {
   if (c->closing) return;
   c->closing = true;
-  if (c->mcp) mcp_conn_close(c->mcp); /* a client gone mid-call cancels its work */
-  c->mcp = NULL;
   uv_close((uv_handle_t *)&c->tcp, hconn_closed);
 }
 

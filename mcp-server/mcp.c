@@ -232,7 +232,7 @@ void mcp_call_ok(mcp_call *call, json_t *structured, const char *text) {
                                text ? text : "", call->sandbox_id);
     }
     json_t *res = json_pack("{s:[{s:s, s:s}], s:O, s:b}", "content", "type", "text", "text", note ? note : text ? text : "",
-                            "structuredContent", structured, "isError", 0);
+                            "structuredContent", structured, "isError", call->result_is_error);
     free(note);
     if (call->extra_content) json_array_extend(json_object_get(res, "content"), call->extra_content);
     send_result(call->conn, call->id, call->modern, res);
@@ -514,10 +514,13 @@ static void do_cancelled(mcp_conn *c, json_t *params) {
   for (mcp_call *call = c->calls, *next; call; call = next) {
     next = call->next; /* a wait answers (and goes) at once */
     if (rid && json_equal(call->id, rid)) {
+      sbx_exec *x = call->exec;
+      sbx_code_run *run = call->code_run;
+      void *wait = call->wait;
       call->cancelled = true;
-      if (call->exec) sbx_exec_cancel(call->exec);
-      if (call->code_run) sbx_code_cancel(call->code_run);
-      if (call->wait) mcp_wait_cancel(call->wait);
+      if (x) sbx_exec_cancel(x);
+      if (run) sbx_code_cancel(run);
+      if (wait) mcp_wait_cancel(wait); /* answers now: the call is gone after it */
     }
   }
 }
@@ -656,10 +659,13 @@ void mcp_conn_close(mcp_conn *c) {
   /* a client that disconnects mid-call has its work cancelled */
   for (mcp_call *call = c->calls, *next; call; call = next) {
     next = call->next;
+    sbx_exec *x = call->exec;
+    sbx_code_run *run = call->code_run;
+    void *wait = call->wait;
     call->cancelled = true;
-    if (call->exec) sbx_exec_cancel(call->exec);
-    if (call->code_run) sbx_code_cancel(call->code_run);
-    if (call->wait) mcp_wait_cancel(call->wait);
+    if (x) sbx_exec_cancel(x);
+    if (run) sbx_code_cancel(run);
+    if (wait) mcp_wait_cancel(wait); /* answers now: the call is gone after it */
   }
   conn_unref(c);
 }

@@ -50,6 +50,7 @@ typedef struct mcp_call {
   void *wait;             /* waitForLog and friends in progress: cancellation ends it */
   json_t *extra_content;  /* content blocks after the text (runCode's images) */
   bool sandbox_created; /* this call created the sandbox */
+  bool result_is_error; /* mcp_call_ok with isError: true (a timed-out exec: output and an error) */
   bool modern;          /* protocol 2026-07-28: results carry resultType */
   bool reset;           /* the sandbox was woken after an idle reset */
   bool restarted;       /* ...after a daemon restart, its files intact */

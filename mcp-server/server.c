@@ -46,6 +46,8 @@ static void log_warning(const char *msg) { fprintf(stderr, "sbx daemon: %s\n", m
 
 static void client_closed(uv_handle_t *h) {
   client *c = h->data;
+  if (c->conn) mcp_conn_close(c->conn); /* here, not inside whatever was sending */
+  c->conn = NULL;
   client **pp = &d.clients;
   while (*pp && *pp != c) pp = &(*pp)->next;
   if (*pp) *pp = c->next;
@@ -56,8 +58,6 @@ static void client_closed(uv_handle_t *h) {
 static void client_close(client *c) {
   if (c->closing) return;
   c->closing = true;
-  mcp_conn_close(c->conn);
-  c->conn = NULL;
   uv_close((uv_handle_t *)&c->pipe, client_closed);
 }
 

@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include "mcp.h"
 
+#include <ctype.h>
 #include <regex.h>
 
 #include "../sandbox-core/bucket.h"
@@ -164,8 +165,13 @@ static void exec_done(void *ud, const sbx_exec_result *r, const sbx_error *err) 
   json_t *o = json_pack("{s:s%, s:s%, s:i, s:b, s:I}", "stdout", r->out, r->out_len, "stderr", r->err, r->err_len,
                         "exitCode", r->exit_code, "success", r->exit_code == 0 && !r->timed_out, "duration",
                         (json_int_t)r->duration_ms);
-  if (r->timed_out) {
+  if (r->timed_out) { /* an error, so it is not taken for a result; the output so far is there */
     json_object_set_new(o, "timedOut", json_true());
+    call->result_is_error = true;
+    char msg[160];
+    snprintf(msg, sizeof msg, "the command timed out after %llu ms and was killed with everything it started",
+             (unsigned long long)r->duration_ms);
+    json_object_set_new(o, "error", json_pack("{s:s, s:s}", "code", "COMMAND_TIMEOUT", "message", msg));
     mcp_call_log(call, "warning", "command timed out after %llu ms and was killed with everything it started",
                  (unsigned long long)r->duration_ms);
   }
@@ -458,7 +464,25 @@ static void process_wait(mcp_call *call, json_t *args, sbx_sandbox *sb, char kin
   uv_timer_init(mcp_call_loop(call), &pw->timer);
   pw->timer.data = pw;
   if (kind == 'l') {
-    int rc = regcomp(&pw->re, str(args, "pattern"), REG_EXTENDED | REG_NOSUB);
+    const char *pat = str(args, "pattern"), *why = NULL;
+    int bounds = 0;
+    if (strlen(pat) > 256) why = "is longer than 256 characters";
+    for (const char *q = pat; !why && *q; q++) {
+      if (*q == '\\' && q[1] >= '1' && q[1] <= '9') why = "uses a back-reference";
+      else if (*q == '\\' && q[1]) q++;
+      else if (*q == '{') { /* counted repetition: small and few, or regcomp's automaton explodes */
+        long m = strtol(q + 1, NULL, 10);
+        const char *comma = strchr(q, ','), *close = strchr(q, '}');
+        long n = comma && close && comma < close && comma[1] != '}' ? strtol(comma + 1, NULL, 10) : m;
+        if (m > 32 || n > 32 || ++bounds > 3) why = "has counted repetitions above {32} or more than three of them";
+      }
+    }
+    if (why) {
+      sbx_error err;
+      sbx_err(&err, "VALIDATION_FAILED", "pattern %s (kept simple so that matching stays cheap)", why);
+      return wait_finish(pw, NULL, NULL, &err);
+    }
+    int rc = regcomp(&pw->re, pat, REG_EXTENDED | REG_NOSUB);
     if (rc) {
       char why[200];
       regerror(rc, &pw->re, why, sizeof why);
@@ -672,7 +696,42 @@ static void h_git_checkout(mcp_call *call, json_t *args, sbx_sandbox *sb) {
   json_int_t d = json_integer_value(json_object_get(args, "depth"));
   if (d > 0) snprintf(depth, sizeof depth, "%lld", (long long)d);
   sbx_env env = {0};
-  sbx_env_set(&env, "SBX_GIT_URL", url);
+  char *clone_url = strdup(url);
+  if (ui && !strncasecmp(url, "http", 4) && clone_url) {
+    /* http(s) credentials go to git as an Authorization header in its
+     * environment: not in any argv (ps shows those) and not saved in the
+     * clone's .git/config, whose origin is the URL without them */
+    char *userinfo = strndup(ui, ui_len), *dec = malloc(ui_len + 2);
+    size_t k = 0;
+    for (size_t i = 0; userinfo && dec && i < ui_len; i++) { /* percent-decoding */
+      if (userinfo[i] == '%' && isxdigit((unsigned char)userinfo[i + 1]) && isxdigit((unsigned char)userinfo[i + 2])) {
+        char hex[3] = {userinfo[i + 1], userinfo[i + 2], 0};
+        dec[k++] = (char)strtol(hex, NULL, 16);
+        i += 2;
+      } else {
+        dec[k++] = userinfo[i];
+      }
+    }
+    if (dec && !memchr(dec, ':', k)) dec[k++] = ':'; /* a token as the user name */
+    char *b64 = dec ? sbx_base64_encode(dec, k, NULL) : NULL;
+    char *header = b64 ? sbx_strdup_printf("Authorization: Basic %s", b64) : NULL;
+    if (header) {
+      sbx_env_set(&env, "GIT_CONFIG_COUNT", "1");
+      sbx_env_set(&env, "GIT_CONFIG_KEY_0", "http.extraHeader");
+      sbx_env_set(&env, "GIT_CONFIG_VALUE_0", header);
+      size_t at = (size_t)(ui - url);
+      memmove(clone_url + at, clone_url + at + ui_len + 1, strlen(clone_url + at + ui_len + 1) + 1);
+    }
+    if (header) explicit_bzero(header, strlen(header));
+    if (dec) explicit_bzero(dec, k);
+    if (userinfo) explicit_bzero(userinfo, ui_len);
+    free(header);
+    free(b64);
+    free(dec);
+    free(userinfo);
+  }
+  sbx_env_set(&env, "SBX_GIT_URL", clone_url ? clone_url : url);
+  free(clone_url);
   sbx_env_set(&env, "SBX_GIT_DIR", g->dir);
   sbx_env_set(&env, "SBX_GIT_BRANCH", branch ? branch : "");
   sbx_env_set(&env, "SBX_GIT_DEPTH", depth);

@@ -5,7 +5,8 @@
 
 #include <signal.h>
 
-#define MAX_LINE (16u * 1024 * 1024)   /* one message from a driver (a big plot) */
+#define MAX_LINE (8u * 1024 * 1024)    /* one message from a driver (a big plot) */
+#define MAX_TOKENS 100000              /* JSON structure in one message: jansson's memory grows with it */
 #define MAX_LOGS (1024u * 1024)        /* per stream and run, kept in the result */
 #define MAX_RESULTS (16u * 1024 * 1024) /* all of a run's results */
 #define STOP_GRACE_MS 5000             /* an interrupted run has this long to stop */
@@ -16,7 +17,7 @@ struct sbx_code_run {
   char *code;
   size_t len;
   int64_t timeout_ms;
-  bool sent, cancelled;
+  bool sent, cancelled, counted;
   json_t *results, *out, *err;
   size_t out_bytes, err_bytes, result_bytes;
   bool truncated;
@@ -83,7 +84,17 @@ static void run_free(sbx_code_run *r) {
   uv_close((uv_handle_t *)&r->timer, run_timer_closed);
 }
 
+static void uncount(sbx_code_run *r) {
+  sbx_sandbox *sb = r->counted ? sbx_sandbox_find(r->ctx->sandbox) : NULL;
+  if (sb && sb->running > 0) {
+    sb->running--;
+    sbx_sandbox_touch(sb);
+  }
+  r->counted = false;
+}
+
 static void unlink_run(sbx_code_run *r) {
+  uncount(r);
   for (sbx_code_run **pp = &r->ctx->runs; *pp; pp = &(*pp)->next)
     if (*pp == r) {
       *pp = r->next;
@@ -141,6 +152,11 @@ static void send_next(sbx_code_ctx *c) {
     return run_fail(r, &e);
   }
   r->sent = true;
+  sbx_sandbox *sb = sbx_sandbox_find(c->sandbox);
+  if (sb) { /* a run in flight is activity: its sandbox does not go idle under it */
+    sb->running++;
+    r->counted = true;
+  }
   if (r->timeout_ms > 0) uv_timer_start(&r->timer, backstop, (uint64_t)r->timeout_ms + STOP_GRACE_MS, 0);
 }
 
@@ -179,12 +195,18 @@ int sbx_code_submit(sbx_code_ctx *c, const char *code, size_t len, int64_t timeo
   return 0;
 }
 
+static void cancelled_unsent(uv_timer_t *t) {
+  sbx_code_run *r = t->data;
+  sbx_error e;
+  sbx_err(&e, "INTERNAL", "cancelled before it ran");
+  run_fail(r, &e);
+}
+
 void sbx_code_cancel(sbx_code_run *r) {
   sbx_code_ctx *c = r->ctx;
-  if (!r->sent) { /* still waiting: it never runs */
-    sbx_error e;
-    sbx_err(&e, "INTERNAL", "cancelled before it ran");
-    return run_fail(r, &e);
+  if (!r->sent) { /* still waiting: it never runs (answered from the loop, not inside the caller) */
+    uv_timer_start(&r->timer, cancelled_unsent, 0, 0);
+    return;
   }
   if (r->cancelled) return;
   r->cancelled = true;
@@ -293,6 +315,11 @@ static void on_output(void *ud, int stream, const char *data, size_t len) {
     if (r && r->sent) add_log(r, "stderr", data, len);
     return;
   }
+  if (c->ready && (!c->runs || !c->runs->sent)) {
+    c->line.len = 0; /* nothing is asked of it: what it says is dropped unread */
+    c->skipping = !(len && data[len - 1] == '\n');
+    return;
+  }
   while (len) {
     const char *nl = memchr(data, '\n', len);
     size_t take = nl ? (size_t)(nl - data) : len;
@@ -307,7 +334,10 @@ static void on_output(void *ud, int stream, const char *data, size_t len) {
     if (!nl) break;
     if (!c->skipping && c->line.len) {
       json_error_t je;
-      json_t *msg = json_loadb(c->line.data, c->line.len, JSON_REJECT_DUPLICATES, &je);
+      size_t tokens = 0; /* a line of "[[[[..." or "{},{}..." would cost the daemon gigabytes to parse */
+      for (size_t k = 0; k < c->line.len && tokens <= MAX_TOKENS; k++)
+        tokens += c->line.data[k] == '{' || c->line.data[k] == '[' || c->line.data[k] == ',' || c->line.data[k] == ':';
+      json_t *msg = tokens > MAX_TOKENS ? NULL : json_loadb(c->line.data, c->line.len, JSON_REJECT_DUPLICATES, &je);
       if (json_is_object(msg)) on_message(c, msg);
       else {
         /* not a message: something wrote to the channel; it is output */
@@ -320,6 +350,7 @@ static void on_output(void *ud, int stream, const char *data, size_t len) {
       json_decref(msg);
     }
     c->line.len = 0;
+    if (c->line.cap > 65536) sbx_buf_free(&c->line);
     c->skipping = false;
     len -= take + 1;
     data = nl + 1;

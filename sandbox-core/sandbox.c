@@ -6,6 +6,7 @@
 #include "disk.h"
 #include "record.h"
 #include "bucket.h"
+#include "exec.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -494,6 +495,7 @@ static void grave_ready(uv_poll_t *p, int status, int events) {
  * stay. With a loop the release finishes in the background (a destroy or a
  * reset answers at once); without one it is done on return. */
 static void stop_running_async(sbx_sandbox *sb, bool wait) {
+  sbx_exec_cancel_sandbox(sb); /* commands left (code contexts) no longer hand cgroups back to it */
   sbx_net_stop(sb);
   grave *g = calloc(1, sizeof *g);
   if (!g) wait = true;

@@ -145,6 +145,35 @@ def test_lying_driver(t, x):
     t.ok(all(set(res) <= {'text', 'html', 'png', 'jpeg', 'svg', 'json', 'markdown', 'latex', 'javascript', 'isMain'}
              for res in r['results']), 'results carry only known keys')
     t.eq(run(x, '1 + 1')['results'][0]['text'], '2', 'the context goes on')
+    t0 = time.monotonic()
+    r = run(x, 'import os\nfor i in range(3):\n    os.write(1, b"[" * 4000000 + b"\\n")\n'
+               'os.write(1, b\'{"result": {"json": [\' + b"{}," * 2000000 + b\'{}]}}\\n\')\n"ok"')
+    t.ok(r['results'][-1]['text'] == "'ok'" and len(r['results']) == 1,
+         'deeply nested and huge JSON lines are not parsed (the daemon would need gigabytes)', r['results'][:2])
+    t.ok(time.monotonic() - t0 < 30, 'and take no long parse')
+    t.eq(x.c.ok('listSandboxes', {})['sandboxes'][0]['sandboxId'], 'code', 'the daemon answers others meanwhile')
+
+
+def test_queued_run_cancelled(t, x):
+    c = x.c
+    ctx = c.ok('createCodeContext', {})['id']
+    ids = []
+    for code in ('import time\ntime.sleep(1.5)\n"first"', '"second"'):
+        i = next(c.ids)
+        ids.append(i)
+        c.send({'jsonrpc': '2.0', 'id': i, 'method': 'tools/call',
+                'params': {'name': 'runCode', 'arguments': {'code': code, 'contextId': ctx}}})
+    c.notify('notifications/cancelled', {'requestId': ids[1]})  # still queued behind the first
+    first = c.next(lambda m: m.get('id') == ids[0], 60)
+    t.eq(first['result']['structuredContent']['results'][0]['text'], "'first'", 'cancelling a queued run leaves the one running')
+    # a client that goes away with a run in flight and one queued
+    other = x.env.mcp(['--sandbox', 'code'])
+    other.initialize()
+    for code in ('import time\ntime.sleep(1)', '2'):
+        other.send({'jsonrpc': '2.0', 'id': next(other.ids), 'method': 'tools/call',
+                    'params': {'name': 'runCode', 'arguments': {'code': code, 'contextId': ctx}}})
+    other.close()
+    t.eq(run(x, '40 + 2', contextId=ctx)['results'][0]['text'], '42', 'after a client left mid-run, the daemon and the context go on')
 
 
 def test_reset_ends_contexts(t, x):
@@ -157,6 +186,10 @@ def test_reset_ends_contexts(t, x):
     t.ok(True, 'a sandbox with a code context still goes idle and is reset')
     t.eq(c.err('runCode', {'sandboxId': 'nap', 'code': 'z', 'contextId': ctx['id']}), 'CONTEXT_NOT_FOUND',
          'the reset ended its code contexts')
+    t.eq(c.sh('echo fine', sandbox='nap')['stdout'], 'fine\n', 'and the woken sandbox runs commands')
+    # a run in flight is activity: a sandbox is not reset under it
+    r = c.ok('runCode', {'sandboxId': 'nap', 'code': 'import time\ntime.sleep(4)\n"survived"'}, 60)
+    t.eq((r['results'][0]['text'], r.get('reset')), ("'survived'", None), 'a 4 s run in a 2 s sleepAfter sandbox is not reset')
 
 
 def test_missing_interpreter(t, x):
@@ -171,5 +204,5 @@ def test_missing_interpreter(t, x):
 
 if __name__ == '__main__':
     sys.exit(run_tests([test_state_and_results, test_exception, test_plot_and_dataframe, test_timeout_and_cancel,
-                        test_contexts_independent, test_javascript, test_lying_driver, test_reset_ends_contexts,
+                        test_contexts_independent, test_javascript, test_lying_driver, test_queued_run_cancelled, test_reset_ends_contexts,
                         test_missing_interpreter], setup=Ctx))

@@ -58,8 +58,13 @@ def test_stdin(t, x):
 
 def test_timeout_kills_tree(t, x):
     t0 = time.monotonic()
-    r = x.c.sh('(sleep 300 & echo $! > /tmp/bg.pid; wait) & sleep 300', timeout=500)
+    res, _ = x.c.call('exec', {'command': '(sleep 300 & echo $! > /tmp/bg.pid; wait) & echo started; sleep 300',
+                               'timeout': 500}, 60)
+    r = res['structuredContent']
     t.ok(r.get('timedOut') is True and not r['success'], 'timeout reported', r)
+    t.ok(res['isError'] and r.get('error', {}).get('code') == 'COMMAND_TIMEOUT',
+         'a timed-out exec is isError with COMMAND_TIMEOUT, so it is not taken for a result', res)
+    t.eq(r.get('stdout'), 'started\n', 'and it carries the output so far')
     t.ok(time.monotonic() - t0 < 20, 'timeout returns promptly')
     r = x.c.sh('pid=$(cat /tmp/bg.pid); kill -0 $pid 2>/dev/null && echo alive || echo gone')
     t.eq(r['stdout'].strip(), 'gone', 'the whole tree is killed, background children too')

@@ -124,6 +124,9 @@ def test_password_never_shows(t, x):
     t.ok(len(notes) > 0, 'clone progress streams as progress notifications (%d)' % len(notes))
     seen = json.dumps(res) + json.dumps(notes)
     t.ok(SECRET not in seen, 'the password is in no result and no progress message')
+    cfg = x.c.sh('cat /workspace/private/.git/config; git -C /workspace/private remote get-url origin')['stdout']
+    t.ok(SECRET not in cfg and 'http://u@127.0.0.1:8081/repo.git' not in cfg and
+         'http://127.0.0.1:8081/repo.git' in cfg, 'nor in the clone\'s .git/config (its origin has no credentials)', cfg)
     res, notes = x.c.call('gitCheckout', {'repoUrl': url.replace(SECRET, SECRET + 'x'), 'targetDir': 'denied'}, 120,
                           progress=True)
     e = res['structuredContent'].get('error', {})

@@ -103,6 +103,9 @@ def test_wait_for_log_and_exit(t, x):
     t.eq(c.err('waitForLog', {'processId': 'srv', 'pattern': 'never', 'timeout': 500}), 'COMMAND_TIMEOUT',
          'no match within the timeout is COMMAND_TIMEOUT')
     t.eq(c.err('waitForLog', {'processId': 'srv', 'pattern': '(unclosed'}), 'VALIDATION_FAILED', 'a bad pattern is refused')
+    for bomb in ('(((a{1,100}){1,100}){1,100}){1,100}', '(a*)*\\1b'):
+        t.eq(c.err('waitForLog', {'processId': 'srv', 'pattern': bomb}, 10), 'VALIDATION_FAILED',
+             'a pattern that would make matching explode is refused at once: %s' % bomb)
     t.eq(c.err('waitForExit', {'processId': 'srv', 'timeout': 300}), 'COMMAND_TIMEOUT', 'waitForExit times out while it runs')
     c.ok('startProcess', {'processId': 'quit', 'command': 'sleep 0.5; exit 7'})
     r = c.ok('waitForExit', {'processId': 'quit', 'timeout': 20000}, 40)

@@ -321,13 +321,18 @@ class Client:
         return res['structuredContent']['error']['code']
 
     def sh(self, command, sandbox=None, wait=TIMEOUT, **kw):
-        """exec; keyword arguments are exec's own (timeout is in ms)."""
+        """exec; keyword arguments are exec's own (timeout is in ms). A
+        timed-out command (isError, COMMAND_TIMEOUT) still gives its result."""
         args = dict(command=command, **kw)
         if sandbox:
             args['sandboxId'] = sandbox
         if 'timeout' in kw:
             wait = max(wait, kw['timeout'] / 1000 + 30)
-        return self.ok('exec', args, wait)
+        res, _ = self.call('exec', args, wait)
+        sc = res.get('structuredContent', {})
+        if res.get('isError') and not sc.get('timedOut'):
+            raise Fail('exec failed: %s' % sc)
+        return sc
 
 
 class StdioClient(Client):
