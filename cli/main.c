@@ -2,6 +2,7 @@
  * MCP client of the daemon's socket. */
 #define _GNU_SOURCE
 #include "client.h"
+#include "../mcp-server/mcp.h"
 #include "../mcp-server/server.h"
 #include "../sandbox-core/doctor.h"
 #include "../fuse-mount/fuseutil.h"
@@ -35,6 +36,10 @@ static void usage(FILE *f) {
 
 static int open_client(sbx_client *c, const char *sandbox) {
   char err[600];
+  if (sandbox && !sbx_valid_id(sandbox)) { /* never a guess: a bad id is not some other sandbox */
+    fprintf(stderr, "sbx: invalid sandbox id '%.100s': ids are 1-63 of [a-z0-9-]\n", sandbox);
+    return -1;
+  }
   if (sbx_client_open(c, sandbox, err, sizeof err) < 0) {
     fprintf(stderr, "sbx: %s\n", err);
     return -1;
@@ -43,8 +48,11 @@ static int open_client(sbx_client *c, const char *sandbox) {
 }
 
 /* Calls a tool; prints a tool error; returns the result or NULL. */
+static char last_code[64]; /* the error code of the last call that failed */
+
 static json_t *call(sbx_client *c, const char *tool, json_t *args, sbx_progress_fn pf, void *ud) {
   char err[600];
+  last_code[0] = 0;
   json_t *r = sbx_client_call(c, tool, args, pf, ud, &interrupted, err, sizeof err);
   if (!r) {
     fprintf(stderr, "sbx: %s: %s\n", tool, err);
@@ -54,6 +62,7 @@ static json_t *call(sbx_client *c, const char *tool, json_t *args, sbx_progress_
     json_t *e = json_object_get(json_object_get(r, "structuredContent"), "error");
     fprintf(stderr, "sbx: %s: %s: %s\n", tool, json_string_value(json_object_get(e, "code")),
             json_string_value(json_object_get(e, "message")));
+    snprintf(last_code, sizeof last_code, "%s", json_string_value(json_object_get(e, "code")) ?: "");
     json_decref(r);
     return NULL;
   }
@@ -139,9 +148,8 @@ static int cmd_exec(int argc, char **argv) {
   sigprocmask(SIG_BLOCK, &block, NULL);
   json_t *r = call(&c, "exec", args, exec_progress, NULL);
   sbx_client_close(&c);
-  if (!r) return interrupted ? 130 : 1;
+  if (!r) return interrupted ? 130 : !strcmp(last_code, "COMMAND_TIMEOUT") ? 124 : 1; /* 124: as timeout(1) */
   json_t *s = sc(r);
-  if (json_is_true(json_object_get(s, "timedOut"))) fprintf(stderr, "sbx: command timed out\n");
   if (json_is_true(json_object_get(s, "oomKilled"))) fprintf(stderr, "sbx: command killed: out of memory\n");
   int code = (int)json_integer_value(json_object_get(s, "exitCode"));
   json_decref(r);
@@ -171,6 +179,11 @@ static int cmd_destroy(int argc, char **argv) {
     fprintf(stderr, "sbx destroy: which sandbox?\n");
     return 2;
   }
+  for (int i = 1; i < argc; i++)
+    if (!sbx_valid_id(argv[i])) {
+      fprintf(stderr, "sbx destroy: invalid sandbox id '%.100s': ids are 1-63 of [a-z0-9-]\n", argv[i]);
+      return 2;
+    }
   sbx_client c;
   if (open_client(&c, NULL) < 0) return 1;
   int rc = 0;
@@ -294,6 +307,13 @@ static int cmd_cp(int argc, char **argv) {
   char ids[64], idd[64];
   const char *ps, *pd;
   bool rs = split_remote(argv[1], ids, &ps), rd = split_remote(argv[2], idd, &pd);
+  for (int i = 1; i <= 2; i++) { /* ID:/path with an id that is not one: said, not taken as a host path */
+    const char *colon = strchr(argv[i], ':'), *slash = strchr(argv[i], '/');
+    if (colon && (!slash || colon < slash) && !(i == 1 ? rs : rd)) {
+      fprintf(stderr, "sbx cp: invalid sandbox id '%.*s': ids are 1-63 of [a-z0-9-]\n", (int)(colon - argv[i]) > 100 ? 100 : (int)(colon - argv[i]), argv[i]);
+      return 2;
+    }
+  }
   if (rs == rd) {
     fprintf(stderr, "sbx cp: exactly one of SRC and DST must be ID:/path\n");
     return 2;
@@ -438,7 +458,11 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "mount")) return cmd_mount(argc - 1, argv + 1);
   if (!strcmp(cmd, "umount")) return cmd_umount(argc - 1, argv + 1);
   if (!strcmp(cmd, "bucketfs")) return sbx_bucketfs_main(argc - 1, argv + 1); /* internal: run by the daemon */
-  if (!strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
+  if (!strcmp(cmd, "--version") || !strcmp(cmd, "-V") || !strcmp(cmd, "version")) {
+    printf("sbx %s\n", MCP_SERVER_VERSION);
+    return 0;
+  }
+  if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
     usage(stdout);
     return 0;
   }

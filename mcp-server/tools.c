@@ -158,6 +158,21 @@ static void exec_chunk(void *ud, int stream, const char *data, size_t len) {
   mcp_call_progress(ud, stream == 1 ? "stdout" : "stderr", data, len);
 }
 
+/* A command that failed the way programs fail without a network, in a
+ * sandbox that has none: say how to get one. */
+static const char *no_network_hint(mcp_call *call, const sbx_exec_result *r) {
+  static const char *const marks[] = {"Temporary failure in name resolution", "EAI_AGAIN", "ENOTFOUND",
+                                      "Could not resolve host", "Name or service not known", "Network is unreachable",
+                                      "Failed to establish a new connection", "No address associated with hostname",
+                                      "getaddrinfo", "Could not resolve hostname", "unable to resolve host"};
+  sbx_sandbox *sb = sbx_sandbox_find(call->sandbox_id);
+  if (r->exit_code == 0 || !sb || sb->opts.egress) return NULL;
+  for (size_t i = 0; i < SBX_ARRAY_SIZE(marks); i++)
+    if (memmem(r->out, r->out_len, marks[i], strlen(marks[i])) || memmem(r->err, r->err_len, marks[i], strlen(marks[i])))
+      return "this sandbox has no network (network \"none\"): createSandbox {network: \"egress\"} gives it one";
+  return NULL;
+}
+
 static void exec_done(void *ud, const sbx_exec_result *r, const sbx_error *err) {
   mcp_call *call = ud;
   call->exec = NULL;
@@ -179,6 +194,8 @@ static void exec_done(void *ud, const sbx_exec_result *r, const sbx_error *err) 
   if (r->truncated) json_object_set_new(o, "truncated", json_true());
   if (r->output_path) json_object_set_new(o, "outputPath", json_string(r->output_path));
   if (r->oom) json_object_set_new(o, "oomKilled", json_true());
+  const char *hint = no_network_hint(call, r);
+  if (hint) json_object_set_new(o, "hint", json_string(hint));
   sbx_buf t = {0};
   sbx_buf_append(&t, r->out, r->out_len);
   if (r->err_len) {
@@ -194,6 +211,11 @@ static void exec_done(void *ud, const sbx_exec_result *r, const sbx_error *err) 
   if (r->output_path) {
     n = snprintf(tail, sizeof tail, "\n[full output: %s]", r->output_path);
     sbx_buf_append(&t, tail, n);
+  }
+  if (hint) {
+    sbx_buf_append(&t, "\n[hint: ", 8);
+    sbx_buf_append(&t, hint, strlen(hint));
+    sbx_buf_append(&t, "]", 1);
   }
   mcp_call_ok(call, o, t.data);
   sbx_buf_free(&t);

@@ -870,6 +870,10 @@ static int session_new(sbx_sandbox *sb, const char *id, const char *cwd, const s
   sbx_env_set(&s->env, "TERM", "xterm-256color");
   sbx_env_set(&s->env, "HOSTNAME", sb->id);
   sbx_env_set(&s->env, "USER", "root");
+  if (!sb->opts.egress) { /* no network: package managers fail at once instead of retrying for seconds */
+    sbx_env_set(&s->env, "PIP_RETRIES", "0");
+    sbx_env_set(&s->env, "npm_config_fetch_retries", "0");
+  }
   sbx_env_copy(&s->env, &sb->opts.env);
   if (env) sbx_env_copy(&s->env, env);
   s->next = sb->sessions;

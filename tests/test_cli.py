@@ -23,7 +23,7 @@ def test_exec(t, x):
     r = x.env.run(['exec', '-s', 'cli', '-e', 'A=1', '--cwd', '/tmp', '--', 'sh', '-c', 'echo "$A $PWD"'])
     t.eq(r.stdout, b'1 /tmp\n', 'words after -- are quoted; -e and --cwd apply')
     r = x.env.run(['exec', '-s', 'cli', '--timeout', '300', '--', 'sleep 30'])
-    t.ok(r.returncode != 0 and b'timed out' in r.stderr, 'timeout', r.stderr)
+    t.ok(r.returncode == 124 and b'timed out' in r.stderr, 'timeout: said, and exit code 124 as timeout(1)', (r.returncode, r.stderr))
     p = subprocess.Popen([SBX, 'exec', '-s', 'cli', '--', 'echo ready; sleep 100'],
                          stdout=subprocess.PIPE, env=x.env.env, cwd=x.env.root)
     t.eq(p.stdout.readline(), b'ready\n', 'output streams before the command ends')
@@ -135,6 +135,23 @@ def _is_daemon_of(pid, env):
     return len(cmd) > 1 and cmd[1] == b'daemon' and ('SBX_RUNTIME_DIR=' + env.runtime).encode() in e
 
 
+def test_never_guesses(t, x):
+    before = x.env.run(['ls']).stdout
+    for bad in ('BAD_ID', 'Has Space', '../../etc', '', 'a' * 100):
+        r = x.env.run(['exec', '-s', bad, '--', 'true'])
+        t.ok(r.returncode != 0 and b'invalid sandbox id' in r.stderr, 'exec -s %r is refused with the rule' % bad[:20],
+             (r.returncode, r.stderr[-200:]))
+        r = x.env.run(['destroy', bad or "''"]) if bad else x.env.run(['destroy', ''])
+        t.ok(r.returncode != 0 and b'invalid sandbox id' in r.stderr, 'destroy %r too' % bad[:20], r.stderr[-200:])
+    r = x.env.run(['cp', 'Bad_Id:/etc/passwd', os.path.join(x.env.root, 'p')])
+    t.ok(r.returncode == 2 and b'invalid sandbox id' in r.stderr, 'cp with a bad id says so', r.stderr)
+    t.eq(x.env.run(['ls']).stdout, before, 'and no sandbox was made or touched')
+    r = x.env.run(['--version'])
+    t.ok(r.returncode == 0 and r.stdout.startswith(b'sbx 0.'), 'sbx --version', r.stdout)
+    r = x.env.run(['-h'])
+    t.ok(r.returncode == 0 and b'usage: sbx' in r.stdout, 'sbx -h', r.stdout[:100])
+
+
 if __name__ == '__main__':
-    sys.exit(run_tests([test_exec, test_default_id, test_ls_destroy, test_cp, test_doctor, test_autostart_and_stop,
+    sys.exit(run_tests([test_exec, test_never_guesses, test_default_id, test_ls_destroy, test_cp, test_doctor, test_autostart_and_stop,
                         test_racing_starters], Ctx))

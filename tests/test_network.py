@@ -5,6 +5,7 @@ it lists. The "internet" is a network namespace this test makes, with a web
 server at a 198.18.0.0/15 (benchmarking) address and another at a private
 one: never a real public address, so the tests reach only what they made."""
 import os
+import time
 import shutil
 import socket
 import subprocess
@@ -91,6 +92,12 @@ def test_none(t, x):
     c.initialize()
     r = c.sh('ip -br link | cut -d" " -f1')
     t.eq(r['stdout'].split(), ['lo'], 'network none: only loopback')
+    t0 = time.monotonic()
+    r = c.sh('pip download --no-deps -d /tmp/p requests 2>&1 | tail -3; '
+             'python3 -c "import urllib.request; urllib.request.urlopen(\'https://example.com\')"', wait=60)
+    t.ok(time.monotonic() - t0 < 5, 'network tools fail at once without a network (pip too: %.1f s)' % (time.monotonic() - t0))
+    t.ok('egress' in r.get('hint', '') and 'network' in r.get('hint', ''),
+         'and the result says how to get one (createSandbox {network: "egress"})', r)
     if not x.ready:
         t.skip('network none reaches nothing', 'pasta or nft missing')
         return
