@@ -28,6 +28,7 @@ static void usage(FILE *f) {
         "  sbx ls                          list sandboxes\n"
         "  sbx destroy ID                  destroy a sandbox\n"
         "  sbx cp SRC DST                  copy files; ID:/path names a sandbox path\n"
+        "  sbx expose ID PORT              a preview URL for PORT of sandbox ID\n"
         "  sbx doctor                      what this machine offers sbx\n"
         "  sbx mount [-f] [-o allow_other] MOUNTPOINT   every sandbox's /workspace at MOUNTPOINT/<id>/\n"
         "  sbx umount MOUNTPOINT           stop a view\n",
@@ -154,6 +155,27 @@ static int cmd_exec(int argc, char **argv) {
   int code = (int)json_integer_value(json_object_get(s, "exitCode"));
   json_decref(r);
   return code;
+}
+
+static int cmd_expose(int argc, char **argv) {
+  if (argc != 3) {
+    fprintf(stderr, "usage: sbx expose ID PORT\n");
+    return 2;
+  }
+  char *end;
+  long port = strtol(argv[2], &end, 10);
+  if (*end || port < 1 || port > 65535) {
+    fprintf(stderr, "sbx expose: PORT must be 1-65535\n");
+    return 2;
+  }
+  sbx_client c;
+  if (open_client(&c, argv[1]) < 0) return 1;
+  json_t *r = call(&c, "exposePort", json_pack("{s:s, s:i}", "sandboxId", argv[1], "port", (int)port), NULL, NULL);
+  sbx_client_close(&c);
+  if (!r) return 1;
+  printf("%s\n", json_string_value(json_object_get(sc(r), "url")));
+  json_decref(r);
+  return 0;
 }
 
 static int cmd_ls(void) {
@@ -452,6 +474,7 @@ int main(int argc, char **argv) {
   }
   if (!strcmp(cmd, "exec")) return cmd_exec(argc - 1, argv + 1);
   if (!strcmp(cmd, "ls")) return cmd_ls();
+  if (!strcmp(cmd, "expose")) return cmd_expose(argc - 1, argv + 1);
   if (!strcmp(cmd, "destroy")) return cmd_destroy(argc - 1, argv + 1);
   if (!strcmp(cmd, "cp")) return cmd_cp(argc - 1, argv + 1);
   if (!strcmp(cmd, "doctor")) return sbx_doctor(stdout) ? 1 : 0;

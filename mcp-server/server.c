@@ -7,6 +7,7 @@
 #include "http.h"
 #include "mcp.h"
 #include "../sandbox-core/config.h"
+#include "../sandbox-core/preview.h"
 #include "../sandbox-core/process.h"
 #include "../sandbox-core/files.h"
 
@@ -243,6 +244,11 @@ static void on_idle_tick(uv_timer_t *t) {
     fprintf(stderr, "sbx daemon: sandbox %s reset after being idle\n", ids[i]);
     sbx_process_forget_sandbox(ids[i]);
     sbx_code_forget_sandbox(ids[i]);
+    sbx_sandbox *sb = sbx_sandbox_find(ids[i]);
+    if (sb) {
+      sbx_preview_revoke_sandbox(sb); /* its URLs answer 410 */
+      sbx_sandbox_save(sb);
+    }
     mcp_broadcast_log("notice", ids[i], "sandbox %s was reset after being idle; its files are gone (bucket mounts keep theirs)", ids[i]);
   }
 }
@@ -255,6 +261,7 @@ static void on_signal(uv_signal_t *s, int sig) {
   uv_close((uv_handle_t *)&d.server, NULL);
   uv_close((uv_handle_t *)&d.idle, NULL);
   sbx_http_stop();
+  sbx_preview_stop();
   stop_view();
   for (client *c = d.clients; c; c = c->next) client_close(c);
   for (sbx_sandbox *sb = sbx_sandbox_list(); sb; sb = sb->next) sbx_exec_cancel_sandbox(sb);
@@ -364,6 +371,8 @@ int sbx_daemon_main(const char *http_addr, bool http_allow_remote, const char *m
     unlink(d.paths.sock);
     return 1;
   }
+  if (sbx_preview_start(d.loop, conf.preview_port, err, sizeof err) < 0)
+    fprintf(stderr, "sbx daemon: %s; everything else works, exposePort says so\n", err); /* not fatal */
   char pid[32];
   snprintf(pid, sizeof pid, "%d\n", getpid());
   sbx_write_string_create(d.paths.pidfile, pid);

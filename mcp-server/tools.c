@@ -10,6 +10,7 @@
 #include "../sandbox-core/files.h"
 #include "../sandbox-core/netpolicy.h"
 #include "../sandbox-core/ports.h"
+#include "../sandbox-core/preview.h"
 #include "../sandbox-core/process.h"
 
 #include <signal.h>
@@ -146,6 +147,7 @@ static void h_destroy(mcp_call *call, json_t *args, sbx_sandbox *sb) {
   sbx_exec_cancel_sandbox(sb);
   sbx_process_forget_sandbox(id);
   sbx_code_forget_sandbox(id);
+  sbx_preview_revoke_sandbox(sb); /* its preview URLs answer 410 */
   if (sbx_sandbox_destroy(id, &err) < 0) return mcp_call_fail(call, &err);
   char text[128];
   snprintf(text, sizeof text, "sandbox %s destroyed", id);
@@ -769,6 +771,57 @@ static void h_git_checkout(mcp_call *call, json_t *args, sbx_sandbox *sb) {
   }
 }
 
+/* ---- preview URLs ------------------------------------------------------------ */
+
+static json_t *exposure_json(sbx_sandbox *sb, const sbx_exposure *e) {
+  char url[300];
+  sbx_preview_url(sb, e, url, sizeof url);
+  return json_pack("{s:s, s:i, s:s}", "url", url, "port", e->port, "name", e->name);
+}
+
+static void h_expose(mcp_call *call, json_t *args, sbx_sandbox *sb) {
+  sbx_error err = {0};
+  const char *problem = sbx_preview_problem();
+  if (problem) {
+    sbx_err(&err, "INTERNAL", "%s", problem);
+    return mcp_call_fail(call, &err);
+  }
+  const sbx_exposure *e;
+  if (sbx_preview_expose(sb, (int)json_integer_value(json_object_get(args, "port")), str(args, "name"), &e, &err) < 0)
+    return mcp_call_fail(call, &err);
+  json_t *o = exposure_json(sb, e);
+  char text[400];
+  snprintf(text, sizeof text, "port %d of sandbox %s is at %s (open it in a browser on this machine)", e->port, sb->id,
+           json_string_value(json_object_get(o, "url")));
+  mcp_call_ok(call, o, text);
+}
+
+static void h_unexpose(mcp_call *call, json_t *args, sbx_sandbox *sb) {
+  sbx_error err = {0};
+  int port = (int)json_integer_value(json_object_get(args, "port"));
+  if (sbx_preview_unexpose(sb, port, &err) < 0) return mcp_call_fail(call, &err);
+  char text[100];
+  snprintf(text, sizeof text, "port %d is no longer exposed (its URL answers 410)", port);
+  mcp_call_ok(call, json_pack("{s:i, s:b}", "port", port, "unexposed", 1), text);
+}
+
+static void h_exposed(mcp_call *call, json_t *args, sbx_sandbox *sb) {
+  (void)args;
+  json_t *a = json_array();
+  sbx_buf t = {0};
+  for (const sbx_exposure *e = sb->exposures; e; e = e->next) {
+    json_t *o = exposure_json(sb, e);
+    char line[400];
+    int n = snprintf(line, sizeof line, "%d\t%s%s%s\n", e->port, json_string_value(json_object_get(o, "url")),
+                     e->name[0] ? "\t" : "", e->name);
+    sbx_buf_append(&t, line, (size_t)n);
+    json_array_append_new(a, o);
+  }
+  sbx_buf_append(&t, "", 1);
+  mcp_call_ok(call, json_pack("{s:o}", "ports", a), t.len > 1 ? t.data : "no exposed ports");
+  sbx_buf_free(&t);
+}
+
 struct port_wait {
   mcp_call *call;
   int port;
@@ -1275,5 +1328,8 @@ const mcp_handler mcp_handlers[] = {
     {"waitForExit", h_wait_exit, false},
     {"streamProcessLogs", h_stream_logs, false},
     {"gitCheckout", h_git_checkout, false},
+    {"exposePort", h_expose, false},
+    {"unexposePort", h_unexpose, false},
+    {"getExposedPorts", h_exposed, false},
 };
 const size_t mcp_handler_count = SBX_ARRAY_SIZE(mcp_handlers);

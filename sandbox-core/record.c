@@ -1,6 +1,7 @@
 #define _GNU_SOURCE
 #include "record.h"
 #include "bucket.h"
+#include "preview.h"
 
 #include <fcntl.h>
 
@@ -47,6 +48,7 @@ json_t *sbx_record_json(const sbx_sandbox *sb) {
   json_t *buckets = json_array();
   for (const sbx_bucket *b = sb->buckets; b; b = b->next) json_array_append_new(buckets, sbx_bucket_to_json(b));
   json_object_set_new(opts, "buckets", buckets);
+  json_object_set_new(opts, "ports", sbx_preview_to_json(sb));
   return json_pack("{s:i, s:s, s:I, s:s, s:b, s:o, s:o}", "version", SBX_RECORD_VERSION, "sandboxId", sb->id, "createdAt",
                    (json_int_t)sb->created_wall_ms, "state", sb->state == SBX_ASLEEP ? "asleep" : "active",
                    "resetPending", sb->reset_pending, "options", opts, "sessions", sessions);
@@ -95,6 +97,7 @@ int sbx_record_apply(sbx_sandbox *sb, json_t *rec, char *err, size_t errlen) {
     while (*tail) tail = &(*tail)->next;
     *tail = b;
   }
+  if (sbx_preview_from_json(sb, json_object_get(o, "ports")) < 0) BAD("bad exposed port");
   sb->created_wall_ms = json_integer_value(json_object_get(rec, "createdAt"));
   const char *state = json_string_value(json_object_get(rec, "state"));
   sb->state = state && !strcmp(state, "asleep") ? SBX_ASLEEP : SBX_STOPPED;

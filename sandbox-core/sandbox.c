@@ -7,6 +7,7 @@
 #include "record.h"
 #include "bucket.h"
 #include "exec.h"
+#include "preview.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -544,6 +545,7 @@ static void sandbox_free(sbx_sandbox *sb) {
   sbx_env_clear(&sb->opts.env);
   sbx_strv_clear(&sb->opts.allowed_hosts);
   sbx_bucket_free_all(sb);
+  sbx_preview_free(sb);
   free(sb->saved_record);
   free(sb);
 }

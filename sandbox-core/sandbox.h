@@ -72,6 +72,7 @@ typedef struct sbx_sandbox {
   char *saved_record;     /* the record as last written */
   struct sbx_bucket *buckets; /* bucket mounts (bucket.h), remounted on every start */
   uint64_t incarnation;       /* which start this is (its cgroup's name, bucket servers') */
+  struct sbx_exposure *exposures; /* exposePort (preview.h), part of the record */
   struct sbx_sandbox *next;
 } sbx_sandbox;
 

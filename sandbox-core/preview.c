@@ -1,0 +1,662 @@
+#define _GNU_SOURCE
+#include "preview.h"
+#include "config.h"
+
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+
+#define MAX_HEAD (16 * 1024)       /* a request head (431 past it) */
+#define HEAD_TIMEOUT_MS 10000      /* to send it */
+#define IDLE_TIMEOUT_MS (10 * 60000)
+#define MAX_CONNS 1024             /* proxied connections at once */
+#define MAX_CONNS_PER_SANDBOX 256
+#define HIGH_WATER (1024 * 1024)   /* bytes queued toward one side before its source pauses */
+#define REVOKED_KEPT 1024          /* tokens that answer 410 instead of 404 */
+#define CONNECT_TIMEOUT_MS 2000
+
+/* ---- exposures (the record) ------------------------------------------------------------ */
+
+static struct {
+  uv_loop_t *loop;
+  uv_tcp_t server;
+  bool listening;
+  int port;
+  char problem[300];
+  char revoked[REVOKED_KEPT][17];
+  size_t nrevoked;
+  int conns;
+} P = {.problem = "the preview proxy is off (previewPort 0)"};
+
+const char *sbx_preview_problem(void) { return P.listening ? NULL : P.problem; }
+
+static sbx_exposure *find_port(const sbx_sandbox *sb, int port) {
+  for (sbx_exposure *e = sb->exposures; e; e = e->next)
+    if (e->port == port) return e;
+  return NULL;
+}
+
+void sbx_preview_url(const sbx_sandbox *sb, const sbx_exposure *e, char *out, size_t len) {
+  snprintf(out, len, "http://%d-%s-%s.localhost:%d/", e->port, sb->id, e->token, P.port ? P.port : 8787);
+}
+
+static void revoke_token(const char *token) {
+  snprintf(P.revoked[P.nrevoked % REVOKED_KEPT], 17, "%s", token);
+  P.nrevoked++;
+}
+
+static void close_sandbox_conns(const char *id, int port);
+
+int sbx_preview_expose(sbx_sandbox *sb, int port, const char *name, const sbx_exposure **out, sbx_error *err) {
+  if (port < 1 || port > 65535) return sbx_err(err, "INVALID_PORT", "port must be 1-65535, got %d", port);
+  if (find_port(sb, port))
+    return sbx_err(err, "PORT_ALREADY_EXPOSED", "port %d of sandbox '%s' is exposed already (getExposedPorts)", port, sb->id);
+  int n = 0;
+  for (sbx_exposure *e = sb->exposures; e; e = e->next) n++;
+  if (n >= SBX_MAX_EXPOSED) return sbx_err(err, "RESOURCE_LIMIT", "at most %d exposed ports per sandbox", SBX_MAX_EXPOSED);
+  sbx_exposure *e = calloc(1, sizeof *e);
+  unsigned char raw[16];
+  if (!e || getrandom(raw, sizeof raw, 0) != sizeof raw) {
+    free(e);
+    return sbx_err(err, "INTERNAL", "no random token");
+  }
+  static const char abc[] = "abcdefghijklmnopqrstuvwxyz0123456789";
+  for (int i = 0; i < 16; i++) e->token[i] = abc[raw[i] % 36];
+  e->port = port;
+  snprintf(e->name, sizeof e->name, "%s", name ? name : "");
+  sbx_exposure **pp = &sb->exposures;
+  while (*pp) pp = &(*pp)->next;
+  *pp = e;
+  sbx_sandbox_save(sb);
+  *out = e;
+  return 0;
+}
+
+int sbx_preview_unexpose(sbx_sandbox *sb, int port, sbx_error *err) {
+  for (sbx_exposure **pp = &sb->exposures; *pp; pp = &(*pp)->next)
+    if ((*pp)->port == port) {
+      sbx_exposure *e = *pp;
+      *pp = e->next;
+      revoke_token(e->token);
+      free(e);
+      sbx_sandbox_save(sb);
+      close_sandbox_conns(sb->id, port);
+      return 0;
+    }
+  return sbx_err(err, "PORT_NOT_EXPOSED", "port %d of sandbox '%s' is not exposed", port, sb->id);
+}
+
+typedef struct factory factory;
+static void factory_kill(factory *f);
+static factory *factory_of(const char *id);
+
+void sbx_preview_revoke_sandbox(sbx_sandbox *sb) {
+  factory *f = factory_of(sb->id);
+  if (f) factory_kill(f); /* its old network namespace goes with it */
+  while (sb->exposures) {
+    sbx_exposure *e = sb->exposures;
+    sb->exposures = e->next;
+    revoke_token(e->token);
+    free(e);
+  }
+  close_sandbox_conns(sb->id, 0);
+}
+
+void sbx_preview_free(sbx_sandbox *sb) {
+  while (sb->exposures) {
+    sbx_exposure *e = sb->exposures;
+    sb->exposures = e->next;
+    free(e);
+  }
+}
+
+json_t *sbx_preview_to_json(const sbx_sandbox *sb) {
+  json_t *a = json_array();
+  for (const sbx_exposure *e = sb->exposures; e; e = e->next)
+    json_array_append_new(a, json_pack("{s:i, s:s, s:s}", "port", e->port, "name", e->name, "token", e->token));
+  return a;
+}
+
+int sbx_preview_from_json(sbx_sandbox *sb, json_t *a) {
+  size_t i;
+  json_t *o;
+  json_array_foreach(a, i, o) {
+    json_int_t port = json_integer_value(json_object_get(o, "port"));
+    const char *tok = json_string_value(json_object_get(o, "token")), *name = json_string_value(json_object_get(o, "name"));
+    if (port < 1 || port > 65535 || !tok || strlen(tok) != 16 || strspn(tok, "abcdefghijklmnopqrstuvwxyz0123456789") != 16)
+      return -1;
+    sbx_exposure *e = calloc(1, sizeof *e);
+    if (!e) return -1;
+    e->port = (int)port;
+    snprintf(e->token, sizeof e->token, "%s", tok);
+    snprintf(e->name, sizeof e->name, "%s", name ? name : "");
+    sbx_exposure **pp = &sb->exposures;
+    while (*pp) pp = &(*pp)->next;
+    *pp = e;
+  }
+  return 0;
+}
+
+/* ---- a socket factory per sandbox ---------------------------------------------------- */
+
+/* A child of the daemon in the sandbox's user and network namespaces (not
+ * its pid namespace: nothing in the sandbox sees it) that connects to
+ * 127.0.0.1:PORT there and hands the socket back. */
+typedef void (*connected_cb)(void *ud, int fd, int error);
+typedef struct want {
+  connected_cb cb;
+  void *ud;
+  struct want *next;
+} want;
+
+struct factory {
+  char sandbox[64];
+  uint64_t incarnation;
+  int sock, pidfd;
+  uv_poll_t poll;
+  want *wants, **tail;
+  bool dead;
+  factory *next;
+};
+
+static factory *factories;
+
+static void factory_child(int sock) {
+  for (;;) {
+    uint16_t port;
+    ssize_t n = recv(sock, &port, sizeof port, 0);
+    if (n != sizeof port) _exit(0);
+    int err = 0, s = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (s < 0) err = errno;
+    else if (connect(s, (struct sockaddr *)&a, sizeof a) < 0 && errno != EINPROGRESS) err = errno;
+    else {
+      struct pollfd p = {.fd = s, .events = POLLOUT};
+      socklen_t l = sizeof err;
+      if (poll(&p, 1, CONNECT_TIMEOUT_MS) != 1) err = ETIMEDOUT;
+      else if (getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &l) < 0) err = errno;
+    }
+    int32_t e = err;
+    struct iovec iov = {&e, sizeof e};
+    union {
+      struct cmsghdr h;
+      char buf[CMSG_SPACE(sizeof(int))];
+    } u;
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (!err) {
+      m.msg_control = u.buf;
+      m.msg_controllen = sizeof u.buf;
+      struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int));
+      memcpy(CMSG_DATA(c), &s, sizeof s);
+    }
+    if (sendmsg(sock, &m, MSG_NOSIGNAL) < 0) _exit(0);
+    if (s >= 0) close(s);
+  }
+}
+
+static void factory_freed(uv_handle_t *h) { free(h->data); }
+
+static void factory_kill(factory *f) {
+  if (f->dead) return;
+  f->dead = true;
+  uv_poll_stop(&f->poll);
+  for (want *w = f->wants, *next; w; w = next) {
+    next = w->next;
+    w->cb(w->ud, -1, ECONNABORTED);
+    free(w);
+  }
+  f->wants = NULL;
+  sbx_pidfd_send_signal(f->pidfd, SIGKILL);
+  waitid(P_PIDFD, f->pidfd, &(siginfo_t){0}, WEXITED);
+  close(f->pidfd);
+  close(f->sock);
+  for (factory **pp = &factories; *pp; pp = &(*pp)->next)
+    if (*pp == f) {
+      *pp = f->next;
+      break;
+    }
+  uv_close((uv_handle_t *)&f->poll, factory_freed);
+}
+
+static void factory_readable(uv_poll_t *h, int status, int events) {
+  (void)status, (void)events;
+  factory *f = h->data;
+  int32_t e = 0;
+  struct iovec iov = {&e, sizeof e};
+  union {
+    struct cmsghdr h;
+    char buf[CMSG_SPACE(sizeof(int))];
+  } u;
+  struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
+  ssize_t n = recvmsg(f->sock, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+  if (n < 0 && errno == EAGAIN) return;
+  if (n != sizeof e || !f->wants) return factory_kill(f);
+  int fd = -1;
+  struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+  if (c && c->cmsg_type == SCM_RIGHTS) memcpy(&fd, CMSG_DATA(c), sizeof fd);
+  want *w = f->wants;
+  f->wants = w->next;
+  if (!f->wants) f->tail = &f->wants;
+  w->cb(w->ud, e ? -1 : fd, e);
+  free(w);
+}
+
+static factory *factory_of(const char *id) {
+  for (factory *f = factories; f; f = f->next)
+    if (!strcmp(f->sandbox, id)) return f;
+  return NULL;
+}
+
+static factory *factory_for(sbx_sandbox *sb) {
+  for (factory *f = factories; f; f = f->next)
+    if (!strcmp(f->sandbox, sb->id)) {
+      if (f->incarnation == sb->incarnation) return f;
+      factory_kill(f); /* of an earlier start */
+      break;
+    }
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) return NULL;
+  int pidfd = -1;
+  pid_t pid = sbx_fork_child(0, &pidfd);
+  if (pid < 0) {
+    close(sv[0]);
+    close(sv[1]);
+    return NULL;
+  }
+  if (pid == 0) {
+    sbx_child_unblock();
+    if (setns(sb->init_pidfd, CLONE_NEWUSER | CLONE_NEWNET) < 0) _exit(2);
+    int keep = fcntl(sv[1], F_DUPFD_CLOEXEC, 3);
+    close_range(3, (unsigned)keep - 1, 0); /* none of the daemon's files in here */
+    close_range((unsigned)keep + 1, ~0U, 0);
+    factory_child(keep);
+    _exit(0);
+  }
+  close(sv[1]);
+  factory *f = calloc(1, sizeof *f);
+  if (!f) {
+    sbx_pidfd_send_signal(pidfd, SIGKILL);
+    close(pidfd);
+    close(sv[0]);
+    return NULL;
+  }
+  snprintf(f->sandbox, sizeof f->sandbox, "%s", sb->id);
+  f->incarnation = sb->incarnation;
+  f->sock = sv[0];
+  f->pidfd = pidfd;
+  f->tail = &f->wants;
+  uv_poll_init(P.loop, &f->poll, f->sock);
+  f->poll.data = f;
+  uv_poll_start(&f->poll, UV_READABLE, factory_readable);
+  f->next = factories;
+  factories = f;
+  return f;
+}
+
+static int connect_in(sbx_sandbox *sb, int port, connected_cb cb, void *ud) {
+  factory *f = factory_for(sb);
+  want *w = f ? calloc(1, sizeof *w) : NULL;
+  uint16_t p = (uint16_t)port;
+  if (!w || send(f->sock, &p, sizeof p, MSG_NOSIGNAL) != sizeof p) {
+    free(w);
+    if (f) factory_kill(f);
+    return -1;
+  }
+  w->cb = cb;
+  w->ud = ud;
+  *f->tail = w;
+  f->tail = &w->next;
+  return 0;
+}
+
+/* ---- the proxy ---------------------------------------------------------------------- */
+
+typedef struct pconn {
+  uv_tcp_t client, upstream;
+  bool up_open, closing, client_eof, up_eof, waiting;
+  int handles;
+  sbx_buf head;
+  uv_timer_t timer;
+  char sandbox[64];
+  int port;
+  size_t to_client, to_up; /* bytes queued toward each side */
+  struct pconn *next;
+} pconn;
+
+static pconn *conns;
+
+typedef struct pchunk {
+  uv_write_t req;
+  pconn *c;
+  bool to_client;
+  size_t len;
+  char *owned; /* a read buffer passed on as it is, or NULL (data follows) */
+  char data[];
+} pchunk;
+
+static void conn_freed(uv_handle_t *h) {
+  pconn *c = h->data;
+  if (--c->handles) return;
+  for (pconn **pp = &conns; *pp; pp = &(*pp)->next)
+    if (*pp == c) {
+      *pp = c->next;
+      break;
+    }
+  sbx_buf_free(&c->head);
+  P.conns--;
+  free(c);
+}
+
+static void conn_close(pconn *c) {
+  if (c->closing) return;
+  c->closing = true;
+  uv_timer_stop(&c->timer);
+  uv_close((uv_handle_t *)&c->timer, conn_freed);
+  uv_close((uv_handle_t *)&c->client, conn_freed);
+  if (c->up_open) uv_close((uv_handle_t *)&c->upstream, conn_freed);
+}
+
+static void close_sandbox_conns(const char *id, int port) {
+  for (pconn *c = conns; c; c = c->next)
+    if (!strcmp(c->sandbox, id) && (!port || c->port == port)) conn_close(c);
+}
+
+static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *b) {
+  (void)h, (void)suggested;
+  b->base = malloc(256 * 1024);
+  b->len = b->base ? 256 * 1024 : 0;
+}
+
+static void on_idle(uv_timer_t *t) { conn_close(t->data); }
+
+static void client_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b);
+static void up_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b);
+
+static void written(uv_write_t *req, int status) {
+  pchunk *w = (pchunk *)req;
+  pconn *c = w->c;
+  bool to_client = w->to_client;
+  if (to_client) c->to_client -= w->len;
+  else c->to_up -= w->len;
+  free(w->owned);
+  free(w);
+  if (status < 0) return conn_close(c);
+  if (c->closing) return;
+  /* below the high water again: the paused side reads on */
+  if (to_client && c->to_client < HIGH_WATER && c->up_open && !c->up_eof)
+    uv_read_start((uv_stream_t *)&c->upstream, alloc_cb, up_read);
+  if (!to_client && c->to_up < HIGH_WATER && !c->client_eof && !c->waiting)
+    uv_read_start((uv_stream_t *)&c->client, alloc_cb, client_read);
+}
+
+/* Queues data toward one side; owned (malloc'd, taken) or copied. */
+static void send_buf(pconn *c, bool to_client, char *owned, const char *data, size_t len) {
+  pchunk *w = malloc(sizeof *w + (owned ? 0 : len));
+  if (!w) {
+    free(owned);
+    return conn_close(c);
+  }
+  w->c = c;
+  w->to_client = to_client;
+  w->len = len;
+  w->owned = owned;
+  if (!owned) memcpy(w->data, data, len);
+  uv_buf_t b = uv_buf_init(owned ? owned : w->data, (unsigned)len);
+  uv_stream_t *s = to_client ? (uv_stream_t *)&c->client : (uv_stream_t *)&c->upstream;
+  if (uv_write(&w->req, s, &b, 1, written) < 0) {
+    free(w->owned);
+    free(w);
+    return conn_close(c);
+  }
+  if (to_client) c->to_client += len;
+  else c->to_up += len;
+  if (to_client && c->to_client >= HIGH_WATER) uv_read_stop((uv_stream_t *)&c->upstream);
+  if (!to_client && c->to_up >= HIGH_WATER) uv_read_stop((uv_stream_t *)&c->client);
+}
+
+static void send_to(pconn *c, bool to_client, const char *data, size_t len) { send_buf(c, to_client, NULL, data, len); }
+
+/* A read buffer passed on: as it is when mostly full, else copied, so that
+ * what is queued costs about what it holds (the high water counts bytes). */
+static void send_read(pconn *c, bool to_client, char *buf, size_t len) {
+  if (len >= 128 * 1024) return send_buf(c, to_client, buf, NULL, len);
+  send_buf(c, to_client, NULL, buf, len);
+  free(buf);
+}
+
+static void answer(pconn *c, int code, const char *reason, const char *body) {
+  char msg[1024];
+  int n = snprintf(msg, sizeof msg,
+                   "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %zu\r\n"
+                   "Connection: close\r\nCache-Control: no-store\r\n\r\n%s",
+                   code, reason, strlen(body), body);
+  send_to(c, true, msg, (size_t)n);
+  c->waiting = true; /* nothing more is read; the connection closes once it is written */
+  uv_read_stop((uv_stream_t *)&c->client);
+  uv_shutdown_t *sd = malloc(sizeof *sd);
+  if (!sd || uv_shutdown(sd, (uv_stream_t *)&c->client, (uv_shutdown_cb)(void (*)(void))free) < 0) free(sd);
+  uv_timer_start(&c->timer, on_idle, 2000, 0);
+}
+
+static void activity(pconn *c) {
+  uv_timer_start(&c->timer, on_idle, IDLE_TIMEOUT_MS, 0);
+  sbx_sandbox *sb = sbx_sandbox_find(c->sandbox);
+  if (sb) sbx_sandbox_touch(sb); /* preview traffic keeps its sandbox awake */
+}
+
+static void half_close(pconn *c, bool client_side) {
+  if (client_side) c->client_eof = true;
+  else c->up_eof = true;
+  if (c->client_eof && c->up_eof) return conn_close(c);
+  uv_shutdown_t *sd = malloc(sizeof *sd);
+  uv_stream_t *other = client_side ? (uv_stream_t *)&c->upstream : (uv_stream_t *)&c->client;
+  if (!sd || uv_shutdown(sd, other, (uv_shutdown_cb)(void (*)(void))free) < 0) {
+    free(sd);
+    conn_close(c);
+  }
+}
+
+static void up_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
+  pconn *c = s->data;
+  if (n > 0 && !c->closing) {
+    activity(c);
+    send_read(c, true, b->base, (size_t)n);
+  } else {
+    free(b->base);
+  }
+  if (n < 0 && !c->closing) {
+    uv_read_stop(s);
+    half_close(c, false);
+  }
+}
+
+/* The request head, with who asked added for the server in the sandbox. */
+static void forward_head(pconn *c) {
+  char *end = memmem(c->head.data, c->head.len, "\r\n\r\n", 4);
+  char *eol = memmem(c->head.data, c->head.len, "\r\n", 2);
+  struct sockaddr_storage ss;
+  int sl = sizeof ss;
+  char ip[INET6_ADDRSTRLEN] = "127.0.0.1";
+  if (uv_tcp_getpeername(&c->client, (struct sockaddr *)&ss, &sl) == 0 && ss.ss_family == AF_INET)
+    inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, ip, sizeof ip);
+  char *host = NULL;
+  for (char *l = eol + 2; l < end; l = memmem(l, end + 2 - l, "\r\n", 2) + 2)
+    if (!strncasecmp(l, "Host:", 5)) {
+      host = l + 5;
+      break;
+    }
+  char extra[600];
+  int hl = host ? (int)strcspn(host, "\r") : 0;
+  while (host && hl && *host == ' ') host++, hl--;
+  int n = snprintf(extra, sizeof extra, "X-Forwarded-Host: %.*s\r\nX-Forwarded-Proto: http\r\nX-Forwarded-For: %s\r\n",
+                   hl > 300 ? 300 : hl, host ? host : "", ip);
+  size_t first = (size_t)(eol + 2 - c->head.data);
+  send_to(c, false, c->head.data, first);
+  send_to(c, false, extra, (size_t)n);
+  send_to(c, false, c->head.data + first, c->head.len - first);
+  c->head.len = 0;
+}
+
+static void connected(void *ud, int fd, int error) {
+  pconn *c = ud;
+  c->waiting = false;
+  if (c->closing) {
+    if (fd >= 0) close(fd);
+    return;
+  }
+  if (fd < 0) {
+    char body[300];
+    snprintf(body, sizeof body, "502: nothing answers on port %d in sandbox %s (%s); is the server running and "
+                                "listening on 0.0.0.0 or 127.0.0.1?\n", c->port, c->sandbox, strerror(error));
+    return answer(c, 502, "Bad Gateway", body);
+  }
+  uv_tcp_init(P.loop, &c->upstream);
+  c->upstream.data = c;
+  c->handles++;
+  c->up_open = true;
+  if (uv_tcp_open(&c->upstream, fd) < 0) {
+    close(fd);
+    return conn_close(c);
+  }
+  forward_head(c);
+  uv_read_start((uv_stream_t *)&c->upstream, alloc_cb, up_read);
+  uv_read_start((uv_stream_t *)&c->client, alloc_cb, client_read);
+}
+
+static bool revoked(const char *token) {
+  for (size_t i = 0; i < REVOKED_KEPT && i < P.nrevoked; i++)
+    if (!strcmp(P.revoked[i], token)) return true;
+  return false;
+}
+
+static bool same_token(const char *a, const char *b) {
+  unsigned char d = 0; /* constant time: both are 16 characters here */
+  for (int i = 0; i < 16; i++) d |= (unsigned char)(a[i] ^ b[i]);
+  return d == 0;
+}
+
+/* Host: {port}-{sandbox}-{token}.localhost[:port] */
+static void route(pconn *c) {
+  char *end = memmem(c->head.data, c->head.len, "\r\n\r\n", 4);
+  char host[300] = "";
+  for (char *l = memmem(c->head.data, c->head.len, "\r\n", 2); l && l < end; l = memmem(l + 2, end + 2 - (l + 2), "\r\n", 2))
+    if (!strncasecmp(l + 2, "Host:", 5)) {
+      const char *v = l + 7;
+      while (*v == ' ' || *v == '\t') v++;
+      size_t n = strcspn(v, "\r :");
+      snprintf(host, sizeof host, "%.*s", (int)(n < sizeof host ? n : sizeof host - 1), v);
+      break;
+    }
+  for (char *p = host; *p; p++) *p = (char)tolower((unsigned char)*p);
+  static const char nf[] = "404: no such preview\n";
+  size_t hl = strlen(host);
+  if (hl < 10 + 20 || strcmp(host + hl - 10, ".localhost")) return answer(c, 404, "Not Found", nf);
+  host[hl - 10] = 0;
+  char *dash1 = strchr(host, '-'), *dash2 = strrchr(host, '-');
+  if (!dash1 || dash2 == dash1 || strlen(dash2 + 1) != 16) return answer(c, 404, "Not Found", nf);
+  const char *token = dash2 + 1;
+  *dash2 = 0;
+  char *id = dash1 + 1;
+  *dash1 = 0;
+  char *endp;
+  long port = strtol(host, &endp, 10);
+  sbx_sandbox *sb = sbx_valid_id(id) ? sbx_sandbox_find(id) : NULL;
+  sbx_exposure *e = sb && !*endp ? find_port(sb, (int)port) : NULL;
+  if (!e || !same_token(e->token, token)) {
+    if (revoked(token)) return answer(c, 410, "Gone", "410: this preview URL was revoked (its port unexposed, or its "
+                                                           "sandbox reset or destroyed); expose the port again\n");
+    return answer(c, 404, "Not Found", nf);
+  }
+  int here = 0;
+  for (pconn *o = conns; o; o = o->next)
+    if (!o->closing && !strcmp(o->sandbox, sb->id)) here++;
+  if (here >= MAX_CONNS_PER_SANDBOX) return answer(c, 503, "Service Unavailable", "503: too many connections\n");
+  snprintf(c->sandbox, sizeof c->sandbox, "%s", sb->id);
+  c->port = (int)port;
+  sbx_error err = {0};
+  if (!sbx_sandbox_alive(sb) && sbx_sandbox_wake(sb, &err) < 0)
+    return answer(c, 503, "Service Unavailable", "503: the sandbox could not be started\n");
+  activity(c);
+  c->waiting = true;
+  uv_read_stop((uv_stream_t *)&c->client); /* the rest waits for the upstream */
+  if (connect_in(sb, (int)port, connected, c) < 0) {
+    c->waiting = false;
+    answer(c, 502, "Bad Gateway", "502: cannot reach into the sandbox\n");
+  }
+}
+
+static void client_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
+  pconn *c = s->data;
+  if (n > 0 && !c->closing) {
+    if (c->up_open) {
+      activity(c);
+      send_read(c, false, b->base, (size_t)n);
+      b = NULL; /* taken */
+    } else if (!c->waiting) {
+      sbx_buf_append(&c->head, b->base, (size_t)n);
+      char *end = memmem(c->head.data, c->head.len, "\r\n\r\n", 4);
+      if (end && end - c->head.data <= MAX_HEAD) route(c);
+      else if (end || c->head.len > MAX_HEAD)
+        answer(c, 431, "Request Header Fields Too Large", "431: the request head is over 16 KiB\n");
+    }
+  }
+  if (b) free(b->base);
+  if (n < 0 && !c->closing) {
+    uv_read_stop(s);
+    if (c->up_open) half_close(c, true);
+    else if (!c->waiting) conn_close(c);
+  }
+}
+
+static void on_conn(uv_stream_t *server, int status) {
+  if (status < 0) return;
+  pconn *c = calloc(1, sizeof *c);
+  if (!c) return;
+  uv_tcp_init(P.loop, &c->client);
+  c->client.data = c;
+  uv_timer_init(P.loop, &c->timer);
+  c->timer.data = c;
+  c->handles = 2;
+  P.conns++;
+  c->next = conns;
+  conns = c;
+  if (uv_accept(server, (uv_stream_t *)&c->client) < 0 || P.conns > MAX_CONNS) return conn_close(c);
+  uv_timer_start(&c->timer, on_idle, HEAD_TIMEOUT_MS, 0); /* a head that does not come in time: closed */
+  uv_read_start((uv_stream_t *)&c->client, alloc_cb, client_read);
+}
+
+int sbx_preview_start(uv_loop_t *loop, int port, char *err, size_t errlen) {
+  P.loop = loop;
+  P.port = port;
+  if (!port) return 0;
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  uv_tcp_init(loop, &P.server);
+  int r = uv_tcp_bind(&P.server, (struct sockaddr *)&a, 0);
+  if (r == 0) r = uv_listen((uv_stream_t *)&P.server, 511, on_conn);
+  if (r < 0) {
+    snprintf(P.problem, sizeof P.problem, "the preview proxy cannot listen on 127.0.0.1:%d: %s (set previewPort or "
+                                          "SBX_PREVIEW_PORT)", port, uv_strerror(r));
+    snprintf(err, errlen, "%s", P.problem);
+    uv_close((uv_handle_t *)&P.server, NULL);
+    return -1;
+  }
+  P.listening = true;
+  return 0;
+}
+
+void sbx_preview_stop(void) {
+  if (P.listening) uv_close((uv_handle_t *)&P.server, NULL);
+  P.listening = false;
+  snprintf(P.problem, sizeof P.problem, "the daemon is stopping");
+  for (pconn *c = conns; c; c = c->next) conn_close(c);
+  while (factories) factory_kill(factories);
+}

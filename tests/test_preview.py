@@ -1,0 +1,267 @@
+"""exposePort through the daemon's preview proxy: a server inside the
+sandbox reached by its preview URL (HTTP with X-Forwarded-*, a streamed
+response whose first part arrives before the server finishes, a WebSocket
+echo, a 100 MB download with the daemon's memory bounded), and every
+status: 404 for a wrong token or an unknown host, 410 once unexposed or
+reset, 502 while nothing listens."""
+import base64
+import hashlib
+import json
+import os
+import socket
+import sys
+
+from sbxtest import Env, Fail, run_tests, wait_until
+from s3server import free_port
+
+SERVER = r'''
+import base64, hashlib, os, socket, sys, threading
+release = threading.Event()
+def handle(conn):
+    f = conn.makefile('rb')
+    while True:
+        line = f.readline()
+        if not line:
+            return
+        method, path, _ = line.decode().split(' ', 2)
+        headers = {}
+        while True:
+            h = f.readline().decode()
+            if h in ('\r\n', ''):
+                break
+            k, v = h.split(':', 1)
+            headers[k.strip().lower()] = v.strip()
+        if path == '/ws':
+            key = headers['sec-websocket-key']
+            acc = base64.b64encode(hashlib.sha1((key + '258EAFA5-E914-47DA-95CA-C5AB0DC85B11').encode()).digest()).decode()
+            conn.sendall(('HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n'
+                          'Sec-WebSocket-Accept: %s\r\n\r\n' % acc).encode())
+            while True:
+                b = f.read(2)
+                if len(b) < 2:
+                    return
+                n = b[1] & 127
+                mask = f.read(4)
+                data = bytes(c ^ mask[i % 4] for i, c in enumerate(f.read(n)))
+                conn.sendall(bytes([0x81, len(data)]) + data)
+        if path == '/release':
+            release.set()
+            body = b'released'
+        elif path == '/stream':
+            conn.sendall(b'HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n')
+            conn.sendall(b'6\r\nfirst\n\r\n')
+            release.wait(60)
+            conn.sendall(b'7\r\nsecond\n\r\n0\r\n\r\n')
+            continue
+        elif path == '/big':
+            size = 100 * 1024 * 1024
+            conn.sendall(b'HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n' % size)
+            chunk = b'x' * 65536
+            for _ in range(size // 65536):
+                conn.sendall(chunk)
+            continue
+        else:
+            body = json.dumps({'path': path, 'headers': headers}).encode()
+        conn.sendall(b'HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n' % len(body) + body)
+        if headers.get('connection') == 'close':
+            conn.close()
+            return
+import json
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(('127.0.0.1', int(sys.argv[1])))
+s.listen(64)
+print('listening', flush=True)
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=handle, args=(c,), daemon=True).start()
+'''
+
+
+class Ctx:
+    def __init__(self):
+        self.env = Env()
+        self.port = free_port()
+        self.env.env['SBX_PREVIEW_PORT'] = str(self.port)
+        self.c = self.env.mcp(['--sandbox', 'web'])
+        self.c.initialize()
+        self.c.ok('writeFile', {'path': '/srv/web.py', 'content': SERVER})
+        self.c.ok('startProcess', {'processId': 'web', 'command': 'exec python3 -u /srv/web.py 8000'})
+        self.c.ok('waitForLog', {'processId': 'web', 'pattern': 'listening', 'timeout': 20000}, 40)
+
+    def close(self):
+        self.env.close()
+
+
+def host_of(url):
+    return url.split('://', 1)[1].split('/', 1)[0]
+
+
+def request(x, host, path='/', raw=None):
+    """One HTTP/1.1 request to the proxy with this Host; (status, headers, body)."""
+    s = socket.create_connection(('127.0.0.1', x.port), timeout=30)
+    s.sendall(raw or ('GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n' % (path, host)).encode())
+    data = b''
+    while True:
+        b = s.recv(65536)
+        if not b:
+            break
+        data += b
+    s.close()
+    head, _, body = data.partition(b'\r\n\r\n')
+    return int(head.split()[1]), head.decode(errors='replace'), body
+
+
+def test_expose_and_reach(t, x):
+    r = x.c.ok('exposePort', {'port': 8000, 'name': 'web'})
+    url = r['url']
+    t.ok(url.startswith('http://8000-web-') and url.endswith('.localhost:%d/' % x.port) and len(host_of(url).split('-')[-1].split('.')[0]) == 16,
+         'exposePort answers http://{port}-{sandbox}-{token}.localhost:{proxy}/', url)
+    x.url = url
+    code, _, body = request(x, host_of(url), '/hello?a=1')
+    seen = json.loads(body) if code == 200 else {}
+    t.eq((code, seen.get('path')), (200, '/hello?a=1'), 'the server inside the sandbox answers through the preview URL')
+    h = seen.get('headers', {})
+    t.ok(h.get('x-forwarded-host') == host_of(url) and h.get('x-forwarded-proto') == 'http' and
+         h.get('x-forwarded-for') == '127.0.0.1', 'with X-Forwarded-Host, -Proto and -For', h)
+    t.eq(x.c.ok('getExposedPorts')['ports'], [{'url': url, 'port': 8000, 'name': 'web'}], 'getExposedPorts lists it')
+    t.eq(x.c.err('exposePort', {'port': 8000}), 'PORT_ALREADY_EXPOSED', 'exposing it twice is PORT_ALREADY_EXPOSED')
+
+
+def test_not_found_reveals_nothing(t, x):
+    host = host_of(x.url)
+    wrong = host[:-len('.localhost:%d' % x.port) - 16] + 'a' * 16 + '.localhost:%d' % x.port
+    results = [request(x, h)[::2] for h in (wrong, 'localhost:%d' % x.port, '8000-nosuch-%s.localhost' % ('b' * 16),
+                                            '127.0.0.1:%d' % x.port)]
+    t.eq({r[0] for r in results}, {404}, 'a wrong token, the root, an unknown sandbox: 404')
+    t.eq(len({r[1] for r in results}), 1, 'all with the same body: nothing tells which sandboxes exist')
+    code, _, _ = request(x, None, raw=b'GET / HTTP/1.1\r\nHost: x\r\nX-Big: ' + b'a' * 20000 + b'\r\n\r\n')
+    t.eq(code, 431, 'a request head past 16 KiB is 431')
+
+
+def test_streaming(t, x):
+    s = socket.create_connection(('127.0.0.1', x.port), timeout=30)
+    s.sendall(('GET /stream HTTP/1.1\r\nHost: %s\r\n\r\n' % host_of(x.url)).encode())
+    got = b''
+    while b'first' not in got:
+        b = s.recv(4096)
+        if not b:
+            break
+        got += b
+    t.ok(b'first' in got and b'second' not in got, 'a streamed response\'s first part arrives before the server finishes',
+         got[-200:])
+    code, _, _ = request(x, host_of(x.url), '/release')
+    while b'0\r\n\r\n' not in got:
+        b = s.recv(4096)
+        if not b:
+            break
+        got += b
+    s.close()
+    t.ok(b'second' in got, 'and the rest once it does')
+
+
+def test_websocket(t, x):
+    s = socket.create_connection(('127.0.0.1', x.port), timeout=30)
+    key = base64.b64encode(os.urandom(16)).decode()
+    s.sendall(('GET /ws HTTP/1.1\r\nHost: %s\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: %s\r\n'
+               'Sec-WebSocket-Version: 13\r\n\r\n' % (host_of(x.url), key)).encode())
+    head = b''
+    while b'\r\n\r\n' not in head:
+        head += s.recv(1)
+    want = base64.b64encode(hashlib.sha1((key + '258EAFA5-E914-47DA-95CA-C5AB0DC85B11').encode()).digest())
+    t.ok(head.startswith(b'HTTP/1.1 101') and want in head, 'the WebSocket upgrade goes through', head)
+    for msg in (b'hello', b'again'):
+        mask = os.urandom(4)
+        s.sendall(bytes([0x81, 0x80 | len(msg)]) + mask + bytes(c ^ mask[i % 4] for i, c in enumerate(msg)))
+        frame = s.recv(2)
+        data = s.recv(frame[1])
+        t.eq(data, msg, 'a frame is echoed both ways: %s' % msg.decode())
+    s.close()
+
+
+def rss_kb(pid):
+    with open('/proc/%d/status' % pid) as f:
+        return int(f.read().split('VmRSS:')[1].split()[0])
+
+
+def test_big_download_bounded(t, x):
+    daemon = x.env.daemon_pid()
+    before = rss_kb(daemon)
+    s = socket.create_connection(('127.0.0.1', x.port), timeout=60)
+    s.sendall(('GET /big HTTP/1.1\r\nHost: %s\r\n\r\n' % host_of(x.url)).encode())
+    total, peak = 0, before
+    while total < 100 * 1024 * 1024 + 38:  # the head, then the body of a known length
+        b = s.recv(1 << 20)
+        if not b:
+            break
+        total += len(b)
+        if total % (16 << 20) < len(b):
+            peak = max(peak, rss_kb(daemon))
+    s.close()
+    t.ok(total >= 100 * 1024 * 1024, 'a 100 MB download goes through whole (%d bytes)' % total)
+    t.ok(peak - before < 32 * 1024, 'with the daemon\'s memory bounded (+%d KiB)' % (peak - before))
+
+
+def test_502_410(t, x):
+    r = x.c.ok('exposePort', {'port': 9999})
+    code, _, body = request(x, host_of(r['url']))
+    t.ok(code == 502 and b'9999' in body, 'nothing listening: 502 with a page that says so', body)
+    x.c.ok('unexposePort', {'port': 9999})
+    t.eq(request(x, host_of(r['url']))[0], 410, 'an unexposed port\'s URL answers 410')
+    t.eq(x.c.err('unexposePort', {'port': 9999}), 'PORT_NOT_EXPOSED', 'unexposing it again is PORT_NOT_EXPOSED')
+    # a reset revokes every URL of the sandbox
+    c = x.c
+    c.ok('createSandbox', {'sandboxId': 'nap', 'sleepAfter': '2s'})
+    r = c.ok('exposePort', {'sandboxId': 'nap', 'port': 8000})
+    c.request('logging/setLevel', {'level': 'notice'})
+    c.next(lambda m: m.get('method') == 'notifications/message' and m['params']['data'].get('sandboxId') == 'nap', 30)
+    t.eq(request(x, host_of(r['url']))[0], 410, 'after an idle reset the sandbox\'s URLs answer 410')
+    t.eq(c.ok('getExposedPorts', {'sandboxId': 'nap'})['ports'], [], 'and it has no exposed ports')
+
+
+def test_never_the_hosts_loopback(t, x):
+    # a server on the host's loopback, on a port the sandbox then exposes
+    srv = socket.socket()
+    srv.bind(('127.0.0.1', 0))
+    srv.listen(8)
+    port = srv.getsockname()[1]
+    try:
+        r = x.c.ok('exposePort', {'port': port})
+        srv.settimeout(0.5)
+        code, _, body = request(x, host_of(r['url']))
+        try:
+            srv.accept()
+            reached = True
+        except OSError:
+            reached = False
+        t.ok(code == 502 and not reached, 'a preview URL reaches the port inside the sandbox, never the host\'s', (code, body))
+        x.c.ok('unexposePort', {'port': port})
+    finally:
+        srv.close()
+
+
+def test_cli_expose(t, x):
+    r = x.env.run(['expose', 'web', '8001'])
+    url = r.stdout.decode().strip()
+    t.ok(r.returncode == 0 and url.startswith('http://8001-web-') and url.endswith('.localhost:%d/' % x.port),
+         'sbx expose ID PORT prints the URL', (r.returncode, r.stdout, r.stderr))
+    x.c.ok('unexposePort', {'port': 8001})
+
+
+def test_kept_across_restart(t, x):
+    x.env.run(['daemon', 'stop'])
+    c = x.env.mcp(['--sandbox', 'web'])
+    c.initialize()
+    x.c = c
+    ports = c.ok('getExposedPorts')['ports']
+    t.eq([p['url'] for p in ports], [x.url], 'exposed ports are part of the record: the same URL after a daemon restart')
+    code, _, body = request(x, host_of(x.url))
+    t.ok(code == 502, 'its server ended with the old daemon: 502 until it runs again', (code, body))
+    c.ok('startProcess', {'processId': 'web', 'command': 'exec python3 -u /srv/web.py 8000'})
+    c.ok('waitForLog', {'processId': 'web', 'pattern': 'listening', 'timeout': 20000}, 40)
+    t.eq(request(x, host_of(x.url), '/again')[0], 200, 'and the same URL reaches it again')
+
+
+if __name__ == '__main__':
+    sys.exit(run_tests([test_expose_and_reach, test_not_found_reveals_nothing, test_streaming, test_websocket,
+                        test_big_download_bounded, test_502_410, test_never_the_hosts_loopback, test_cli_expose, test_kept_across_restart], setup=Ctx))
