@@ -20,6 +20,9 @@
            run in a new Python/Node context against `python3 -c pass` and
            `node -e 0` run by exec; gitCheckout of a 1,000-commit repository
            against `git clone` of it on the host
+  preview  wrk through a preview URL against wrk in the sandbox's own
+           namespace, both at busybox httpd inside the sandbox; a 1 GiB
+           download both ways
   exec     `exec true` through `sbx mcp` (stdio relay), p50/p99 over N,
            against plain fork+exec of /bin/true (posix_spawn + wait)
   parallel calls per second of `exec true` with C clients on C sessions
@@ -27,7 +30,7 @@
            HTTP; the ping difference stdio - socket is what the relay adds
   clients  `exec true` latency and throughput with 1, 8 and 64 socket clients
 
-Usage: bench/bench.py [create|wake|many|disk|view|buckets|code|exec|parallel|transports|clients|all] [--n N]. Needs root, a built
+Usage: bench/bench.py [create|wake|many|disk|view|buckets|code|preview|exec|parallel|transports|clients|all] [--n N]. Needs root, a built
 build/sbx and bubblewrap (scripts/bootstrap installs it)."""
 import argparse
 import os
@@ -655,6 +658,63 @@ def bench_code(n=200):
         env.close()
 
 
+def bench_preview():
+    """The preview proxy against the same server reached directly inside
+    the sandbox's network namespace, in one run."""
+    import re
+    import socket as so
+    from s3server import free_port
+    env = Env()
+    port = free_port()
+    env.env['SBX_PREVIEW_PORT'] = str(port)
+    try:
+        c = env.mcp(['--sandbox', 'pv'])
+        c.initialize()
+        c.sh('mkdir -p /srv/www && echo hello > /srv/www/index.html && head -c 1073741824 /dev/zero > /srv/www/big',
+             wait=300)
+        c.ok('startProcess', {'processId': 'httpd', 'command': 'exec busybox httpd -f -p 127.0.0.1:8000 -h /srv/www'})
+        c.ok('waitForPort', {'port': 8000, 'timeout': 20000}, 40)
+        url = c.ok('exposePort', {'port': 8000})['url']
+        host = url.split('://')[1].split('/')[0]
+
+        def wrk_stats(out):
+            rps = float(re.search(r'Requests/sec:\s+([\d.]+)', out).group(1))
+            p99 = re.search(r'99%\s+([\d.]+)(us|ms|s)', out)
+            scale = {'us': 0.001, 'ms': 1, 's': 1000}[p99.group(2)]
+            return rps, float(p99.group(1)) * scale
+        direct = c.sh('wrk -t2 -c16 -d5s --latency http://127.0.0.1:8000/index.html', wait=60)['stdout']
+        proxied = subprocess.run(['wrk', '-t2', '-c16', '-d5s', '--latency', '-H', 'Host: ' + host,
+                                  'http://127.0.0.1:%d/index.html' % port], capture_output=True, text=True).stdout
+        d, p = wrk_stats(direct), wrk_stats(proxied)
+
+        def download(h):
+            t0 = time.perf_counter()
+            s = so.create_connection(('127.0.0.1', port))
+            s.sendall(('GET /big HTTP/1.0\r\nHost: %s\r\n\r\n' % h).encode())
+            n = 0
+            while True:
+                b = s.recv(1 << 20)
+                if not b:
+                    break
+                n += len(b)
+            s.close()
+            return n / (time.perf_counter() - t0) / 1e6
+        via = download(host)
+        out = c.sh('python3 -c "import socket, time\nt0 = time.perf_counter()\ns = socket.create_connection((\'127.0.0.1\', 8000))\n'
+                   's.sendall(b\'GET /big HTTP/1.0\\r\\n\\r\\n\')\nn = 0\nwhile True:\n    b = s.recv(1 << 20)\n'
+                   '    if not b: break\n    n += len(b)\nprint(n / (time.perf_counter() - t0) / 1e6)"', wait=120)['stdout']
+        inside = float(out.strip())
+        print('== preview proxy against direct (busybox httpd in the sandbox, wrk -t2 -c16 5 s) ==')
+        print('%-34s %9.0f req/s  p99 %6.2f ms' % ('through the preview URL', p[0], p[1]))
+        print('%-34s %9.0f req/s  p99 %6.2f ms' % ('in the sandbox\'s namespace', d[0], d[1]))
+        print('%-34s %9.0f %%      p99 +%5.2f ms' % ('ratio', 100 * p[0] / d[0], p[1] - d[1]))
+        print('%-34s %9.0f MB/s' % ('1 GiB through the preview URL', via))
+        print('%-34s %9.0f MB/s  (%.0f %%)' % ('1 GiB in the sandbox\'s namespace', inside, 100 * via / inside))
+        print()
+    finally:
+        env.close()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument('what', nargs='?', default='all')
@@ -678,6 +738,8 @@ def main():
             bench_buckets()
         if a.what in ('code', 'all'):
             bench_code()
+        if a.what in ('preview', 'all'):
+            bench_preview()
         if a.what in ('exec', 'all'):
             bench_exec(env, a.n or 1000)
         if a.what in ('parallel', 'all'):

@@ -19,7 +19,6 @@
 #define MAX_CONNS_PER_SANDBOX 256
 #define HIGH_WATER (1024 * 1024)   /* bytes queued toward one side before its source pauses */
 #define REVOKED_KEPT 1024          /* tokens that answer 410 instead of 404 */
-#define CONNECT_TIMEOUT_MS 2000
 
 /* ---- exposures (the record) ------------------------------------------------------------ */
 
@@ -174,14 +173,10 @@ static void factory_child(int sock) {
     if (n != sizeof port) _exit(0);
     int err = 0, s = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    /* the connect goes on in the daemon's loop (a dropped SYN waits a
+     * second; the next connection must not wait behind it) */
     if (s < 0) err = errno;
     else if (connect(s, (struct sockaddr *)&a, sizeof a) < 0 && errno != EINPROGRESS) err = errno;
-    else {
-      struct pollfd p = {.fd = s, .events = POLLOUT};
-      socklen_t l = sizeof err;
-      if (poll(&p, 1, CONNECT_TIMEOUT_MS) != 1) err = ETIMEDOUT;
-      else if (getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &l) < 0) err = errno;
-    }
     int32_t e = err;
     struct iovec iov = {&e, sizeof e};
     union {
@@ -322,6 +317,8 @@ static int connect_in(sbx_sandbox *sb, int port, connected_cb cb, void *ud) {
 
 typedef struct pconn {
   uv_tcp_t client, upstream;
+  uv_poll_t cpoll; /* the connect in progress to the port in the sandbox */
+  int cfd;
   bool up_open, closing, client_eof, up_eof, waiting;
   int handles;
   sbx_buf head;
@@ -356,6 +353,8 @@ static void conn_freed(uv_handle_t *h) {
   free(c);
 }
 
+static void cpoll_closed(uv_handle_t *h);
+
 static void conn_close(pconn *c) {
   if (c->closing) return;
   c->closing = true;
@@ -363,6 +362,10 @@ static void conn_close(pconn *c) {
   uv_close((uv_handle_t *)&c->timer, conn_freed);
   uv_close((uv_handle_t *)&c->client, conn_freed);
   if (c->up_open) uv_close((uv_handle_t *)&c->upstream, conn_freed);
+  if (c->cfd >= 0 && !uv_is_closing((uv_handle_t *)&c->cpoll)) {
+    uv_poll_stop(&c->cpoll);
+    uv_close((uv_handle_t *)&c->cpoll, cpoll_closed); /* closes the fd */
+  }
 }
 
 static void close_sandbox_conns(const char *id, int port) {
@@ -506,19 +509,59 @@ static void forward_head(pconn *c) {
   c->head.len = 0;
 }
 
+static void relay_start(pconn *c, int fd);
+static void bad_gateway(pconn *c, int error);
+
+static void cpoll_closed(uv_handle_t *h) {
+  pconn *c = h->data;
+  int fd = c->cfd;
+  c->cfd = -1;
+  int err = 0;
+  socklen_t l = sizeof err;
+  if (c->closing || getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &l) < 0 || err) {
+    close(fd);
+    if (!c->closing) bad_gateway(c, err ? err : errno);
+  } else {
+    relay_start(c, fd);
+  }
+  conn_freed(h); /* the poll was one of its handles */
+}
+
+static void cpoll_ready(uv_poll_t *h, int status, int events) {
+  (void)status, (void)events;
+  uv_poll_stop(h);
+  uv_close((uv_handle_t *)h, cpoll_closed);
+}
+
 static void connected(void *ud, int fd, int error) {
   pconn *c = ud;
-  c->waiting = false;
   if (c->closing) {
     if (fd >= 0) close(fd);
+    c->waiting = false;
     return;
   }
-  if (fd < 0) {
-    char body[300];
-    snprintf(body, sizeof body, "502: nothing answers on port %d in sandbox %s (%s); is the server running and "
-                                "listening on 0.0.0.0 or 127.0.0.1?\n", c->port, c->sandbox, strerror(error));
-    return answer(c, 502, "Bad Gateway", body);
+  if (fd >= 0) { /* connecting: the loop says when it is done */
+    c->cfd = fd;
+    uv_poll_init(P.loop, &c->cpoll, fd);
+    c->cpoll.data = c;
+    c->handles++;
+    uv_poll_start(&c->cpoll, UV_WRITABLE, cpoll_ready);
+    uv_timer_start(&c->timer, on_idle, 5000, 0); /* a connect that does not complete: given up */
+    return;
   }
+  bad_gateway(c, error);
+}
+
+static void bad_gateway(pconn *c, int error) {
+  c->waiting = false;
+  char body[300];
+  snprintf(body, sizeof body, "502: nothing answers on port %d in sandbox %s (%s); is the server running and "
+                              "listening on 0.0.0.0 or 127.0.0.1?\n", c->port, c->sandbox, strerror(error));
+  answer(c, 502, "Bad Gateway", body);
+}
+
+static void relay_start(pconn *c, int fd) {
+  c->waiting = false;
   uv_tcp_init(P.loop, &c->upstream);
   c->upstream.data = c;
   c->handles++;
@@ -527,6 +570,7 @@ static void connected(void *ud, int fd, int error) {
     close(fd);
     return conn_close(c);
   }
+  activity(c);
   forward_head(c);
   uv_read_start((uv_stream_t *)&c->upstream, alloc_cb, up_read);
   uv_read_start((uv_stream_t *)&c->client, alloc_cb, client_read);
@@ -621,6 +665,7 @@ static void on_conn(uv_stream_t *server, int status) {
   if (status < 0) return;
   pconn *c = calloc(1, sizeof *c);
   if (!c) return;
+  c->cfd = -1;
   uv_tcp_init(P.loop, &c->client);
   c->client.data = c;
   uv_timer_init(P.loop, &c->timer);
