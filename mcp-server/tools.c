@@ -892,6 +892,16 @@ static void h_read(mcp_call *call, json_t *args, sbx_sandbox *sb) {
     _cleanup_free_ char *b = sbx_base64_encode(data, len, NULL);
     o = json_pack("{s:s, s:s, s:s, s:I, s:s, s:b}", "path", abs, "content", b, "encoding", "base64", "size",
                   (json_int_t)len, "mimeType", mime, "isBinary", binary);
+    /* what the agent can look at: an image as an image block, any other
+     * binary file as an embedded resource */
+    if (binary && b && !strncmp(mime, "image/", 6) && strcmp(mime, "image/svg+xml")) {
+      call->extra_content = json_pack("[{s:s, s:s, s:s}]", "type", "image", "data", b, "mimeType", mime);
+    } else if (binary && b) {
+      char *uri = sbx_strdup_printf("sbx://%s%s", sb->id, abs);
+      call->extra_content = json_pack("[{s:s, s:{s:s, s:s, s:s}}]", "type", "resource", "resource", "uri", uri ? uri : "",
+                                      "mimeType", mime, "blob", b);
+      free(uri);
+    }
   } else {
     o = json_pack("{s:s, s:s%, s:s, s:I, s:s, s:b}", "path", abs, "content", data, len, "encoding", "utf-8", "size",
                   (json_int_t)len, "mimeType", mime, "isBinary", 0);

@@ -28,6 +28,20 @@ def test_binary(t, x):
     t.eq(x.c.err('writeFile', {'path': 'x', 'content': '!!!', 'encoding': 'base64'}), 'VALIDATION_FAILED', 'bad base64')
 
 
+def test_agent_sees_images(t, x):
+    png = base64.b64decode('iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==')
+    x.c.ok('writeFile', {'path': 'pixel.png', 'content': base64.b64encode(png).decode(), 'encoding': 'base64'})
+    res, _ = x.c.call('readFile', {'path': 'pixel.png'})
+    imgs = [b for b in res['content'] if b['type'] == 'image']
+    t.ok(len(imgs) == 1 and imgs[0]['mimeType'] == 'image/png' and base64.b64decode(imgs[0]['data']) == png,
+         'readFile of an image gives an MCP image block (the agent sees it)', [b['type'] for b in res['content']])
+    x.c.ok('writeFile', {'path': 'blob.bin', 'content': base64.b64encode(b'\0\1\2\3').decode(), 'encoding': 'base64'})
+    res, _ = x.c.call('readFile', {'path': 'blob.bin'})
+    blobs = [b['resource'] for b in res['content'] if b['type'] == 'resource']
+    t.ok(len(blobs) == 1 and base64.b64decode(blobs[0]['blob']) == b'\0\1\2\3' and
+         blobs[0]['uri'].endswith('/workspace/blob.bin'), 'another binary file comes as an embedded resource blob', blobs)
+
+
 def test_limits(t, x):
     x.c.sh('truncate -s 40M /workspace/big')
     t.eq(x.c.err('readFile', {'path': 'big'}), 'FILE_TOO_LARGE', 'readFile refuses past 32 MiB')
@@ -85,5 +99,5 @@ def test_confinement(t, x):
 
 
 if __name__ == '__main__':
-    sys.exit(run_tests([test_write_read, test_binary, test_limits, test_list, test_mkdir_delete_rename,
+    sys.exit(run_tests([test_write_read, test_binary, test_agent_sees_images, test_limits, test_list, test_mkdir_delete_rename,
                         test_confinement], lambda: Ctx('fs')))
