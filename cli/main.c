@@ -24,7 +24,7 @@ static void usage(FILE *f) {
   fputs("usage: sbx COMMAND ...\n"
         "  sbx mcp [--sandbox ID] [--tools a,b] [--read-only]   MCP server on stdio (for agents)\n"
         "  sbx daemon [--http 127.0.0.1:PORT] [--mount DIR] | sbx daemon stop   run (or stop) the daemon\n"
-        "  sbx exec [-s ID] [--session S] [--cwd D] [--timeout MS] [-e K=V]... -- CMD...\n"
+        "  sbx exec [-s ID] [-i] [--session S] [--cwd D] [--timeout MS] [-e K=V]... -- CMD...\n"
         "  sbx ls                          list sandboxes\n"
         "  sbx destroy ID                  destroy a sandbox\n"
         "  sbx cp SRC DST                  copy files; ID:/path names a sandbox path\n"
@@ -100,14 +100,17 @@ static char *join_command(int argc, char **argv) {
 static int cmd_exec(int argc, char **argv) {
   static const struct option opts[] = {{"sandbox", required_argument, 0, 's'}, {"session", required_argument, 0, 'S'},
                                        {"cwd", required_argument, 0, 'C'},     {"timeout", required_argument, 0, 't'},
-                                       {"env", required_argument, 0, 'e'},     {0, 0, 0, 0}};
+                                       {"env", required_argument, 0, 'e'},     {"interactive", no_argument, 0, 'i'},
+                                       {0, 0, 0, 0}};
   const char *sandbox = NULL, *session = NULL, *cwd = NULL;
+  bool with_stdin = false;
   long timeout = 0;
   json_t *env = json_object();
   int o;
   optind = 1;
-  while ((o = getopt_long(argc, argv, "+s:e:", opts, NULL)) != -1) {
+  while ((o = getopt_long(argc, argv, "+s:e:i", opts, NULL)) != -1) {
     switch (o) {
+    case 'i': with_stdin = true; break;
     case 's': sandbox = optarg; break;
     case 'S': session = optarg; break;
     case 'C': cwd = optarg; break;
@@ -139,6 +142,20 @@ static int cmd_exec(int argc, char **argv) {
   if (timeout > 0) json_object_set_new(args, "timeout", json_integer(timeout));
   if (json_object_size(env)) json_object_set(args, "env", env);
   json_decref(env);
+  if (with_stdin) { /* -i: our stdin becomes the command's (read to its end first; up to 16 MiB) */
+    sbx_buf in = {0};
+    char buf[65536];
+    ssize_t n;
+    while ((n = read(0, buf, sizeof buf)) > 0 && in.len <= SBX_MAX_STDIN) sbx_buf_append(&in, buf, (size_t)n);
+    if (in.len > SBX_MAX_STDIN) {
+      fprintf(stderr, "sbx exec: stdin is over %d bytes; copy it in with sbx cp instead\n", SBX_MAX_STDIN);
+      sbx_buf_free(&in);
+      json_decref(args);
+      return 2;
+    }
+    json_object_set_new(args, "stdin", json_stringn(in.data ? in.data : "", in.len));
+    sbx_buf_free(&in);
+  }
   struct sigaction sa = {.sa_handler = on_sigint};
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);

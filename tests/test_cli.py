@@ -135,6 +135,15 @@ def _is_daemon_of(pid, env):
     return len(cmd) > 1 and cmd[1] == b'daemon' and ('SBX_RUNTIME_DIR=' + env.runtime).encode() in e
 
 
+def test_stdin(t, x):
+    r = subprocess.run([SBX, 'exec', '-s', 'cli', '-i', '--', 'tr a-z A-Z; echo rc=$?'], input=b'hi there\n',
+                       capture_output=True, env=x.env.env, cwd=x.env.root, timeout=60)
+    t.eq(r.stdout, b'HI THERE\nrc=0\n', 'sbx exec -i forwards stdin to the command')
+    r = subprocess.run([SBX, 'exec', '-s', 'cli', '--', 'cat; echo end'], input=b'not read', capture_output=True,
+                       env=x.env.env, cwd=x.env.root, timeout=60)
+    t.eq(r.stdout, b'end\n', 'without -i the command\'s stdin is empty, as docker exec')
+
+
 def test_never_guesses(t, x):
     before = x.env.run(['ls']).stdout
     for bad in ('BAD_ID', 'Has Space', '../../etc', '', 'a' * 100):
@@ -153,5 +162,5 @@ def test_never_guesses(t, x):
 
 
 if __name__ == '__main__':
-    sys.exit(run_tests([test_exec, test_never_guesses, test_default_id, test_ls_destroy, test_cp, test_doctor, test_autostart_and_stop,
+    sys.exit(run_tests([test_exec, test_stdin, test_never_guesses, test_default_id, test_ls_destroy, test_cp, test_doctor, test_autostart_and_stop,
                         test_racing_starters], Ctx))
