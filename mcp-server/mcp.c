@@ -141,6 +141,24 @@ int mcp_catalog_init(char *errbuf, size_t errlen) {
 
 json_t *mcp_catalog_tools(void) { return catalog.list; }
 
+static const mcp_tool *find_tool(const char *name);
+
+int mcp_catalog_check_names(const char *csv, char *err, size_t errlen) {
+  char *copy = strdup(csv ? csv : ""), *save = NULL;
+  int r = 0;
+  for (char *n = strtok_r(copy, ",", &save); n && !r; n = strtok_r(NULL, ",", &save)) {
+    while (*n == ' ') n++;
+    if (*n && !find_tool(n)) {
+      int k = snprintf(err, errlen, "unknown tool '%.60s'; the tools are:", n);
+      for (size_t i = 0; i < catalog.n && k > 0 && (size_t)k < errlen; i++)
+        k += snprintf(err + k, errlen - (size_t)k, "%s %s", i ? "," : "", catalog.tools[i].name);
+      r = -1;
+    }
+  }
+  free(copy);
+  return r;
+}
+
 static const mcp_tool *find_tool(const char *name) {
   for (size_t i = 0; i < catalog.n; i++)
     if (!strcmp(catalog.tools[i].name, name)) return &catalog.tools[i];

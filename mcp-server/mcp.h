@@ -59,6 +59,9 @@ typedef struct mcp_call {
 } mcp_call;
 
 uv_loop_t *mcp_call_loop(mcp_call *call);
+/* Every name of a comma-separated list is a tool (sbx mcp --tools): -1
+ * with the valid names in err otherwise. The catalog must be loaded. */
+int mcp_catalog_check_names(const char *csv, char *err, size_t errlen);
 /* Ends a waitForLog/waitForExit/streamProcessLogs call (tools.c). */
 void mcp_wait_cancel(void *wait);
 /* Finishes the call with structured content (stolen) and a short text. */

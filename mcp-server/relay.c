@@ -193,6 +193,10 @@ int sbx_relay_main(const char *default_sandbox, const char *tools_csv, bool read
     fprintf(stderr, "sbx mcp: %s\n", err);
     return 1;
   }
+  if (tools_csv && (mcp_catalog_init(err, sizeof err) < 0 || mcp_catalog_check_names(tools_csv, err, sizeof err) < 0)) {
+    fprintf(stderr, "sbx mcp: --tools: %s\n", err);
+    return 2;
+  }
   r.sandbox = default_sandbox;
   r.tools = tools_csv;
   r.read_only = read_only;

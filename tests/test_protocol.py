@@ -129,6 +129,9 @@ def test_tool_filters(t, x):
     t.eq(c.request('tools/call', {'name': 'writeFile', 'arguments': {'path': 'x', 'content': ''}}).get('error', {}).get('code'),
          -32602, '--tools: others are not callable')
     c.close()
+    r = x.env.run(['mcp', '--tools', 'exec,nosuchtool'])
+    t.ok(r.returncode == 2 and b"unknown tool 'nosuchtool'" in r.stderr and b'readFile' in r.stderr,
+         '--tools with an unknown name is an error that lists the valid ones', r.stderr[-300:])
     c = x.env.mcp(['--sandbox', 'proto', '--read-only'])
     c.initialize()
     names = [tl['name'] for tl in c.request('tools/list')['result']['tools']]
