@@ -104,24 +104,58 @@ static void h_create(mcp_call *call, json_t *args, sbx_sandbox *unused) {
   sbx_sandbox *sb;
   bool created;
   int r = sbx_sandbox_create(call->sandbox_id, &o, &sb, &created, &err);
+  json_t *updated = json_array(), *not_applied = json_array();
+  if (r == 0 && !created) {
+    /* an existing sandbox: what can change live changes, the rest is named */
+    if (sleep && sb->opts.sleep_after_ms != o.sleep_after_ms) {
+      sb->opts.sleep_after_ms = o.sleep_after_ms;
+      json_array_append_new(updated, json_string("sleepAfter"));
+    }
+    if (json_object_get(args, "keepAlive") && sb->opts.keep_alive != o.keep_alive) {
+      sb->opts.keep_alive = o.keep_alive;
+      json_array_append_new(updated, json_string("keepAlive"));
+    }
+    if (o.env.n) { /* for every command from now on, in every session */
+      sbx_env_copy(&sb->opts.env, &o.env);
+      for (sbx_session *s = sb->sessions; s; s = s->next) sbx_env_copy(&s->env, &o.env);
+      json_array_append_new(updated, json_string("env"));
+    }
+    if (net && o.egress != sb->opts.egress) json_array_append_new(not_applied, json_string("network"));
+    if (hosts) json_array_append_new(not_applied, json_string("allowedHosts"));
+    if (image && strcmp(image, sb->opts.image)) json_array_append_new(not_applied, json_string("image"));
+    if (lim && memcmp(&o.limits, &sb->opts.limits, sizeof o.limits)) json_array_append_new(not_applied, json_string("limits"));
+    if (json_array_size(updated)) sbx_sandbox_save(sb);
+  }
   sbx_env_clear(&o.env);
   sbx_strv_clear(&o.allowed_hosts);
-  if (r < 0) return mcp_call_fail(call, &err);
+  if (r < 0) {
+    json_decref(updated);
+    json_decref(not_applied);
+    return mcp_call_fail(call, &err);
+  }
   call->reset = sbx_sandbox_take_reset(sb);
   call->restarted = sbx_sandbox_take_restart(sb);
   const sbx_limits *l = &sb->opts.limits;
   sbx_enforced e = sbx_sandbox_enforced(sb);
   char text[400];
   int n = snprintf(text, sizeof text, "sandbox %s %s", sb->id, created ? "created" : "already exists");
+  for (size_t i = 0; i < json_array_size(updated) && n < (int)sizeof text; i++)
+    n += snprintf(text + n, sizeof text - n, "%s%s", i ? ", " : "; updated: ", json_string_value(json_array_get(updated, i)));
+  for (size_t i = 0; i < json_array_size(not_applied) && n < (int)sizeof text; i++)
+    n += snprintf(text + n, sizeof text - n, "%s%s", i ? ", " : "; NOT changed (they need a new sandbox: destroySandbox, "
+                  "then createSandbox): ", json_string_value(json_array_get(not_applied, i)));
   if (!e.memory || !e.cpus || !e.pids || !e.disk) /* never silently */
     snprintf(text + n, sizeof text - n, "; limits NOT enforced on this host:%s%s%s%s (see sbx doctor)",
              e.memory ? "" : " memoryMB", e.cpus ? "" : " cpus", e.pids ? "" : " pids", e.disk ? "" : " diskMB");
-  mcp_call_ok(call,
-              json_pack("{s:s, s:s, s:b, s:{s:I, s:f, s:I, s:I}, s:{s:b, s:b, s:b, s:b}}", "sandboxId", sb->id, "status",
-                        sbx_sandbox_status(sb), "created", created, "limits", "memoryMB", (json_int_t)l->memory_mb, "cpus",
-                        l->cpus, "pids", (json_int_t)l->pids, "diskMB", (json_int_t)l->disk_mb, "limitsEnforced",
-                        "memory", e.memory, "cpus", e.cpus, "pids", e.pids, "disk", e.disk),
-              text);
+  json_t *res = json_pack("{s:s, s:s, s:b, s:{s:I, s:f, s:I, s:I}, s:{s:b, s:b, s:b, s:b}}", "sandboxId", sb->id, "status",
+                          sbx_sandbox_status(sb), "created", created, "limits", "memoryMB", (json_int_t)l->memory_mb, "cpus",
+                          l->cpus, "pids", (json_int_t)l->pids, "diskMB", (json_int_t)l->disk_mb, "limitsEnforced",
+                          "memory", e.memory, "cpus", e.cpus, "pids", e.pids, "disk", e.disk);
+  if (json_array_size(updated)) json_object_set(res, "updated", updated);
+  if (json_array_size(not_applied)) json_object_set(res, "notApplied", not_applied);
+  json_decref(updated);
+  json_decref(not_applied);
+  mcp_call_ok(call, res, text);
 }
 
 static void h_list(mcp_call *call, json_t *args, sbx_sandbox *unused) {

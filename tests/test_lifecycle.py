@@ -75,5 +75,20 @@ def test_awake_when_kept_or_busy(t, x):
     busy.close()
 
 
+def test_update_existing(t, x):
+    c = x.c
+    c.ok('createSandbox', {'sandboxId': 'upd', 'sleepAfter': '10m'})
+    c.sh('echo before', sandbox='upd')
+    res, _ = c.call('createSandbox', {'sandboxId': 'upd', 'sleepAfter': '1h', 'keepAlive': True, 'env': {'STAGE': 'two'},
+                                      'limits': {'memoryMB': 999}})
+    r = res['structuredContent']
+    t.eq((r['created'], r.get('updated'), r.get('notApplied')), (False, ['sleepAfter', 'keepAlive', 'env'], ['limits']),
+         'createSandbox on an existing id changes what can change live and names what cannot')
+    t.ok('need a new sandbox' in res['content'][0]['text'], 'and its text says so', res['content'][0]['text'])
+    t.eq(c.sh('echo $STAGE', sandbox='upd')['stdout'], 'two\n', 'the new env reaches commands at once')
+    t.ok(c.ok('createSandbox', {'sandboxId': 'upd'}).get('updated') is None, 'asking nothing changes nothing')
+    c.ok('destroySandbox', {'sandboxId': 'upd'})
+
+
 if __name__ == '__main__':
-    sys.exit(run_tests([test_idle_reset, test_error_after_reset, test_awake_when_kept_or_busy], Ctx))
+    sys.exit(run_tests([test_idle_reset, test_error_after_reset, test_awake_when_kept_or_busy, test_update_existing], Ctx))
