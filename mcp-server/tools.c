@@ -927,8 +927,11 @@ static void h_read(mcp_call *call, json_t *args, sbx_sandbox *sb) {
     o = json_pack("{s:s, s:s, s:s, s:I, s:s, s:b}", "path", abs, "content", b, "encoding", "base64", "size",
                   (json_int_t)len, "mimeType", mime, "isBinary", binary);
     /* what the agent can look at: an image as an image block, any other
-     * binary file as an embedded resource */
-    if (binary && b && !strncmp(mime, "image/", 6) && strcmp(mime, "image/svg+xml")) {
+     * binary file as an embedded resource (small ones: the content is in
+     * structuredContent too, and a message has a size limit) */
+    if (len > 8 * 1024 * 1024) {
+      /* structuredContent only */
+    } else if (binary && b && !strncmp(mime, "image/", 6) && strcmp(mime, "image/svg+xml")) {
       call->extra_content = json_pack("[{s:s, s:s, s:s}]", "type", "image", "data", b, "mimeType", mime);
     } else if (binary && b) {
       char *uri = sbx_strdup_printf("sbx://%s%s", sb->id, abs);
