@@ -173,9 +173,24 @@ static void send_json(mcp_conn *c, json_t *msg) {
     return;
   }
   char *s = json_dumps(msg, JSON_COMPACT);
+  size_t len = s ? strlen(s) : 0;
+  if (s && len >= MCP_MAX_MESSAGE) {
+    /* no transport carries it (the relay would drop it and the client wait
+     * for ever): the request gets an error that says why */
+    json_t *id = json_object_get(msg, "id");
+    json_t *err = id ? json_pack("{s:s, s:O, s:{s:i, s:s}}", "jsonrpc", "2.0", "id", id, "error", "code", -32603, "message",
+                                 "the answer is over the 64 MiB message limit; ask for less (a smaller maxOutputBytes, "
+                                 "a file in parts)")
+                     : NULL;
+    char *e = err ? json_dumps(err, JSON_COMPACT) : NULL;
+    json_decref(err);
+    free(s);
+    s = e;
+    len = s ? strlen(s) : 0;
+  }
   json_decref(msg);
   if (!s) return;
-  c->send(c->ud, s, strlen(s));
+  c->send(c->ud, s, len);
   free(s);
 }
 

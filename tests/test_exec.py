@@ -118,6 +118,12 @@ def test_output_bound(t, x):
     t.eq(s['stdout'].strip(), '3000005', 'full output saved inside the sandbox')
     r = x.c.sh('head -c 200000 /dev/zero | tr "\\0" b')
     t.ok(r.get('truncated') and len(r['stdout']) <= 65536 + 200, 'default bound is 64 KiB')
+    # 16 MiB of control characters is over 64 MiB once JSON-escaped (twice: structured and text)
+    r = x.c.request('tools/call', {'name': 'exec', 'arguments': {
+        'command': 'head -c 16000000 /dev/zero | tr "\\0" "\\1"', 'maxOutputBytes': 16777216}}, 120)
+    t.ok(r.get('error', {}).get('code') == -32603 and '64 MiB' in r['error'].get('message', ''),
+         'an answer over the message limit comes back as an error, not silence', str(r)[:300])
+    t.eq(x.c.sh('echo still')['stdout'], 'still\n', 'and the connection goes on')
 
 
 def test_utf8(t, x):
