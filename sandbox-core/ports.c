@@ -38,6 +38,12 @@ static bool probe(int port, bool http) {
         p.events = POLLIN;
         ok = send(s, req, sizeof req - 1, MSG_NOSIGNAL) == (ssize_t)sizeof req - 1 && poll(&p, 1, 2000) == 1 &&
              recv(s, buf, 5, 0) == 5 && !memcmp(buf, "HTTP/", 5);
+        /* the whole answer is read (HTTP/1.0: the server closes), so the
+         * close is not a reset the server would log */
+        char rest[4096];
+        uint64_t until = sbx_now_ms() + 2000;
+        while (ok && sbx_now_ms() < until && poll(&p, 1, 200) == 1 && recv(s, rest, sizeof rest, 0) > 0) {
+        }
       }
     }
   }

@@ -17,6 +17,9 @@ def test_server(t, x):
     t.ok(r['id'] == 'web' and r['status'] == 'running', 'startProcess returns at once, running', r)
     w = c.ok('waitForPort', {'port': 8000, 'mode': 'http', 'timeout': 20000}, timeout=40)
     t.eq(w['ready'], True, 'waitForPort (http) sees the server')
+    logs = c.ok('getProcessLogs', {'processId': 'web'})
+    t.ok('"GET / HTTP/1.0"' in logs['stderr'] and 'Traceback' not in logs['stderr'] and 'reset' not in logs['stderr'],
+         'its probe is a whole request and answer: the server logs it as one, and no reset', logs['stderr'][-400:])
     r = c.sh('python3 -c "import urllib.request; print(urllib.request.urlopen(\'http://127.0.0.1:8000/index.html\').read().decode())"')
     t.eq(r['stdout'], 'index\n\n', 'the server answers inside the sandbox')
     p = status(x, 'web')
