@@ -671,7 +671,7 @@ def bench_preview():
     the sandbox's network namespace, in one run."""
     import re
     import socket as so
-    from s3server import free_port
+    from sbxtest import free_port
     env = Env()
     port = free_port()
     env.env['SBX_PREVIEW_PORT'] = str(port)

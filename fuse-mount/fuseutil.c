@@ -64,15 +64,7 @@ static int fusermount(const char *mountpoint, char *err, size_t errlen) {
   close(sv[1]);
   int fd = -1;
   char byte;
-  struct iovec iov = {&byte, 1};
-  union {
-    struct cmsghdr h;
-    char buf[CMSG_SPACE(sizeof(int))];
-  } u;
-  struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
-  if (pid > 0 && recvmsg(sv[0], &m, MSG_CMSG_CLOEXEC) > 0)
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c))
-      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) memcpy(&fd, CMSG_DATA(c), sizeof fd);
+  if (pid > 0) sbx_recv_fds(sv[0], &byte, 1, &fd, 1, NULL, 0); /* fusermount3's fd, with a byte */
   close(sv[0]);
   int st;
   if (pid > 0) waitpid(pid, &st, 0);

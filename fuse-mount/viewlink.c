@@ -153,24 +153,15 @@ static bool serve(int fd) {
       if (read(L.wake[0], &c, 1) == 1 && c == 'q') return false;
     }
     if (!pf[0].revents) continue;
-    struct iovec iov = {buf, sizeof buf};
-    union {
-      struct cmsghdr h;
-      char c[CMSG_SPACE(sizeof(int) * 8)];
-    } u;
-    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.c, .msg_controllen = sizeof u.c};
-    ssize_t n = recvmsg(fd, &m, MSG_CMSG_CLOEXEC);
+    int got[8], ngot = 0;
+    ssize_t n = sbx_recv_fds(fd, buf, sizeof buf, got, 8, &ngot, 0);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return true;
     pthread_mutex_lock(&L.lock);
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c))
-      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
-        for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
-          int f;
-          memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
-          if (L.nfdq < MAX_FDS) L.fdq[L.nfdq++] = f;
-          else close(f);
-        }
+    for (int i = 0; i < ngot; i++) {
+      if (L.nfdq < MAX_FDS) L.fdq[L.nfdq++] = got[i];
+      else close(got[i]);
+    }
     pthread_mutex_unlock(&L.lock);
     mcp_framer_feed(&L.framer, buf, n, on_line, NULL);
   }

@@ -62,6 +62,8 @@ uv_loop_t *mcp_call_loop(mcp_call *call);
 /* Every name of a comma-separated list is a tool (sbx mcp --tools): -1
  * with the valid names in err otherwise. The catalog must be loaded. */
 int mcp_catalog_check_names(const char *csv, char *err, size_t errlen);
+/* A sandbox was destroyed or reset: what the tools keep for it goes (tools.c). */
+void mcp_sandbox_ended(sbx_sandbox *sb);
 /* Ends a waitForLog/waitForExit/streamProcessLogs call (tools.c). */
 void mcp_wait_cancel(void *wait);
 /* Finishes the call with structured content (stolen) and a short text. */

@@ -114,23 +114,8 @@ static void view_send(client *c, json_t *msg, int fd) {
   if (!s) return;
   size_t n = strlen(s);
   s[n] = '\n'; /* the NUL goes: n + 1 bytes */
-  struct iovec iov = {s, n + 1};
-  union {
-    struct cmsghdr h;
-    char buf[CMSG_SPACE(sizeof(int))];
-  } u;
-  struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
-  if (fd >= 0) {
-    m.msg_control = u.buf;
-    m.msg_controllen = sizeof u.buf;
-    struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(cm), &fd, sizeof fd);
-  }
   uv_os_fd_t sock;
-  ssize_t w = uv_fileno((uv_handle_t *)&c->pipe, &sock) == 0 ? sendmsg(sock, &m, MSG_DONTWAIT | MSG_NOSIGNAL) : -1;
+  ssize_t w = uv_fileno((uv_handle_t *)&c->pipe, &sock) == 0 ? sbx_send_fds(sock, s, n + 1, &fd, fd >= 0, MSG_DONTWAIT) : -1;
   free(s);
   if (w != (ssize_t)(n + 1)) {
     fprintf(stderr, "sbx daemon: dropping a view client that does not read\n");
@@ -242,12 +227,10 @@ static void on_idle_tick(uv_timer_t *t) {
   int n = sbx_sandbox_sweep_idle(ids, 16);
   for (int i = 0; i < n && i < 16; i++) {
     fprintf(stderr, "sbx daemon: sandbox %s reset after being idle\n", ids[i]);
-    sbx_process_forget_sandbox(ids[i]);
-    sbx_code_forget_sandbox(ids[i]);
     sbx_sandbox *sb = sbx_sandbox_find(ids[i]);
     if (sb) {
-      sbx_preview_revoke_sandbox(sb); /* its URLs answer 410 */
-      sbx_sandbox_save(sb);
+      mcp_sandbox_ended(sb);
+      sbx_sandbox_save(sb); /* without its exposed ports */
     }
     mcp_broadcast_log("notice", ids[i], "sandbox %s was reset after being idle; its files are gone (bucket mounts keep theirs)", ids[i]);
   }

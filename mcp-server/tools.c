@@ -178,14 +178,19 @@ static void h_destroy(mcp_call *call, json_t *args, sbx_sandbox *sb) {
   sbx_error err = {0};
   char id[64];
   snprintf(id, sizeof id, "%s", sb->id);
-  sbx_exec_cancel_sandbox(sb);
-  sbx_process_forget_sandbox(id);
-  sbx_code_forget_sandbox(id);
-  sbx_preview_revoke_sandbox(sb); /* its preview URLs answer 410 */
+  mcp_sandbox_ended(sb); /* its commands are cancelled by the destroy itself */
   if (sbx_sandbox_destroy(id, &err) < 0) return mcp_call_fail(call, &err);
   char text[128];
   snprintf(text, sizeof text, "sandbox %s destroyed", id);
   mcp_call_ok(call, json_pack("{s:s, s:b}", "sandboxId", id, "destroyed", 1), text);
+}
+
+/* A sandbox destroyed or reset: its processes, code contexts and preview
+ * URLs (they answer 410 from now on) go with it. */
+void mcp_sandbox_ended(sbx_sandbox *sb) {
+  sbx_process_forget_sandbox(sb->id);
+  sbx_code_forget_sandbox(sb->id);
+  sbx_preview_revoke_sandbox(sb);
 }
 
 /* ---- exec -------------------------------------------------------------- */
@@ -593,7 +598,6 @@ static const char git_script[] =
 
 struct git_call {
   mcp_call *call;
-  char *url;    /* as given */
   char *shown;  /* with any password replaced */
   char *secret; /* the userinfo to hide, or NULL */
   char dir[4096];
@@ -603,22 +607,19 @@ struct git_call {
 static char *redact(const struct git_call *g, const char *text, size_t len, size_t *out_len) {
   sbx_buf b = {0};
   size_t sl = g->secret ? strlen(g->secret) : 0;
-  for (size_t i = 0; i < len;) {
-    if (sl && i + sl <= len && !memcmp(text + i, g->secret, sl)) {
-      sbx_buf_append(&b, "***", 3);
-      i += sl;
-    } else {
-      sbx_buf_append(&b, text + i, 1);
-      i++;
-    }
+  const char *p = text, *end = text + len, *hit;
+  while (sl && (hit = memmem(p, (size_t)(end - p), g->secret, sl))) {
+    sbx_buf_append(&b, p, (size_t)(hit - p));
+    sbx_buf_append(&b, "***", 3);
+    p = hit + sl;
   }
+  sbx_buf_append(&b, p, (size_t)(end - p));
   sbx_buf_append(&b, "", 1);
   if (out_len) *out_len = b.len - 1;
   return b.data;
 }
 
 static void git_free(struct git_call *g) {
-  free(g->url);
   free(g->shown);
   if (g->secret) explicit_bzero(g->secret, strlen(g->secret));
   free(g->secret);
@@ -725,7 +726,6 @@ static void h_git_checkout(mcp_call *call, json_t *args, sbx_sandbox *sb) {
   struct git_call *g = calloc(1, sizeof *g);
   if (!g) return mcp_call_fail(call, &(sbx_error){.code = "INTERNAL", .message = "out of memory"});
   g->call = call;
-  g->url = strdup(url);
   const char *colon = ui ? memchr(ui, ':', ui_len) : NULL;
   if (ui && colon) { /* user:password@: the password is the secret (the whole userinfo when it has none) */
     g->secret = strndup(colon + 1, ui_len - (colon + 1 - ui));

@@ -306,25 +306,6 @@ static _Noreturn void helper_fail(int sock, const char *what) {
   _exit(1);
 }
 
-static void send_fds(int sock, const char *msg, const int *fds, int n) {
-  struct iovec iov = {(void *)msg, strlen(msg)};
-  union {
-    struct cmsghdr h;
-    char buf[CMSG_SPACE(sizeof(int) * 2)];
-  } u;
-  struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
-  if (n) {
-    m.msg_control = u.buf;
-    m.msg_controllen = CMSG_SPACE(sizeof(int) * n);
-    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * n);
-    memcpy(CMSG_DATA(c), fds, sizeof(int) * n);
-  }
-  sendmsg(sock, &m, MSG_NOSIGNAL);
-}
-
 static uint64_t mount_flags(bool ro) { return MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | (ro ? MOUNT_ATTR_RDONLY : 0); }
 
 /* A new FUSE filesystem for a bucket server, detached: its mount fd, and
@@ -414,7 +395,7 @@ static _Noreturn void helper_main(const helper *h, int sock) {
       helper_fail(sock, "unmounting");
     break;
   }
-  send_fds(sock, "ok", fds, nfds);
+  sbx_send_fds(sock, "ok", 2, fds, nfds, 0);
   _exit(0);
 }
 
@@ -440,18 +421,7 @@ static int run_helper(sbx_sandbox *sb, helper *h, int fds_out[2], sbx_error *err
   struct pollfd p = {.fd = sv[0], .events = POLLIN};
   ssize_t n = -1;
   int got[2] = {-1, -1};
-  if (poll(&p, 1, HELPER_TIMEOUT_MS) == 1) {
-    struct iovec iov = {buf, sizeof buf - 1};
-    union {
-      struct cmsghdr h;
-      char cbuf[CMSG_SPACE(sizeof(int) * 2)];
-    } u;
-    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.cbuf, .msg_controllen = sizeof u.cbuf};
-    n = recvmsg(sv[0], &m, MSG_CMSG_CLOEXEC);
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); n > 0 && c; c = CMSG_NXTHDR(&m, c))
-      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
-        memcpy(got, CMSG_DATA(c), c->cmsg_len - CMSG_LEN(0) < sizeof got ? c->cmsg_len - CMSG_LEN(0) : sizeof got);
-  }
+  if (poll(&p, 1, HELPER_TIMEOUT_MS) == 1) n = sbx_recv_fds(sv[0], buf, sizeof buf - 1, got, 2, NULL, 0);
   close(sv[0]);
   sbx_pidfd_send_signal(pidfd, SIGKILL); /* done or stuck: either way gone */
   siginfo_t si;

@@ -433,18 +433,7 @@ static int pool_make(int sock, uint64_t mb, unsigned long long seq) {
   sbx_rootfs_layout(m);
   int t = openat(m, "work", O_RDWR | O_TMPFILE | O_CLOEXEC, 0600);
   if (t >= 0) close(t);
-  struct iovec iov = {path, strlen(path)};
-  union {
-    struct cmsghdr h;
-    char buf[CMSG_SPACE(sizeof(int))];
-  } u;
-  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
-  struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  memcpy(CMSG_DATA(c), &m, sizeof m);
-  r = sendmsg(sock, &msg, MSG_NOSIGNAL) < 0 ? -errno : 0;
+  r = sbx_send_fds(sock, path, strlen(path), &m, 1, 0) < 0 ? -errno : 0;
   close(m);
   if (r < 0) unlink(path);
   return r;

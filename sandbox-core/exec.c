@@ -368,6 +368,8 @@ int sbx_exec_write(sbx_exec *x, const char *data, size_t len) {
   return 0;
 }
 
+void sbx_exec_set_chunk_cb(sbx_exec *x, sbx_exec_chunk_cb cb) { x->on_chunk = cb; }
+
 void sbx_exec_cancel(sbx_exec *x) {
   if (x->done) return;
   x->cancelled = true;

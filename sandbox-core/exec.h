@@ -48,6 +48,9 @@ void sbx_exec_cancel(sbx_exec *x);
 /* More input for a command started with stdin_stream (copied); len 0 with
  * data NULL closes it. -1 when its stdin is gone. */
 int sbx_exec_write(sbx_exec *x, const char *data, size_t len);
+/* Output goes (cb) or stops going (NULL) to a chunk callback from now on
+ * (the user data given at start). */
+void sbx_exec_set_chunk_cb(sbx_exec *x, sbx_exec_chunk_cb cb);
 /* Sends sig to every process of the command (its cgroup), or, without
  * cgroups, to its process group. */
 void sbx_exec_signal(sbx_exec *x, int sig);

@@ -178,22 +178,7 @@ static void factory_child(int sock) {
     if (s < 0) err = errno;
     else if (connect(s, (struct sockaddr *)&a, sizeof a) < 0 && errno != EINPROGRESS) err = errno;
     int32_t e = err;
-    struct iovec iov = {&e, sizeof e};
-    union {
-      struct cmsghdr h;
-      char buf[CMSG_SPACE(sizeof(int))];
-    } u;
-    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
-    if (!err) {
-      m.msg_control = u.buf;
-      m.msg_controllen = sizeof u.buf;
-      struct cmsghdr *c = CMSG_FIRSTHDR(&m);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int));
-      memcpy(CMSG_DATA(c), &s, sizeof s);
-    }
-    if (sendmsg(sock, &m, MSG_NOSIGNAL) < 0) _exit(0);
+    if (sbx_send_fds(sock, &e, sizeof e, &s, err ? 0 : 1, 0) < 0) _exit(0);
     if (s >= 0) close(s);
   }
 }
@@ -226,18 +211,13 @@ static void factory_readable(uv_poll_t *h, int status, int events) {
   (void)status, (void)events;
   factory *f = h->data;
   int32_t e = 0;
-  struct iovec iov = {&e, sizeof e};
-  union {
-    struct cmsghdr h;
-    char buf[CMSG_SPACE(sizeof(int))];
-  } u;
-  struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
-  ssize_t n = recvmsg(f->sock, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-  if (n < 0 && errno == EAGAIN) return;
-  if (n != sizeof e || !f->wants) return factory_kill(f);
   int fd = -1;
-  struct cmsghdr *c = CMSG_FIRSTHDR(&m);
-  if (c && c->cmsg_type == SCM_RIGHTS) memcpy(&fd, CMSG_DATA(c), sizeof fd);
+  ssize_t n = sbx_recv_fds(f->sock, &e, sizeof e, &fd, 1, NULL, MSG_DONTWAIT);
+  if (n < 0 && errno == EAGAIN) return;
+  if (n != sizeof e || !f->wants) {
+    if (fd >= 0) close(fd);
+    return factory_kill(f);
+  }
   want *w = f->wants;
   f->wants = w->next;
   if (!f->wants) f->tail = &f->wants;

@@ -15,21 +15,15 @@ struct sbx_process_watch {
   sbx_process_watch *next;
 };
 
+static void on_chunk(void *ud, int stream, const char *data, size_t len);
+
 sbx_process_watch *sbx_process_watch_add(sbx_process *p, sbx_watch_chunk_cb chunk, sbx_watch_end_cb end, void *ud) {
   sbx_process_watch *w = calloc(1, sizeof *w);
   if (!w) return NULL;
   *w = (sbx_process_watch){chunk, end, ud, p->watches};
   p->watches = w;
+  if (p->x) sbx_exec_set_chunk_cb(p->x, on_chunk); /* output is followed only while someone watches */
   return w;
-}
-
-void sbx_process_unwatch(sbx_process *p, sbx_process_watch *w) {
-  for (sbx_process_watch **pp = &p->watches; *pp; pp = &(*pp)->next)
-    if (*pp == w) {
-      *pp = w->next;
-      free(w);
-      return;
-    }
 }
 
 static void on_chunk(void *ud, int stream, const char *data, size_t len) {
@@ -38,6 +32,16 @@ static void on_chunk(void *ud, int stream, const char *data, size_t len) {
     next = w->next; /* a watcher may leave while called */
     if (w->chunk) w->chunk(w->ud, stream, data, len);
   }
+}
+
+void sbx_process_unwatch(sbx_process *p, sbx_process_watch *w) {
+  for (sbx_process_watch **pp = &p->watches; *pp; pp = &(*pp)->next)
+    if (*pp == w) {
+      *pp = w->next;
+      free(w);
+      break;
+    }
+  if (!p->watches && p->x) sbx_exec_set_chunk_cb(p->x, NULL);
 }
 
 /* Tells every watcher the end (p NULL: forgotten) and drops them. */
@@ -131,7 +135,7 @@ int sbx_process_start(uv_loop_t *loop, sbx_sandbox *sb, const char *id, const sb
   sbx_exec_opts opts = *o;
   opts.keep_session = false;
   opts.max_output = SBX_PROCESS_LOG;
-  if (sbx_exec_start(loop, sb, &opts, on_chunk, on_done, p, &p->x, err) < 0) {
+  if (sbx_exec_start(loop, sb, &opts, NULL, on_done, p, &p->x, err) < 0) {
     free(p->command);
     free(p);
     return -1;

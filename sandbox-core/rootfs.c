@@ -248,21 +248,9 @@ static int touch(const char *path, mode_t mode) {
 /* Receives up to max fds sent with the daemon's "go". */
 static int recv_go(int sock, int *fds, int max) {
   char byte;
-  struct iovec iov = {&byte, 1};
-  union {
-    struct cmsghdr h;
-    char buf[CMSG_SPACE(sizeof(int) * (SBX_LAYERS_MAX + 1))];
-  } u;
-  struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
-  ssize_t n = recvmsg(sock, &m, MSG_CMSG_CLOEXEC);
-  if (n != 1) return -1;
   int count = 0;
-  for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c))
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-      int k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (int i = 0; i < k && count < max; i++) memcpy(&fds[count++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-    }
-  return byte == 'g' ? count : -1;
+  ssize_t n = sbx_recv_fds(sock, &byte, 1, fds, max, &count, 0);
+  return n == 1 && byte == 'g' ? count : -1;
 }
 
 static const char *const dev_nodes[] = {"null", "zero", "full", "random", "urandom", "tty"};

@@ -402,37 +402,12 @@ static int idmapped_layers(int userns, const sbx_layer *layers, int nl, int *fds
 }
 
 static int send_go(int sock, const int *fds, int n) {
-  char byte = 'g';
-  struct iovec iov = {&byte, 1};
-  union {
-    struct cmsghdr h;
-    char buf[CMSG_SPACE(sizeof(int) * (SBX_LAYERS_MAX + 1))];
-  } u;
-  struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
-  if (n > 0) {
-    m.msg_control = u.buf;
-    m.msg_controllen = CMSG_SPACE(sizeof(int) * n);
-    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * n);
-    memcpy(CMSG_DATA(c), fds, sizeof(int) * n);
-  }
-  return sendmsg(sock, &m, MSG_NOSIGNAL) == 1 ? 0 : -errno;
+  return sbx_send_fds(sock, "g", 1, fds, n, 0) == 1 ? 0 : -errno;
 }
 
 /* The init's reply: "ok" with its root directory fd, or an error text. */
 static ssize_t recv_reply(int sock, char *buf, size_t len, int *fd) {
-  struct iovec iov = {buf, len};
-  union {
-    struct cmsghdr h;
-    char cbuf[CMSG_SPACE(sizeof(int))];
-  } u;
-  struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.cbuf, .msg_controllen = sizeof u.cbuf};
-  ssize_t n = recvmsg(sock, &m, MSG_CMSG_CLOEXEC);
-  for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); n >= 0 && c; c = CMSG_NXTHDR(&m, c))
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) memcpy(fd, CMSG_DATA(c), sizeof(int));
-  return n;
+  return sbx_recv_fds(sock, buf, len, fd, 1, NULL, 0);
 }
 
 static void free_sessions(sbx_sandbox *sb) {

@@ -1,6 +1,8 @@
 #define _GNU_SOURCE
 #include "util.h"
 
+#include <sys/socket.h>
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -360,6 +362,50 @@ void sbx_child_unblock(void) {
 }
 
 int sbx_pidfd_open(pid_t pid) { return (int)syscall(SYS_pidfd_open, pid, 0); }
+
+ssize_t sbx_send_fds(int sock, const void *data, size_t len, const int *fds, int nfds, int flags) {
+  if (nfds < 0 || nfds > SBX_FDS_MAX) {
+    errno = EINVAL;
+    return -1;
+  }
+  struct iovec iov = {(void *)data, len};
+  union {
+    struct cmsghdr h;
+    char buf[CMSG_SPACE(sizeof(int) * SBX_FDS_MAX)];
+  } u;
+  struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+  if (nfds) {
+    m.msg_control = u.buf;
+    m.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
+    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
+    memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
+  }
+  return sendmsg(sock, &m, flags | MSG_NOSIGNAL);
+}
+
+ssize_t sbx_recv_fds(int sock, void *data, size_t len, int *fds, int max, int *nfds, int flags) {
+  struct iovec iov = {data, len};
+  union {
+    struct cmsghdr h;
+    char buf[CMSG_SPACE(sizeof(int) * SBX_FDS_MAX)];
+  } u;
+  struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
+  ssize_t n = recvmsg(sock, &m, flags | MSG_CMSG_CLOEXEC);
+  int got = 0;
+  for (struct cmsghdr *c = n >= 0 ? CMSG_FIRSTHDR(&m) : NULL; c; c = CMSG_NXTHDR(&m, c))
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+      for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
+        int fd;
+        memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+        if (got < max) fds[got++] = fd;
+        else close(fd);
+      }
+  if (nfds) *nfds = got;
+  return n;
+}
 int sbx_pidfd_send_signal(int pidfd, int sig) {
   return (int)syscall(SYS_pidfd_send_signal, pidfd, sig, NULL, 0);
 }

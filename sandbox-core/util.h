@@ -132,6 +132,15 @@ void sbx_default_id(const char *dir, char out[64]);
 pid_t sbx_fork_child(unsigned long flags, int *pidfd);
 void sbx_child_unblock(void);
 int sbx_pidfd_open(pid_t pid);
+
+/* Descriptors over a unix socket (SCM_RIGHTS), with data. send: sendmsg
+ * of len bytes and nfds (at most SBX_FDS_MAX) descriptors, MSG_NOSIGNAL
+ * added to flags. recv: recvmsg of up to len bytes; up to max descriptors
+ * (close-on-exec) into fds and their count into *nfds (may be NULL); any
+ * past max are closed. Both return what sendmsg/recvmsg return. */
+#define SBX_FDS_MAX 16
+ssize_t sbx_send_fds(int sock, const void *data, size_t len, const int *fds, int nfds, int flags);
+ssize_t sbx_recv_fds(int sock, void *data, size_t len, int *fds, int max, int *nfds, int flags);
 /* Whether pid is a live sbx daemon (not gone, not a zombie, not reused). */
 bool sbx_daemon_alive(pid_t pid);
 int sbx_pidfd_send_signal(int pidfd, int sig);

@@ -4,7 +4,6 @@ objects cross-checked with awscli; files that survive idle resets, daemon
 and bucket-server crashes and an S3 outage; local buckets; credentials that
 never reach the sandbox; errors that say what went wrong."""
 import base64
-import glob
 import hashlib
 import json
 import os
@@ -12,7 +11,7 @@ import signal
 import subprocess
 import sys
 
-from sbxtest import Env, Fail, run_tests, wait_until
+from sbxtest import Env, Fail, children, gone, run_tests, wait_until
 from s3server import AK, SK, S3
 
 FSOPS = os.environ.get('FSOPS') or os.path.join(os.path.dirname(__file__), '..', 'build', 'tests', 'fsops')
@@ -55,26 +54,9 @@ def kill_daemon(x):
     """kill -9 of the daemon, and its sandboxes gone with it (their inits
     end with it): the client's next call meets a daemon that is gone."""
     pid = x.env.daemon_pid()
-    inits = [int(p) for p in os.listdir('/proc') if p.isdigit() and _ppid_comm(int(p)) == (pid, 'sbx-init')]
+    inits = children(pid, 'sbx-init')
     os.kill(pid, signal.SIGKILL)
-    wait_until(lambda: all(_gone(p) for p in inits + [pid]), 30, 'the daemon and its sandboxes to end')
-
-
-def _ppid_comm(pid):
-    try:
-        with open('/proc/%d/stat' % pid) as f:
-            st = f.read()
-    except OSError:
-        return None
-    return int(st[st.rindex(')') + 2:].split()[1]), st[st.index('(') + 1:st.rindex(')')]
-
-
-def _gone(pid):
-    try:
-        with open('/proc/%d/stat' % pid) as f:
-            return f.read().split(') ')[1][0] == 'Z'  # a zombie nobody reaps is gone too
-    except OSError:
-        return True
+    wait_until(lambda: all(gone(p) for p in inits + [pid]), 30, 'the daemon and its sandboxes to end')
 
 
 def _hostname_of(pid):
@@ -87,8 +69,7 @@ def _hostname_of(pid):
 
 def bucketfs_pids(x):
     """The bucket servers of this test's daemon (its children)."""
-    daemon = x.env.daemon_pid()
-    return [int(p) for p in os.listdir('/proc') if p.isdigit() and _ppid_comm(int(p)) == (daemon, 'sbx-bucketfs')]
+    return children(x.env.daemon_pid(), 'sbx-bucketfs')
 
 
 def test_mount_write_read(t, x):

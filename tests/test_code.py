@@ -4,21 +4,10 @@ timeouts and cancellation that interrupt without losing state, independent
 contexts, JavaScript with top-level await, and a driver channel that cannot
 be made to lie its way into the daemon."""
 import base64
-import json
 import sys
 import time
 
-from sbxtest import Env, run_tests, wait_until
-
-
-class Ctx:
-    def __init__(self):
-        self.env = Env()
-        self.c = self.env.mcp(['--sandbox', 'code'])
-        self.c.initialize()
-
-    def close(self):
-        self.env.close()
+from sbxtest import Ctx, run_tests
 
 
 def run(x, code, **kw):
@@ -205,4 +194,4 @@ def test_missing_interpreter(t, x):
 if __name__ == '__main__':
     sys.exit(run_tests([test_state_and_results, test_exception, test_plot_and_dataframe, test_timeout_and_cancel,
                         test_contexts_independent, test_javascript, test_lying_driver, test_queued_run_cancelled, test_reset_ends_contexts,
-                        test_missing_interpreter], setup=Ctx))
+                        test_missing_interpreter], setup=lambda: Ctx('code')))

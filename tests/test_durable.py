@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 
-from sbxtest import SBX, Env, run_tests, wait_until
+from sbxtest import SBX, Env, children, gone, run_tests, wait_until
 
 
 class Ctx:
@@ -21,32 +21,6 @@ class Ctx:
 
     def close(self):
         self.env.close()
-
-
-def init_pids(daemon_pid):
-    """Host pids of the sandbox inits a daemon started (its sbx-init children)."""
-    pids = []
-    for p in os.listdir('/proc'):
-        if not p.isdigit():
-            continue
-        try:
-            with open('/proc/%s/stat' % p) as f:
-                st = f.read()
-        except OSError:
-            continue
-        comm = st[st.index('(') + 1:st.rindex(')')]
-        ppid = int(st[st.rindex(')') + 2:].split()[1])
-        if comm == 'sbx-init' and ppid == daemon_pid:
-            pids.append(int(p))
-    return pids
-
-
-def gone(pid):
-    try:
-        with open('/proc/%d/stat' % pid) as f:
-            return f.read().split(') ')[1][0] == 'Z'  # a zombie nobody reaps is gone too
-    except OSError:
-        return True
 
 
 def test_disk_is_disk(t, x):
@@ -94,7 +68,7 @@ def restart_check(t, x, how):
                               'command': 'i=0; while :; do echo $i >> /workspace/log.txt; i=$((i+1)); done'})
     t.eq(p['status'], 'running', '%s: a writer runs while the daemon goes' % how)
     old = x.env.daemon_pid()
-    inits = init_pids(old)
+    inits = children(old, 'sbx-init')
     t.ok(len(inits) >= 1, '%s: the sandbox has its init' % how)
     if how == 'kill':
         os.kill(old, signal.SIGKILL)

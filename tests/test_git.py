@@ -6,7 +6,8 @@ import json
 import os
 import sys
 
-from sbxtest import Env, run_tests
+import sbxtest
+from sbxtest import run_tests
 
 SECRET = 'pw-d3adbeef-sbx'
 
@@ -52,11 +53,11 @@ HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()
 '''
 
 
-class Ctx:
+class Ctx(sbxtest.Ctx):
+    """The sandbox 'git' with a repository and two servers of it inside."""
+
     def __init__(self):
-        self.env = Env()
-        self.c = self.env.mcp(['--sandbox', 'git'])
-        self.c.initialize()
+        super().__init__('git')
         c = self.c
         g = 'git -c user.email=t@t -c user.name=t -c init.defaultBranch=main'
         c.sh('set -e; mkdir -p /srv/src && cd /srv/src && %s init -q && echo one > f && git add f && '
@@ -71,9 +72,6 @@ class Ctx:
         c.ok('writeFile', {'path': '/srv/gitweb.py', 'content': HTTP_SERVER})
         c.ok('startProcess', {'processId': 'http', 'command': 'exec python3 -u /srv/gitweb.py 8081 ' + SECRET})
         c.ok('waitForLog', {'processId': 'http', 'pattern': 'listening', 'timeout': 20000}, 40)
-
-    def close(self):
-        self.env.close()
 
 
 def test_clone_defaults(t, x):

@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 
-from sbxtest import SBX, Env, Fail, run_tests, wait_until
+from sbxtest import SBX, Env, Fail, free_port, run_tests, wait_until
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SDK = os.path.join(HERE, 'sdk')
@@ -17,14 +17,6 @@ SDK = os.path.join(HERE, 'sdk')
 # prompts, resources) that the suite expects a server to define for it
 CONFORMANCE = ['server-initialize', 'ping', 'logging-set-level', 'tools-list', 'resources-list']
 M = {'io.modelcontextprotocol/protocolVersion': '2026-07-28', 'io.modelcontextprotocol/clientCapabilities': {}}
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(('127.0.0.1', 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 class Ctx:

@@ -11,8 +11,7 @@ import os
 import socket
 import sys
 
-from sbxtest import Env, Fail, run_tests, wait_until
-from s3server import free_port
+from sbxtest import Env, free_port, run_tests
 
 SERVER = r'''
 import base64, hashlib, os, socket, sys, threading

@@ -4,24 +4,15 @@ signature with botocore, and Debian's awscli to look at what is stored."""
 import json
 import os
 import signal
-import socket
 import subprocess
 
-from sbxtest import Fail, wait_until
+from sbxtest import Fail, free_port, wait_until
 
 HERE = os.path.join(os.path.dirname(__file__), '..', 's3')
 S3RVER = os.path.join(HERE, 'node_modules', 's3rver', 'bin', 's3rver.js')
 PROXY = os.path.join(HERE, 'sigv4proxy.py')
 SYSTEM_PYTHON = '/usr/bin/python3'  # Debian's, with python3-botocore
 AK, SK = 'S3RVER', 'S3RVER'
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(('127.0.0.1', 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def wait_for_line(path, want, proc, timeout=30):

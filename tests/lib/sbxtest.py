@@ -381,6 +381,40 @@ class SocketClient(Client):
         self.s.close()
 
 
+def free_port():
+    """A TCP port on loopback nothing listens on right now."""
+    s = socket.socket()
+    s.bind(('127.0.0.1', 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def children(parent, comm):
+    """Host pids of parent's children whose command name is comm."""
+    pids = []
+    for p in os.listdir('/proc'):
+        if not p.isdigit():
+            continue
+        try:
+            with open('/proc/%s/stat' % p) as f:
+                st = f.read()
+        except OSError:
+            continue
+        if st[st.index('(') + 1:st.rindex(')')] == comm and int(st[st.rindex(')') + 2:].split()[1]) == parent:
+            pids.append(int(p))
+    return pids
+
+
+def gone(pid):
+    """The process has ended (a zombie nobody reaps is gone too)."""
+    try:
+        with open('/proc/%d/stat' % pid) as f:
+            return f.read().split(') ')[1][0] == 'Z'
+    except OSError:
+        return True
+
+
 def wait_until(pred, timeout=TIMEOUT, what='condition'):
     """Polls a condition that has no event to wait on (a process leaving
     /proc, a cgroup emptying), bounded. Not a sleep: it returns as soon as
