@@ -117,7 +117,7 @@ static void h_create(mcp_call *call, json_t *args, sbx_sandbox *unused) {
     }
     if (o.env.n) { /* for every command from now on, in every session */
       sbx_env_copy(&sb->opts.env, &o.env);
-      for (sbx_session *s = sb->sessions; s; s = s->next) sbx_env_copy(&s->env, &o.env);
+      for (sbx_session *s = sb->sessions; s; s = s->next) sbx_env_copy(&s->env, &o.env), s->gen++;
       json_array_append_new(updated, json_string("env"));
     }
     if (net && o.egress != sb->opts.egress) json_array_append_new(not_applied, json_string("network"));
@@ -1096,6 +1096,7 @@ static void h_setenv(mcp_call *call, json_t *args, sbx_sandbox *sb) {
     return mcp_call_fail(call, &err);
   }
   sbx_env env = {0};
+  s->gen++; /* its shell is started again with the new environment */
   if (env_from_json(json_object_get(args, "env"), &env, &err) < 0 || sbx_env_copy(&s->env, &env) < 0) {
     sbx_env_clear(&env);
     if (!err.code) sbx_err(&err, "VALIDATION_FAILED", "too many environment variables");

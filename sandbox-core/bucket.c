@@ -1,5 +1,6 @@
 #define _GNU_SOURCE
 #include "bucket.h"
+#include "exec.h"
 #include "config.h"
 #include "record.h"
 
@@ -963,6 +964,7 @@ int sbx_bucket_unmount(sbx_sandbox *sb, const char *mount_path, sbx_bucket_cb cb
   bproc *p = proc_find(sb->id, b->id);
   if (p && p->checking) return sbx_err(err, "VALIDATION_FAILED", "the bucket at %s is still being mounted", abs);
   if (sbx_sandbox_alive(sb)) {
+    sbx_exec_shells_leave(sb); /* a session's shell in the mount keeps it from going */
     helper h = {.op = H_UMOUNT, .path = b->mount_path};
     if (run_helper(sb, &h, NULL, err) < 0) return -1;
   }

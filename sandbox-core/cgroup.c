@@ -323,6 +323,37 @@ int sbx_cg_kill(const sbx_cgroup *c) {
   return 0;
 }
 
+struct kill_other {
+  pid_t keep;
+  int killed;
+};
+
+static void kill_other(pid_t pid, void *ud) {
+  struct kill_other *k = ud;
+  if (pid != k->keep) kill(pid, SIGKILL), k->killed++;
+}
+
+void sbx_cg_kill_except(const sbx_cgroup *c, pid_t keep) {
+  const char *d = any_dir(c);
+  if (!d) return;
+  /* mostly there is nothing but `keep`; a few passes catch what forks
+   * meanwhile, and freezing (slow on v1: milliseconds) is the last resort */
+  struct kill_other k = {keep, 0};
+  for (int pass = 0; pass < 4; pass++) {
+    k.killed = 0;
+    for_each_pid(d, 0, kill_other, &k);
+    if (!k.killed) return;
+  }
+  int fz = cg.v2 ? -1 : dir_for(c, "freezer");
+  char path[4096];
+  if (fz >= 0) {
+    snprintf(path, sizeof path, "%s/freezer.state", c->dirs[fz]);
+    sbx_write_string(path, "FROZEN");
+  }
+  for_each_pid(fz >= 0 ? c->dirs[fz] : d, 0, kill_other, &k);
+  if (fz >= 0) sbx_write_string(path, "THAWED");
+}
+
 static void signal_pid(pid_t pid, void *ud) { kill(pid, *(int *)ud); }
 
 void sbx_cg_signal(const sbx_cgroup *c, int sig) {

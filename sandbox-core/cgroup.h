@@ -50,6 +50,8 @@ int sbx_cg_add_pid(const sbx_cgroup *cg, pid_t pid);
 /* Kills every process in the cgroup and below (v2 cgroup.kill; v1 freeze,
  * SIGKILL each task, thaw). */
 int sbx_cg_kill(const sbx_cgroup *cg);
+/* Kills every process in the cgroup and below but one. */
+void sbx_cg_kill_except(const sbx_cgroup *cg, pid_t keep);
 bool sbx_cg_populated(const sbx_cgroup *cg);
 /* Sends sig to every process in the cgroup and below. */
 void sbx_cg_signal(const sbx_cgroup *cg, int sig);

@@ -3,15 +3,60 @@
 #include "files.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 
 /* Runs the command in the session's shell state and, on exit (also
  * `exit N`), reports the shell's cwd and exported variables on fd 3, which
- * the command itself never sees. */
-static const char wrapper[] =
+ * the command itself never sees. With bash, the rest of what a persistent
+ * shell keeps follows a \1 line: its other variables, functions, aliases
+ * and options, given back to the next command of the session on fd 4. */
+static const char sh_wrapper[] =
     "trap '__sbx_rc=$?; { printf \"%s\\n\" \"$PWD\"; export -p; } >&3 2>/dev/null; exit $__sbx_rc' EXIT\n"
     "__sbx_cmd=$1; shift\n"
     "eval \"$__sbx_cmd\" 3>&-\n";
+static const char bash_wrapper[] =
+    "trap '__sbx_rc=$?; { printf \"%s\\n\" \"$PWD\"; export -p; printf \"\\1\\n\"; declare -p; declare -f; "
+    "alias -p; set +o; shopt -p; } >&3 2>/dev/null; exit $__sbx_rc' EXIT\n"
+    "__sbx_cmd=$1\n"
+    "if [ \"$2\" = 1 ]; then . /dev/fd/4 2>/dev/null; else shopt -s expand_aliases; fi\n"
+    "set -- \n"
+    "eval \"$__sbx_cmd\" 3>&- 4<&-\n";
+
+/* Variables of bash's own that a new shell must set for itself. */
+static bool shell_owned(const char *name, size_t n) {
+  static const char *const names[] = {
+      "_",       "COLUMNS", "COMP_WORDBREAKS", "DIRSTACK", "EPOCHREALTIME", "EPOCHSECONDS", "EUID",
+      "FUNCNAME", "GROUPS", "HISTCMD",         "HOSTNAME", "HOSTTYPE",      "LINENO",       "LINES",
+      "MACHTYPE", "OPTERR", "OPTIND",          "OSTYPE",   "PIPESTATUS",    "PPID",         "PWD",
+      "RANDOM",   "SECONDS", "SHELLOPTS",      "SHLVL",    "SRANDOM",       "UID"};
+  if ((n >= 4 && !strncmp(name, "BASH", 4)) || (n >= 5 && !strncmp(name, "__sbx", 5))) return true;
+  for (size_t i = 0; i < SBX_ARRAY_SIZE(names); i++)
+    if (strlen(names[i]) == n && !strncmp(names[i], name, n)) return true;
+  return false;
+}
+
+char *sbx_shell_state_filter(const char *t, size_t len, size_t *out_len) {
+  sbx_buf out = {0};
+  size_t i = 0;
+  static const char decl[] = "declare -";
+  /* `declare -p` comes first, a variable a line ($'...' holds newlines) */
+  while (i < len && len - i >= sizeof decl - 1 && !strncmp(t + i, decl, sizeof decl - 1)) {
+    const char *nl = memchr(t + i, '\n', len - i);
+    size_t end = nl ? (size_t)(nl - t) + 1 : len;
+    size_t f = i + sizeof decl - 1, fe = f;
+    while (fe < end && t[fe] != ' ') fe++;
+    size_t ns = fe + 1, ne = ns;
+    while (ne < end && t[ne] != '=' && t[ne] != '\n') ne++;
+    bool exported = memchr(t + f, 'x', fe - f) != NULL;
+    if (!exported && ns < end && !shell_owned(t + ns, ne - ns)) sbx_buf_append(&out, t + i, end - i);
+    i = end;
+  }
+  sbx_buf_append(&out, t + i, len - i); /* functions, aliases, options */
+  *out_len = out.len;
+  if (!out.data) return strdup("");
+  return out.data;
+}
 
 #define STATE_MAX (1024 * 1024)
 
@@ -23,9 +68,12 @@ struct stream {
   char *path;
 };
 
+typedef struct sbx_shell sbx_shell;
+
 struct sbx_exec {
   uv_loop_t *loop;
   sbx_sandbox *sb;
+  sbx_shell *sh; /* run by the session's shell, not a process of its own */
   char session_id[64];
   bool keep_session, discard, background;
   char *call_cwd; /* a cwd given for this call only */
@@ -43,6 +91,7 @@ struct sbx_exec {
   uv_timer_t timer, drain;
   struct stream s[2];
   sbx_buf state;
+  bool state_overflow, bash;
   size_t limit;
   bool exited, done, timed_out, cancelled;
   int exit_code;
@@ -105,10 +154,29 @@ static void close_handle(sbx_exec *x, uv_handle_t *h) {
   uv_close(h, on_close);
 }
 
+static void shell_kill(sbx_shell *sh);
+
 static void kill_tree(sbx_exec *x) {
+  if (x->sh) return shell_kill(x->sh);
   if (x->cg.n) sbx_cg_kill(&x->cg);
   if (!x->exited && x->pidfd >= 0) sbx_pidfd_send_signal(x->pidfd, SIGTERM);
 }
+
+static bool env_equal(const sbx_env *a, const sbx_env *b) {
+  if (a->n != b->n) return false;
+  for (size_t i = 0; i < a->n; i++) {
+    const char *eq = strchr(a->v[i], '=');
+    char key[256];
+    if (!eq || (size_t)(eq - a->v[i]) >= sizeof key) return false;
+    memcpy(key, a->v[i], eq - a->v[i]);
+    key[eq - a->v[i]] = 0;
+    const char *o = sbx_env_get(b, key);
+    if (!o || strcmp(o, eq + 1)) return false;
+  }
+  return true;
+}
+
+static void shell_synced(sbx_shell *sh, const sbx_session *s);
 
 static void update_session(sbx_exec *x) {
   if (!x->keep_session || !x->sb || x->timed_out || x->cancelled || !x->state.len) return;
@@ -116,8 +184,12 @@ static void update_session(sbx_exec *x) {
   if (!s) return;
   char *nl = memchr(x->state.data, '\n', x->state.len);
   if (!nl || nl == x->state.data || x->state.data[0] != '/') return;
+  const char *vars = nl + 1, *end = x->state.data + x->state.len;
+  const char *rest = memmem(vars, end - vars, "\n\1\n", 3);
+  size_t vars_len = rest ? (size_t)(rest + 1 - vars) : (size_t)(end - vars);
+  if (x->bash && (!rest || x->state_overflow)) return; /* cut short: keep what the session had */
   sbx_env env = {0};
-  if (sbx_env_parse_export(&env, nl + 1, x->state.len - (nl + 1 - x->state.data)) < 0 || !sbx_env_get(&env, "PATH")) {
+  if (sbx_env_parse_export(&env, vars, vars_len) < 0 || !sbx_env_get(&env, "PATH")) {
     sbx_env_clear(&env);
     return;
   }
@@ -135,11 +207,28 @@ static void update_session(sbx_exec *x) {
       else sbx_env_unset(&env, key);
     }
   }
+  bool changed = !env_equal(&env, &s->env);
   sbx_env_clear(&s->env);
   s->env = env;
+  if (rest) {
+    size_t n;
+    char *shell = sbx_shell_state_filter(rest + 3, end - (rest + 3), &n);
+    if (shell && (n != s->shell_len || memcmp(shell, s->shell, n))) {
+      free(s->shell), s->shell = shell, s->shell_len = n;
+      changed = true;
+    } else {
+      free(shell);
+    }
+  }
   char *cwd = strndup(x->state.data, nl - x->state.data);
-  if (x->call_cwd && !strcmp(cwd, x->call_cwd)) free(cwd); /* the call's cwd does not stick */
-  else free(s->cwd), s->cwd = cwd;
+  if ((x->call_cwd && !strcmp(cwd, x->call_cwd)) || !strcmp(cwd, s->cwd)) {
+    free(cwd); /* the call's cwd does not stick */
+  } else {
+    free(s->cwd), s->cwd = cwd;
+    changed = true;
+  }
+  if (changed) s->gen++;
+  if (x->sh) shell_synced(x->sh, s); /* the shell that ran it holds this state */
   sbx_sandbox_save(x->sb); /* written only when something changed */
 }
 
@@ -184,6 +273,7 @@ static void finish(sbx_exec *x) {
   free(res.err);
   close_handle(x, (uv_handle_t *)&x->timer);
   close_handle(x, (uv_handle_t *)&x->drain);
+  if (x->sh) return;
   close_handle(x, (uv_handle_t *)&x->pidpoll);
   for (int i = 0; i < 3; i++) close_handle(x, (uv_handle_t *)&x->pipes[i]);
   if (x->in_open) close_handle(x, (uv_handle_t *)&x->in);
@@ -299,6 +389,7 @@ static void read_cb(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
   if (n > 0) {
     if (i < 2) on_chunk(x, i, b->base, n);
     else if (x->state.len + n <= STATE_MAX) sbx_buf_append(&x->state, b->base, n);
+    else x->state_overflow = true;
   }
   free(b->base);
   if (n < 0) close_pipe(x, i);
@@ -431,7 +522,312 @@ pid_t sbx_exec_pid_in_sandbox(sbx_exec *x) {
   return inside;
 }
 
+/* ---- session shells ------------------------------------------------------
+ *
+ * A session's commands run in one bash that stays, so `exec true` costs a
+ * line to a shell and no process start (bash itself takes a millisecond or
+ * two to start). The shell reads a command when a byte arrives on fd 5, the
+ * command itself from the memfd on fd 6 (a file, which bash reads in blocks
+ * and not a byte at a time as from a pipe), runs it with its own fds put
+ * back afterwards, and writes its status and state (as the wrapper above)
+ * on fd 3, ending with a marker. What a command leaves running is killed
+ * when it ends, as for a command of its own. Everything else (stdin,
+ * a cwd or env for one call, background processes, a second command while
+ * the shell is busy, no cgroups) starts a process of its own with the
+ * session's state; a command that changes the state that way retires the
+ * shell, and the next one starts with the new state. */
+static const char shell_head[] =
+    "exec 7>&1 8>&2 2>/dev/null 4<&-\n"
+    "__sbx_dump='{ printf \"%d%s\\n%s\\n\" \"$__sbx_rc\" \"$__sbx_how\" \"$PWD\"; export -p; printf \"\\1\\n\"; "
+    "declare -p; declare -f; alias -p; set +o; shopt -p; printf \"\\1sbx-end\\1\\n\"; } >&3'\n"
+    "trap '__sbx_rc=$?; __sbx_how=x; eval \"$__sbx_dump\"; exit $__sbx_rc' EXIT\n"
+    "shopt -s expand_aliases\n";
+static const char shell_loop[] =
+    "\nset --\n"
+    "__sbx_how=\n"
+    "while IFS= read -r -n 1 -u 5 __sbx_go; do\n"
+    "  IFS= read -r -d '' -u 6 __sbx_cmd\n"
+    "  for __sbx_once in 1; do eval \"$__sbx_cmd\" </dev/null >&7 2>&8 3>&- 5<&- 6<&- 7>&- 8>&-; done\n"
+    "  __sbx_rc=$?\n"
+    "  disown -a\n" /* what it left running is killed, without a notice in the next command's output */
+    "  eval \"$__sbx_dump\"\n"
+    "done\n";
+
+#define SHELL_END "\1sbx-end\1\n"
+#define SHELL_IDLE_MS (60 * 1000) /* an idle shell goes; the next command starts one */
+
+struct sbx_shell {
+  uv_loop_t *loop;
+  sbx_sandbox *sb;       /* NULL once the sandbox or session is gone */
+  sbx_session *session;
+  uint64_t gen;          /* the session state the shell holds */
+  pid_t pid;             /* its supervisor, our child */
+  pid_t bash;            /* bash's host pid, learnt when it first answers */
+  int pidfd, cmdfd;
+  uv_poll_t pidpoll;
+  uv_pipe_t pipes[3]; /* stdout, stderr, status */
+  uv_pipe_t wake;
+  uv_timer_t idle;
+  sbx_cgroup cg;
+  sbx_buf ctl;
+  sbx_exec *cur;
+  bool dead, retired;
+  int handles;
+  sbx_shell *next;
+};
+
+static sbx_shell *all_shells;
+
+static void shell_synced(sbx_shell *sh, const sbx_session *s) {
+  if (sh->session == s) sh->gen = s->gen;
+}
+
+static void shell_on_close(uv_handle_t *h) {
+  sbx_shell *sh = h->data;
+  if (--sh->handles > 0) return;
+  sbx_shell **pp = &all_shells;
+  while (*pp && *pp != sh) pp = &(*pp)->next;
+  if (*pp) *pp = sh->next;
+  if (sh->cg.n) cg_release(sh->sb, &sh->cg);
+  if (sh->pidfd >= 0) close(sh->pidfd);
+  if (sh->cmdfd >= 0) close(sh->cmdfd);
+  sbx_buf_free(&sh->ctl);
+  free(sh);
+}
+
+/* Takes the shell from its session: no command goes to it any more. */
+static void shell_retire(sbx_shell *sh) {
+  if (sh->session && sh->session->sh == sh) sh->session->sh = NULL;
+  sh->session = NULL;
+  sh->retired = true;
+}
+
+static void shell_kill(sbx_shell *sh) {
+  shell_retire(sh);
+  if (sh->dead) return;
+  if (sh->cg.n) sbx_cg_kill(&sh->cg);
+  sbx_pidfd_send_signal(sh->pidfd, SIGTERM); /* the supervisor kills the group */
+}
+
+static void shell_idle_cb(uv_timer_t *t) { shell_kill(t->data); }
+
+/* What the command wrote is all in the pipes by the time bash reports its
+ * end: read it before the report is handled. */
+static void shell_drain(sbx_shell *sh) {
+  char buf[65536];
+  for (int i = 0; i < 2; i++) {
+    int fd;
+    if (uv_fileno((uv_handle_t *)&sh->pipes[i], &fd) < 0) continue;
+    for (int k = 0; k < 64; k++) {
+      ssize_t n = read(fd, buf, sizeof buf);
+      if (n <= 0) break;
+      if (sh->cur) on_chunk(sh->cur, i, buf, n);
+    }
+  }
+}
+
+static pid_t child_of(pid_t pid) {
+  char path[96];
+  snprintf(path, sizeof path, "/proc/%d/task/%d/children", pid, pid);
+  FILE *f = fopen(path, "re");
+  int child = 0;
+  if (f) {
+    if (fscanf(f, "%d", &child) != 1) child = 0;
+    fclose(f);
+  }
+  return child > 0 ? child : 0;
+}
+
+/* Reports end with SHELL_END: "<status>[x]\n" then the state as the
+ * wrapper writes it; "x" when the shell is exiting. */
+static void shell_reports(sbx_shell *sh) {
+  for (;;) {
+    char *end = memmem(sh->ctl.data, sh->ctl.len, SHELL_END, sizeof SHELL_END - 1);
+    if (!end) return;
+    size_t blen = end - sh->ctl.data, used = blen + sizeof SHELL_END - 1;
+    char *nl = memchr(sh->ctl.data, '\n', blen);
+    sbx_exec *x = sh->cur;
+    if (nl && x) {
+      if (!sh->bash) sh->bash = child_of(sh->pid);
+      if (nl > sh->ctl.data && nl[-1] == 'x') sh->retired = true, shell_retire(sh);
+      shell_drain(sh);
+      x->exit_code = atoi(sh->ctl.data);
+      sbx_buf_append(&x->state, nl + 1, blen - (nl + 1 - sh->ctl.data));
+      x->exited = true;
+      sh->cur = NULL;
+      /* nothing of the command outlives it */
+      if (sh->bash && !sh->retired) sbx_cg_kill_except(&sh->cg, sh->bash);
+      if (!sh->retired) uv_timer_start(&sh->idle, shell_idle_cb, SHELL_IDLE_MS, 0);
+      finish(x);
+    }
+    memmove(sh->ctl.data, sh->ctl.data + used, sh->ctl.len - used);
+    sh->ctl.len -= used;
+  }
+}
+
+static void shell_read_cb(uv_stream_t *st, ssize_t n, const uv_buf_t *b) {
+  sbx_shell *sh = st->data;
+  int i = (int)((uv_pipe_t *)st - sh->pipes);
+  if (n > 0) {
+    if (i < 2) {
+      if (sh->cur) on_chunk(sh->cur, i, b->base, n);
+    } else if (sh->ctl.len + n > STATE_MAX + 64) {
+      shell_kill(sh); /* not a report of ours */
+    } else {
+      sbx_buf_append(&sh->ctl, b->base, n);
+      shell_reports(sh);
+    }
+  }
+  free(b->base);
+  if (n < 0) uv_read_stop(st);
+}
+
+static void shell_pid_cb(uv_poll_t *p, int status, int events) {
+  (void)status;
+  (void)events;
+  sbx_shell *sh = p->data;
+  siginfo_t si = {0};
+  if (waitid(P_PIDFD, sh->pidfd, &si, WEXITED | WNOHANG) < 0 || si.si_pid == 0) return;
+  uv_poll_stop(p);
+  sh->dead = true;
+  shell_retire(sh);
+  /* a last report may still be in the pipe */
+  int fd;
+  char buf[65536];
+  ssize_t n;
+  if (uv_fileno((uv_handle_t *)&sh->pipes[2], &fd) == 0)
+    while (sh->ctl.len < STATE_MAX + 64 && (n = read(fd, buf, sizeof buf)) > 0) sbx_buf_append(&sh->ctl, buf, n);
+  shell_reports(sh);
+  if (sh->cg.n) sbx_cg_kill(&sh->cg);
+  sbx_exec *x = sh->cur;
+  sh->cur = NULL;
+  if (x) { /* the command ended the shell (exec, a signal): its status is the shell's */
+    shell_drain(sh);
+    x->exit_code = sbx_spawn_exit_code(&si);
+    x->exited = true;
+    finish(x);
+  }
+  uv_close((uv_handle_t *)&sh->pidpoll, shell_on_close);
+  uv_close((uv_handle_t *)&sh->idle, shell_on_close);
+  uv_close((uv_handle_t *)&sh->wake, shell_on_close);
+  for (int i = 0; i < 3; i++) uv_close((uv_handle_t *)&sh->pipes[i], shell_on_close);
+}
+
+static sbx_shell *shell_start(uv_loop_t *loop, sbx_sandbox *sb, sbx_session *s, const char *cwd) {
+  sbx_shell *sh = calloc(1, sizeof *sh);
+  if (!sh) return NULL;
+  sh->loop = loop;
+  sh->pidfd = sh->cmdfd = -1;
+  int fds[7] = {-1, -1, -1, -1, -1, -1, -1}, ours[4] = {-1, -1, -1, -1};
+  sbx_error err = {0};
+  if (cg_acquire(sb, &sh->cg) < 0) goto fail;
+  if ((fds[0] = open("/dev/null", O_RDONLY | O_CLOEXEC)) < 0) goto fail;
+  for (int i = 1; i < 4; i++) { /* stdout, stderr, status */
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) < 0) goto fail;
+    ours[i] = p[0];
+    fds[i] = p[1];
+  }
+  /* the script bash sources, with the session's state in the middle */
+  if ((fds[4] = memfd_create("sbx-shell", MFD_CLOEXEC)) < 0 ||
+      sbx_write_all(fds[4], shell_head, sizeof shell_head - 1) < 0 ||
+      sbx_write_all(fds[4], s->shell ? s->shell : "", s->shell_len) < 0 ||
+      sbx_write_all(fds[4], shell_loop, sizeof shell_loop - 1) < 0 || lseek(fds[4], 0, SEEK_SET) < 0)
+    goto fail;
+  int p[2];
+  if (pipe2(p, O_CLOEXEC) < 0) goto fail;
+  fds[5] = p[0];
+  ours[0] = p[1];
+  if ((sh->cmdfd = memfd_create("sbx-command", MFD_CLOEXEC)) < 0 || (fds[6] = dup(sh->cmdfd)) < 0) goto fail;
+  char *argv[] = {"/bin/bash", "-c", "IFS= read -r -d '' __sbx_s <&4; eval \"$__sbx_s\"", "bash", NULL};
+  sbx_spawn sp = {.argv = argv, .envp = s->env.v, .cwd = cwd, .fds = fds, .nfds = 7, .cg = &sh->cg};
+  sh->pid = sbx_sandbox_spawn(sb, &sp, &sh->pidfd, &err);
+  for (int i = 0; i < 7; i++) close(fds[i]), fds[i] = -1;
+  if (sh->pid < 0) goto fail;
+
+  uv_poll_init(loop, &sh->pidpoll, sh->pidfd);
+  uv_timer_init(loop, &sh->idle);
+  uv_pipe_init(loop, &sh->wake, 0);
+  uv_pipe_open(&sh->wake, ours[0]);
+  sh->pidpoll.data = sh->idle.data = sh->wake.data = sh;
+  sh->handles = 6;
+  for (int i = 0; i < 3; i++) {
+    uv_pipe_init(loop, &sh->pipes[i], 0);
+    sh->pipes[i].data = sh;
+    uv_pipe_open(&sh->pipes[i], ours[i + 1]);
+    uv_read_start((uv_stream_t *)&sh->pipes[i], alloc_cb, shell_read_cb);
+  }
+  uv_poll_start(&sh->pidpoll, UV_READABLE, shell_pid_cb);
+  sh->sb = sb;
+  sh->session = s;
+  sh->gen = s->gen;
+  s->sh = sh;
+  sh->next = all_shells;
+  all_shells = sh;
+  return sh;
+fail:
+  for (int i = 0; i < 7; i++)
+    if (fds[i] >= 0) close(fds[i]);
+  for (int i = 0; i < 4; i++)
+    if (ours[i] >= 0) close(ours[i]);
+  if (sh->cmdfd >= 0) close(sh->cmdfd);
+  if (sh->cg.n) cg_release(sb, &sh->cg);
+  free(sh);
+  return NULL;
+}
+
+/* The session's idle shell holding its current state, started if need be;
+ * NULL when the command must run on its own. */
+static sbx_shell *shell_for(uv_loop_t *loop, sbx_sandbox *sb, sbx_session *s, const sbx_exec_opts *o,
+                            const char *cwd) {
+  if (!o->keep_session || o->background || o->discard || o->stdin_data || o->stdin_stream || o->cwd || (o->env && o->env->n) ||
+      !sb->cg.n)
+    return NULL;
+  sbx_shell *sh = s->sh;
+  if (sh && (sh->cur || sh->dead)) return NULL; /* busy: this one runs on its own */
+  if (sh && sh->gen != s->gen) {
+    shell_kill(sh); /* another command changed the state meanwhile */
+    sh = NULL;
+  }
+  if (!sh) {
+    bool bash = false;
+    sbx_error nerr = {0};
+    if (sbx_fs_exists(sb, "/bin/bash", &bash, &nerr) < 0 || !bash) return NULL;
+    sh = shell_start(loop, sb, s, cwd);
+  }
+  return sh;
+}
+
+static int shell_send(sbx_shell *sh, const char *command) {
+  size_t len = strlen(command);
+  if (ftruncate(sh->cmdfd, 0) < 0 || lseek(sh->cmdfd, 0, SEEK_SET) < 0 ||
+      pwrite(sh->cmdfd, command, len + 1, 0) != (ssize_t)(len + 1))
+    return -1;
+  int fd;
+  if (uv_fileno((uv_handle_t *)&sh->wake, &fd) < 0 || write(fd, "g", 1) != 1) return -1;
+  uv_timer_stop(&sh->idle);
+  return 0;
+}
+
+void sbx_exec_shells_leave(sbx_sandbox *sb) {
+  for (sbx_shell *sh = all_shells; sh; sh = sh->next)
+    if (sh->sb == sb && !sh->cur) shell_kill(sh);
+}
+
+void sbx_exec_session_gone(sbx_session *s) {
+  if (s->sh) {
+    sbx_shell *sh = s->sh;
+    shell_kill(sh);
+    sh->sb = NULL;
+  }
+}
+
 void sbx_exec_cancel_sandbox(sbx_sandbox *sb) {
+  for (sbx_shell *sh = all_shells; sh; sh = sh->next)
+    if (sh->sb == sb) {
+      shell_kill(sh);
+      sh->sb = NULL;
+    }
   for (sbx_exec *x = all_execs; x; x = x->next)
     if (x->sb == sb && !x->done) {
       sbx_exec_cancel(x);
@@ -479,7 +875,28 @@ int sbx_exec_start(uv_loop_t *loop, sbx_sandbox *sb, const sbx_exec_opts *o, sbx
     sbx_env_copy(&x->call_env, o->env);
   }
 
-  int fds[4] = {-1, -1, -1, -1}, ours[4] = {-1, -1, -1, -1};
+  sbx_shell *sh = shell_for(loop, sb, s, o, cwd);
+  if (sh && shell_send(sh, o->command) < 0) {
+    shell_kill(sh);
+    sh = NULL;
+  }
+  if (sh) {
+    x->sh = sh;
+    x->bash = true;
+    x->pid = sh->pid;
+    sh->cur = x;
+    if (sb->cg.n) x->oom_before = sbx_cg_oom_kills(&sb->cg);
+    sbx_env_clear(&env);
+    x->start_us = sbx_now_us();
+    uv_timer_init(loop, &x->timer);
+    uv_timer_init(loop, &x->drain);
+    x->timer.data = x->drain.data = x;
+    x->handles = 2;
+    if (o->timeout_ms > 0) uv_timer_start(&x->timer, timer_cb, o->timeout_ms, 0);
+    goto started;
+  }
+
+  int fds[5] = {-1, -1, -1, -1, -1}, ours[4] = {-1, -1, -1, -1};
   int r = 0;
   if (sb->cg.n) {
     if ((r = cg_acquire(sb, &x->cg)) < 0) {
@@ -503,11 +920,24 @@ int sbx_exec_start(uv_loop_t *loop, sbx_sandbox *sb, const sbx_exec_opts *o, sbx
     ours[i] = p[0];
     fds[i] = p[1];
   }
-  char *argv[] = {"/bin/sh", "-c", (char *)wrapper, "sh", (char *)o->command, NULL};
-  sbx_spawn sp = {.argv = argv, .envp = env.v, .cwd = cwd, .fds = fds, .nfds = 4, .cg = x->cg.n ? &x->cg : NULL};
+  bool bash = false;
+  sbx_error nerr = {0};
+  if (sbx_fs_exists(sb, "/bin/bash", &bash, &nerr) < 0) bash = false;
+  x->bash = bash;
+  int nfds = 4;
+  if (bash && s->shell_len) {
+    /* the session's shell state, read by the wrapper from fd 4 */
+    if ((fds[4] = memfd_create("sbx-shell", MFD_CLOEXEC)) < 0 || sbx_write_all(fds[4], s->shell, s->shell_len) < 0)
+      goto fail_errno;
+    nfds = 5;
+  }
+  char *argv[] = {bash ? "/bin/bash" : "/bin/sh", "-c", (char *)(bash ? bash_wrapper : sh_wrapper),
+                  bash ? "bash" : "sh", (char *)o->command, bash ? (nfds == 5 ? "1" : "0") : NULL, NULL};
+  sbx_spawn sp = {.argv = argv, .envp = env.v, .cwd = cwd, .fds = fds, .nfds = nfds, .cg = x->cg.n ? &x->cg : NULL};
   x->start_us = sbx_now_us();
   x->pid = sbx_sandbox_spawn(sb, &sp, &x->pidfd, err);
-  for (int i = 0; i < 4; i++) close(fds[i]), fds[i] = -1;
+  for (int i = 0; i < 5; i++)
+    if (fds[i] >= 0) close(fds[i]), fds[i] = -1;
   sbx_env_clear(&env);
   if (x->pid < 0) goto fail;
 
@@ -547,6 +977,7 @@ int sbx_exec_start(uv_loop_t *loop, sbx_sandbox *sb, const sbx_exec_opts *o, sbx
   }
   uv_poll_start(&x->pidpoll, UV_READABLE, pid_cb);
   if (o->timeout_ms > 0) uv_timer_start(&x->timer, timer_cb, o->timeout_ms, 0);
+started:
   s->busy++;
   if (!x->background) sb->running++;
   x->next = all_execs;
@@ -556,10 +987,10 @@ int sbx_exec_start(uv_loop_t *loop, sbx_sandbox *sb, const sbx_exec_opts *o, sbx
 fail_errno:
   sbx_err_errno(err, "INTERNAL", errno, "preparing the command");
 fail:
-  for (int i = 0; i < 4; i++) {
+  for (int i = 0; i < 5; i++)
     if (fds[i] >= 0) close(fds[i]);
+  for (int i = 0; i < 4; i++)
     if (ours[i] >= 0) close(ours[i]);
-  }
   sbx_env_clear(&env);
   if (x->cg.n) cg_release(sb, &x->cg);
   sbx_headtail_free(&x->s[0].ht);

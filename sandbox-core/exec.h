@@ -39,6 +39,11 @@ typedef void (*sbx_exec_chunk_cb)(void *ud, int stream, const char *data, size_t
 /* err is NULL on success; res is owned by the exec and valid during the call. */
 typedef void (*sbx_exec_done_cb)(void *ud, const sbx_exec_result *res, const sbx_error *err);
 
+/* What of bash's state dump (`declare -p`, `declare -f`, `alias -p`, `set
+ * +o`, `shopt -p`) a session keeps: not the exported variables (the
+ * session's environment has them) nor those bash sets for itself. */
+char *sbx_shell_state_filter(const char *text, size_t len, size_t *out_len);
+
 /* Starts the command. On failure returns -1 with err filled and no
  * callback will fire. */
 int sbx_exec_start(uv_loop_t *loop, sbx_sandbox *sb, const sbx_exec_opts *o, sbx_exec_chunk_cb on_chunk,
@@ -63,3 +68,9 @@ pid_t sbx_exec_pid_in_sandbox(sbx_exec *x);
 int sbx_exec_signal_command(sbx_exec *x, int sig);
 /* Kills every exec of a sandbox (before it is destroyed). */
 void sbx_exec_cancel_sandbox(sbx_sandbox *sb);
+/* The sandbox's idle session shells end (the next command starts one with
+ * the same state): they hold their cwd, which may be in a mount that is
+ * about to go. */
+void sbx_exec_shells_leave(sbx_sandbox *sb);
+/* The session is being freed: its shell goes. */
+void sbx_exec_session_gone(sbx_session *s);

@@ -31,8 +31,13 @@ int sbx_env_from_json(sbx_env *e, json_t *obj) {
 json_t *sbx_record_json(const sbx_sandbox *sb) {
   const sbx_sandbox_opts *o = &sb->opts;
   json_t *sessions = json_array();
-  for (const sbx_session *s = sb->sessions; s; s = s->next)
-    json_array_append_new(sessions, json_pack("{s:s, s:s, s:o}", "id", s->id, "cwd", s->cwd, "env", sbx_env_to_json(&s->env)));
+  for (const sbx_session *s = sb->sessions; s; s = s->next) {
+    json_t *js = json_pack("{s:s, s:s, s:o}", "id", s->id, "cwd", s->cwd, "env", sbx_env_to_json(&s->env));
+    /* bash prints bytes that are not UTF-8 as they are in a function's body */
+    if (s->shell_len && sbx_utf8_valid(s->shell, s->shell_len))
+      json_object_set_new(js, "shell", json_stringn(s->shell, s->shell_len));
+    json_array_append_new(sessions, js);
+  }
   json_t *opts = json_pack("{s:{s:I, s:f, s:I, s:I}, s:b, s:b, s:I, s:b, s:s, s:o}", "limits", "memoryMB",
                            (json_int_t)o->limits.memory_mb, "cpus", o->limits.cpus, "pids", (json_int_t)o->limits.pids,
                            "diskMB", (json_int_t)o->limits.disk_mb, "limitsExplicit", o->limits_explicit,
@@ -112,10 +117,15 @@ int sbx_record_apply(sbx_sandbox *sb, json_t *rec, char *err, size_t errlen) {
     if (!ns) BAD("out of memory");
     snprintf(ns->id, sizeof ns->id, "%s", sid);
     ns->cwd = strdup(cwd);
+    json_t *shell = json_object_get(s, "shell");
+    if (json_is_string(shell) && json_string_length(shell)) {
+      ns->shell_len = json_string_length(shell);
+      ns->shell = malloc(ns->shell_len);
+      if (ns->shell) memcpy(ns->shell, json_string_value(shell), ns->shell_len);
+      else ns->shell_len = 0;
+    }
     if (sbx_env_from_json(&ns->env, json_object_get(s, "env")) < 0) {
-      sbx_env_clear(&ns->env);
-      free(ns->cwd);
-      free(ns);
+      sbx_session_free(ns);
       BAD("bad session env");
     }
     sbx_session **tail = &sb->sessions;

@@ -9,6 +9,7 @@
 #include "exec.h"
 #include "preview.h"
 
+#include <ctype.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -114,18 +115,75 @@ int sbx_env_copy(sbx_env *dst, const sbx_env *src) {
   return 0;
 }
 
-/* `export -p` prints lines `export NAME='value'` where a quote inside the
- * value is written '\'' and values may span lines; `export NAME` has none. */
+/* Appends the value of bash's $'...' quoting from t[i] (just past the
+ * opening quote) and returns the index past the closing quote. */
+static size_t ansi_c_unquote(sbx_buf *val, const char *t, size_t i, size_t len) {
+  while (i < len && t[i] != '\'') {
+    if (t[i] != '\\' || i + 1 >= len) {
+      sbx_buf_append(val, t + i++, 1);
+      continue;
+    }
+    char c = t[++i], out = c;
+    i++;
+    switch (c) {
+    case 'a': out = '\a'; break;
+    case 'b': out = '\b'; break;
+    case 'e':
+    case 'E': out = 033; break;
+    case 'f': out = '\f'; break;
+    case 'n': out = '\n'; break;
+    case 'r': out = '\r'; break;
+    case 't': out = '\t'; break;
+    case 'v': out = '\v'; break;
+    case 'c':
+      if (i < len) out = t[i++] & 037;
+      break;
+    case 'x': {
+      unsigned v = 0;
+      int n = 0;
+      for (; n < 2 && i < len && isxdigit((unsigned char)t[i]); n++, i++)
+        v = v * 16 + (isdigit((unsigned char)t[i]) ? t[i] - '0' : (tolower((unsigned char)t[i]) - 'a' + 10));
+      out = n ? (char)v : 'x';
+      if (!n) sbx_buf_append(val, "\\", 1);
+      break;
+    }
+    default:
+      if (c >= '0' && c <= '7') {
+        unsigned v = c - '0';
+        for (int n = 1; n < 3 && i < len && t[i] >= '0' && t[i] <= '7'; n++, i++) v = v * 8 + (t[i] - '0');
+        out = (char)v;
+      } else if (!strchr("\\'\"?", c)) {
+        sbx_buf_append(val, "\\", 1); /* not an escape: kept as written */
+      }
+    }
+    sbx_buf_append(val, &out, 1);
+  }
+  return i < len ? i + 1 : i;
+}
+
+/* The output of `export -p`: dash prints lines `export NAME='value'` (a
+ * quote inside written '"'"' or '\'') whose values may span lines; bash
+ * prints `declare -x NAME="value"`, with $'...' for control characters.
+ * `export NAME` and `declare -x NAME` have no value and are skipped. */
 int sbx_env_parse_export(sbx_env *e, const char *t, size_t len) {
   size_t i = 0;
   while (i < len) {
     while (i < len && (t[i] == '\n' || t[i] == ' ')) i++;
-    static const char kw[] = "export ";
-    if (i + sizeof kw - 1 > len || strncmp(t + i, kw, sizeof kw - 1)) {
+    static const char kw[] = "export ", decl[] = "declare -";
+    if (i + sizeof decl - 1 <= len && !strncmp(t + i, decl, sizeof decl - 1)) {
+      size_t f = i + sizeof decl - 1;
+      while (f < len && isalpha((unsigned char)t[f])) f++;
+      if (f >= len || t[f] != ' ' || !memchr(t + i + sizeof decl - 1, 'x', f - (i + sizeof decl - 1))) {
+        while (i < len && t[i] != '\n') i++; /* not exported */
+        continue;
+      }
+      i = f + 1;
+    } else if (i + sizeof kw - 1 <= len && !strncmp(t + i, kw, sizeof kw - 1)) {
+      i += sizeof kw - 1;
+    } else {
       while (i < len && t[i] != '\n') i++; /* not ours: skip the line */
       continue;
     }
-    i += sizeof kw - 1;
     size_t ks = i;
     while (i < len && t[i] != '=' && t[i] != '\n') i++;
     char key[256];
@@ -137,12 +195,14 @@ int sbx_env_parse_export(sbx_env *e, const char *t, size_t len) {
     i++;
     sbx_buf val = {0};
     while (i < len && t[i] != '\n') {
-      if (t[i] == '\'') {
+      if (t[i] == '$' && i + 1 < len && t[i + 1] == '\'') {
+        i = ansi_c_unquote(&val, t, i + 2, len);
+      } else if (t[i] == '\'') {
         size_t q = ++i;
         while (i < len && t[i] != '\'') i++;
         sbx_buf_append(&val, t + q, i - q);
         if (i < len) i++;
-      } else if (t[i] == '"') { /* dash writes a quote as '"'"' */
+      } else if (t[i] == '"') {
         i++;
         while (i < len && t[i] != '"') {
           if (t[i] == '\\' && i + 1 < len && strchr("\\\"$`", t[i + 1])) i++;
@@ -410,13 +470,19 @@ static ssize_t recv_reply(int sock, char *buf, size_t len, int *fd) {
   return sbx_recv_fds(sock, buf, len, fd, 1, NULL, 0);
 }
 
+void sbx_session_free(sbx_session *s) {
+  sbx_exec_session_gone(s);
+  free(s->cwd);
+  free(s->shell);
+  sbx_env_clear(&s->env);
+  free(s);
+}
+
 static void free_sessions(sbx_sandbox *sb) {
   while (sb->sessions) {
     sbx_session *s = sb->sessions;
     sb->sessions = s->next;
-    free(s->cwd);
-    sbx_env_clear(&s->env);
-    free(s);
+    sbx_session_free(s);
   }
 }
 
@@ -873,9 +939,7 @@ int sbx_session_delete(sbx_sandbox *sb, const char *id, sbx_error *err) {
   if ((*pp)->busy) return sbx_err(err, "VALIDATION_FAILED", "session '%s' has a command running", id);
   sbx_session *s = *pp;
   *pp = s->next;
-  free(s->cwd);
-  sbx_env_clear(&s->env);
-  free(s);
+  sbx_session_free(s);
   sbx_sandbox_save(sb);
   return 0;
 }

@@ -28,6 +28,10 @@ typedef struct sbx_session {
   char id[64];
   char *cwd;
   sbx_env env;
+  char *shell; /* bash's variables, functions, aliases and options (sbx_shell_state_filter) */
+  size_t shell_len;
+  uint64_t gen;        /* bumped when cwd, env or shell state change */
+  struct sbx_shell *sh; /* the bash that runs its commands, if one is up */
   int busy; /* execs running in it */
   struct sbx_session *next;
 } sbx_session;
@@ -134,6 +138,7 @@ bool sbx_sandbox_alive(sbx_sandbox *sb);
 sbx_session *sbx_session_find(sbx_sandbox *sb, const char *id);
 int sbx_session_create(sbx_sandbox *sb, const char *id, const char *cwd, const sbx_env *env,
                        sbx_session **out, sbx_error *err);
+void sbx_session_free(sbx_session *s);
 int sbx_session_delete(sbx_sandbox *sb, const char *id, sbx_error *err);
 
 /* The one way in. Runs argv inside the sandbox with the given fds as its

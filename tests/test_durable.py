@@ -62,7 +62,7 @@ def restart_check(t, x, how):
     c = x.c
     sid = 'keep-' + how
     c.ok('createSandbox', {'sandboxId': sid, 'env': {'OPT': 'kept'}})
-    c.sh('mkdir -p /workspace/proj && cd /workspace/proj && export TOKEN=abc', sandbox=sid)
+    c.sh('mkdir -p /workspace/proj && cd /workspace/proj && export TOKEN=abc; plain=p; hi() { echo fn; }', sandbox=sid)
     c.sh('seq 1 100000 > data.txt && sync data.txt', sandbox=sid)
     p = c.ok('startProcess', {'sandboxId': sid, 'processId': 'writer',
                               'command': 'i=0; while :; do echo $i >> /workspace/log.txt; i=$((i+1)); done'})
@@ -78,12 +78,12 @@ def restart_check(t, x, how):
              'sbx daemon stop says what it did', r.stdout + r.stderr)
     wait_until(lambda: all(gone(p) for p in inits), 30, 'the old sandboxes to end')
     t.ok(True, '%s: nothing of the old sandboxes runs unowned' % how)
-    res, _ = c.call('exec', {'sandboxId': sid, 'command': 'pwd; echo $TOKEN $OPT; wc -l < data.txt; test -s /workspace/log.txt && echo log'},
-                    timeout=60)
+    res, _ = c.call('exec', {'sandboxId': sid, 'command': 'pwd; echo $TOKEN $OPT $plain; hi; wc -l < data.txt; '
+                             'test -s /workspace/log.txt && echo log'}, timeout=60)
     s = res['structuredContent']
     t.ok(not res.get('isError'), '%s: the client\'s next call works (a new daemon started)' % how, res)
-    t.eq(s.get('stdout'), '/workspace/proj\nabc kept\n100000\nlog\n',
-         '%s: files, cwd and environment are back' % how)
+    t.eq(s.get('stdout'), '/workspace/proj\nabc kept p\nfn\n100000\nlog\n',
+         '%s: files, cwd, environment and the shell\'s variables and functions are back' % how)
     t.eq((s.get('restarted'), s.get('reset')), (True, None), '%s: restarted: true, not reset' % how)
     t.ok('restarted' in res['content'][0]['text'], '%s: the text says so too' % how)
     new = x.env.daemon_pid()

@@ -49,6 +49,68 @@ def test_session_state(t, x):
     t.eq(x.c.err('exec', {'command': 'true', 'sessionId': 'other'}), 'SESSION_NOT_FOUND', 'deleted session is gone')
 
 
+def test_bash_session(t, x):
+    """Commands run in bash, and a session keeps what a shell you type into
+    keeps: cwd, variables exported or not, functions, aliases, options."""
+    x.c.ok('createSession', {'id': 'bash'})
+    sh = lambda cmd, **kw: x.c.sh(cmd, sessionId='bash', **kw)
+    r = sh('[[ "ab" == a* ]] && echo glob; arr=(one two three); echo ${#arr[@]} ${arr[1]}; '
+           'echo "${BASH_VERSION%%.*}"; set -o pipefail; false | true; echo "pipe=$?"')
+    t.eq(r['stdout'].split('\n')[:2] + r['stdout'].split('\n')[3:4], ['glob', '3 two', 'pipe=1'],
+         '[[ ]], arrays and pipefail work: the shell is bash', r)
+    sh('plain="not exported"; multi=$\'line1\\nline2\'; declare -A map=([k]="v w"); declare -i n=41; '
+       'greet() { echo "hello $1"; }; alias ll="echo aliased"; set -o pipefail; shopt -s extglob; '
+       'mkdir -p /tmp/bs && cd /tmp/bs; export EXP=yes; echo "source_me=1" > /tmp/bs/rc; source /tmp/bs/rc')
+    r = sh('pwd; echo "$plain|$EXP|${map[k]}|$((n+1))|$source_me"; printf "%s\\n" "$multi"; greet you; ll; '
+           'false | true; echo "pipe=$?"; shopt -q extglob && echo extglob')
+    t.eq(r['stdout'], '/tmp/bs\nnot exported|yes|v w|42|1\nline1\nline2\nhello you\naliased\npipe=1\nextglob\n',
+         'cwd, plain and exported variables, arrays, functions, aliases and options carry to the next command', r)
+    t.eq(r['stderr'], '', 'and restoring them prints nothing')
+    r = x.c.sh('type greet >/dev/null 2>&1 && echo leaked; echo "[$plain]"')
+    t.eq(r['stdout'], '[]\n', 'another session has none of it')
+    sh('unset plain; unset -f greet; unalias ll; set +o pipefail')
+    r = sh('echo "[$plain]"; type greet >/dev/null 2>&1 || echo nofn; false | true; echo "pipe=$?"')
+    t.eq(r['stdout'], '[]\nnofn\npipe=0\n', 'unset, unset -f, unalias and set +o stick too', r)
+    t.ok(sh('echo $RANDOM')['stdout'] != sh('echo $RANDOM')['stdout'] or
+         sh('echo $RANDOM')['stdout'] != sh('echo $RANDOM')['stdout'], '$RANDOM is not replayed')
+    # what a command cannot take from the next one
+    r = sh('v=kept; exit 7')
+    t.eq(r['exitCode'], 7, 'exit N is the exit code')
+    t.eq(sh('echo $v')['stdout'], 'kept\n', 'and what the command set before exit stays')
+    t.eq(sh('echo one; continue; echo two')['stdout'], 'one\n', 'continue at top level does not lose the answer')
+    t.eq(sh('echo one; break; echo two')['stdout'], 'one\n', 'nor break')
+    t.eq(sh('echo ok')['stdout'], 'ok\n', 'the session goes on after them')
+    sh('exec >/tmp/bs/swallowed; echo hidden')
+    t.eq(sh('echo shown')['stdout'], 'shown\n', 'exec >file in one command does not take the next one\'s output')
+    r = sh('sleep 300 & echo $!')
+    pid = r['stdout'].strip()
+    r = sh('kill -0 %s 2>/dev/null && echo alive || echo gone' % pid)
+    t.eq((r['stdout'], r['stderr']), ('gone\n', ''),
+         'what a command leaves running is killed at its end, with no job notice in the next output', r)
+    res, _ = x.c.call('exec', {'command': 'w=timedout; sleep 300', 'sessionId': 'bash', 'timeout': 300}, 60)
+    t.ok(res['structuredContent'].get('timedOut'), 'a command times out')
+    r = sh('echo "[$w] $v"; pwd')
+    t.eq(r['stdout'], '[] kept\n/tmp/bs\n', 'and the session keeps its state from before it', r)
+    r = sh('kill -9 $$')
+    t.eq(r['exitCode'], 137, 'a command that kills its own shell gets its status')
+    t.eq(sh('echo $v; pwd')['stdout'], 'kept\n/tmp/bs\n', 'and the session goes on with its state')
+    x.c.ok('setEnvVars', {'sessionId': 'bash', 'env': {'LATE': 'set'}})
+    t.eq(sh('echo $LATE $v')['stdout'], 'set kept\n', 'setEnvVars reaches the session at its next command')
+    sh('later=1', cwd='/tmp')
+    t.eq(sh('pwd; echo $later')['stdout'], '/tmp/bs\n1\n',
+         'a command with its own cwd runs on its own: its variables stay, its cwd does not')
+    # two at once in one session
+    for i in range(2):
+        x.c.send({'jsonrpc': '2.0', 'id': 7000 + i, 'method': 'tools/call',
+                  'params': {'name': 'exec', 'arguments': {'command': 'sleep 0.3; echo %d' % i, 'sessionId': 'bash'}}})
+    got = {}
+    for i in range(2):
+        m = x.c.next(lambda m: m.get('id') == 7000 + i and 'method' not in m, 30)
+        got[m['id']] = m['result']['structuredContent']['stdout']
+    t.eq(got, {7000: '0\n', 7001: '1\n'}, 'two commands at once in one session both answer')
+    x.c.ok('deleteSession', {'id': 'bash'})
+
+
 def test_stdin(t, x):
     r = x.c.sh('tr a-z A-Z', stdin='hello\n')
     t.eq(r['stdout'], 'HELLO\n', 'stdin is fed to the command')
@@ -163,6 +225,6 @@ def test_sandbox_creation_rules(t, x):
 
 
 if __name__ == '__main__':
-    sys.exit(run_tests([test_basic, test_default_sandbox, test_session_state, test_stdin, test_timeout_kills_tree,
+    sys.exit(run_tests([test_basic, test_default_sandbox, test_session_state, test_bash_session, test_stdin, test_timeout_kills_tree,
                         test_background_does_not_block, test_cancel, test_progress_streams, test_output_bound,
                         test_utf8, test_env_is_clean, test_nonexistent_cwd, test_sandbox_creation_rules], lambda: Ctx('ex')))

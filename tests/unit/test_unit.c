@@ -3,6 +3,7 @@
 #include "../../mcp-server/schema.h"
 #include "../../sandbox-core/cgroup.h"
 #include "../../sandbox-core/config.h"
+#include "../../sandbox-core/exec.h"
 #include "../../sandbox-core/netpolicy.h"
 
 #include <sys/socket.h>
@@ -93,6 +94,22 @@ static void test_env(void) {
   OK(sbx_env_get(&e, "B") && !strcmp(sbx_env_get(&e, "B"), "it's\nmultiline"), "export -p: quotes and newlines");
   OK(!sbx_env_get(&e, "C") && !sbx_env_get(&e, "_"), "export -p: valueless and _ skipped");
   OK(sbx_env_get(&e, "D") && !*sbx_env_get(&e, "D"), "export -p: empty value");
+  const char *b = "declare -x BA=\"q\\\"d \\$x\"\ndeclare -rx BB=$'l1\\nl2\\t\\'\\x41\\101\\E'\n"
+                  "declare -- NOT=\"exported\"\ndeclare -x BC\n";
+  sbx_env_parse_export(&e, b, strlen(b));
+  OK(sbx_env_get(&e, "BA") && !strcmp(sbx_env_get(&e, "BA"), "q\"d $x"), "declare -x: double quotes");
+  OK(sbx_env_get(&e, "BB") && !strcmp(sbx_env_get(&e, "BB"), "l1\nl2\t'AA\033"), "declare -rx: $'...' escapes");
+  OK(!sbx_env_get(&e, "NOT") && !sbx_env_get(&e, "BC"), "declare without -x and without a value skipped");
+  sbx_env_unset(&e, "BA");
+  sbx_env_unset(&e, "BB");
+  const char *st = "declare -- keep=\"1\"\ndeclare -x EXP=\"2\"\ndeclare -ir RANDOM=\"5\"\ndeclare -a BASH_ARGV=()\n"
+                   "declare -- __sbx_cmd=\"x\"\ndeclare -A m=([k]=\"v\" )\nf () \n{ \n    echo hi\n}\nset -o pipefail\n";
+  size_t fl;
+  char *f = sbx_shell_state_filter(st, strlen(st), &fl);
+  OK(f && !strcmp(f, "declare -- keep=\"1\"\ndeclare -A m=([k]=\"v\" )\nf () \n{ \n    echo hi\n}\nset -o pipefail\n") &&
+         fl == strlen(f),
+     "shell state: exported and bash's own variables dropped, the rest kept");
+  free(f);
   sbx_env_set(&e, "A", "2");
   OK(!strcmp(sbx_env_get(&e, "A"), "2") && e.n == 3, "env_set replaces");
   sbx_env_unset(&e, "A");
