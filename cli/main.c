@@ -5,6 +5,7 @@
 #include "../mcp-server/mcp.h"
 #include "../mcp-server/server.h"
 #include "../sandbox-core/doctor.h"
+#include "../sandbox-core/config.h"
 #include "../fuse-mount/fuseutil.h"
 #include "../fuse-mount/bucketfs.h"
 #include "../fuse-mount/view.h"
@@ -20,19 +21,78 @@ static void on_sigint(int s) {
   interrupted = 1;
 }
 
+static const struct help {
+  const char *name, *synopsis, *text;
+} helps[] = {
+    {"mcp", "sbx mcp [--sandbox ID] [--tools a,b] [--read-only]",
+     "An MCP server on stdio, for agents: it relays to the daemon (started when none runs) and\n"
+     "reconnects when the daemon restarts. Without --sandbox, calls with no sandboxId go to the\n"
+     "sandbox of the current directory. --tools keeps only the named tools; --read-only only\n"
+     "the tools that change nothing."},
+    {"daemon", "sbx daemon [--http ADDR:PORT [--http-allow-remote]] [--mount DIR] | sbx daemon stop",
+     "Runs the daemon that owns the sandboxes (sbx mcp and the other commands start one when\n"
+     "none runs). --http also serves Streamable HTTP at /mcp (bearer token in\n"
+     "$SBX_STATE_DIR/http-token); given while a daemon runs, that daemon starts serving it.\n"
+     "--mount runs a view (sbx mount) with the daemon. `sbx daemon stop` stops it; sandboxes\n"
+     "and their files stay, and each starts again on its next call."},
+    {"exec", "sbx exec [-s ID] [-i] [--session S] [--cwd DIR] [--timeout MS] [-e K=V]... [--] CMD...",
+     "Runs CMD with bash in the sandbox (created on first use) and prints its output as it\n"
+     "comes. Several words are quoted for the shell; one word is a shell command line. The\n"
+     "session (default: \"default\") keeps cwd, variables, functions, aliases and options\n"
+     "between calls. -i sends this command's stdin. Exit code: the command's; 124 when it\n"
+     "timed out; 130 when interrupted."},
+    {"session", "sbx session [-s ID] ls | create NAME [--cwd DIR] [-e K=V]... | rm NAME",
+     "Lists, creates or deletes the sessions of a sandbox: each has its own shell state.\n"
+     "`sbx exec --session NAME` runs in one."},
+    {"ls", "sbx ls", "Lists the sandboxes: status (running, stopped, asleep), creation and last activity."},
+    {"destroy", "sbx destroy ID...", "Destroys sandboxes: their processes, files and records."},
+    {"cp", "sbx cp SRC DST",
+     "Copies files between the host and a sandbox; ID:PATH names a path in sandbox ID\n"
+     "(relative paths are under /workspace). Directories are copied whole."},
+    {"expose", "sbx expose ID PORT", "Prints a preview URL that opens PORT of sandbox ID in a browser."},
+    {"doctor", "sbx doctor", "Says what this machine offers sbx (namespaces, cgroups, FUSE...) and the configuration."},
+    {"mount", "sbx mount [-f] [-o allow_other] MOUNTPOINT",
+     "Shows every sandbox's /workspace at MOUNTPOINT/<sandboxId>/, live. Files show the\n"
+     "sandbox's own host owner (so git treats them as foreign); you read and write them all.\n"
+     "-f stays in the foreground; SIGTERM or `sbx umount MOUNTPOINT` ends it."},
+    {"umount", "sbx umount MOUNTPOINT", "Ends a view made by sbx mount."},
+    {"version", "sbx --version", "Prints the version."},
+    {"help", "sbx help [COMMAND]", "Says how to use sbx or one of its commands."},
+};
+
+static const char exit_codes[] = "Exit codes: 0 done; 1 failed (the daemon said why, or could not be reached); 2 bad usage;\n"
+                                 "3 a daemon runs already; sbx exec: the command's own, 124 timed out, 130 interrupted.\n";
+
 static void usage(FILE *f) {
-  fputs("usage: sbx COMMAND ...\n"
-        "  sbx mcp [--sandbox ID] [--tools a,b] [--read-only]   MCP server on stdio (for agents)\n"
-        "  sbx daemon [--http 127.0.0.1:PORT] [--mount DIR] | sbx daemon stop   run (or stop) the daemon\n"
-        "  sbx exec [-s ID] [-i] [--session S] [--cwd D] [--timeout MS] [-e K=V]... -- CMD...\n"
-        "  sbx ls                          list sandboxes\n"
-        "  sbx destroy ID                  destroy a sandbox\n"
-        "  sbx cp SRC DST                  copy files; ID:/path names a sandbox path\n"
-        "  sbx expose ID PORT              a preview URL for PORT of sandbox ID\n"
-        "  sbx doctor                      what this machine offers sbx\n"
-        "  sbx mount [-f] [-o allow_other] MOUNTPOINT   every sandbox's /workspace at MOUNTPOINT/<id>/\n"
-        "  sbx umount MOUNTPOINT           stop a view\n",
-        f);
+  fputs("usage: sbx COMMAND ...\n", f);
+  for (size_t i = 0; i < SBX_ARRAY_SIZE(helps); i++) fprintf(f, "  %s\n", helps[i].synopsis);
+  fputs("`sbx help COMMAND` or `sbx COMMAND --help` tells more.\n", f);
+  fputs(exit_codes, f);
+}
+
+static int help(const char *cmd) {
+  for (size_t i = 0; i < SBX_ARRAY_SIZE(helps); i++)
+    if (!strcmp(helps[i].name, cmd)) {
+      printf("usage: %s\n\n%s\n\n%s", helps[i].synopsis, helps[i].text, exit_codes);
+      return 0;
+    }
+  fprintf(stderr, "sbx help: no command '%s'\n", cmd);
+  usage(stderr);
+  return 2;
+}
+
+/* -h or --help among a command's options (for exec, before its command). */
+static bool asks_help(const char *cmd, int argc, char **argv) {
+  static const char *const valued[] = {"-s", "--sandbox", "--session", "--cwd", "--timeout", "-e", "--env", "-o"};
+  for (int i = 2; i < argc; i++) {
+    if (!strcmp(argv[i], "--")) return false;
+    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return true;
+    bool takes = false;
+    for (size_t k = 0; k < SBX_ARRAY_SIZE(valued); k++) takes |= !strcmp(argv[i], valued[k]);
+    if (takes) i++;
+    else if (argv[i][0] != '-' && !strcmp(cmd, "exec")) return false; /* the command's own words */
+  }
+  return false;
 }
 
 static int open_client(sbx_client *c, const char *sandbox) {
@@ -229,9 +289,78 @@ static int cmd_destroy(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     json_t *r = call(&c, "destroySandbox", json_pack("{s:s}", "sandboxId", argv[i]), NULL, NULL);
     if (!r) rc = 1;
+    else printf("destroyed %s\n", argv[i]);
     json_decref(r);
   }
   sbx_client_close(&c);
+  return rc;
+}
+
+static const char *key_of(char *kv, char *eq) {
+  *eq = 0; /* argv is ours to cut */
+  return kv;
+}
+
+static int cmd_session(int argc, char **argv) {
+  const char *sandbox = NULL, *cwd = NULL, *verb = NULL, *name = NULL;
+  json_t *env = json_object();
+  int rc = 2;
+  for (int i = 1; i < argc; i++) {
+    if ((!strcmp(argv[i], "-s") || !strcmp(argv[i], "--sandbox")) && i + 1 < argc) sandbox = argv[++i];
+    else if (!strcmp(argv[i], "--cwd") && i + 1 < argc) cwd = argv[++i];
+    else if ((!strcmp(argv[i], "-e") || !strcmp(argv[i], "--env")) && i + 1 < argc) {
+      char *eq = strchr(argv[++i], '=');
+      if (!eq) {
+        fprintf(stderr, "sbx session: -e takes KEY=VALUE\n");
+        goto out;
+      }
+      json_object_set_new(env, key_of(argv[i], eq), json_string(eq + 1));
+    } else if (argv[i][0] == '-') {
+      fprintf(stderr, "sbx session: unknown option %s\n", argv[i]);
+      goto out;
+    } else if (!verb) verb = argv[i];
+    else if (!name) name = argv[i];
+    else goto usage;
+  }
+  if (!verb || (strcmp(verb, "ls") && !name) || (!strcmp(verb, "ls") && name)) goto usage;
+  if (name && !sbx_valid_id(name)) {
+    fprintf(stderr, "sbx session: invalid session id '%.100s': ids are 1-63 of [a-z0-9-]\n", name);
+    goto out;
+  }
+  sbx_client c;
+  if (open_client(&c, sandbox) < 0) {
+    rc = 1;
+    goto out;
+  }
+  json_t *r = NULL;
+  if (!strcmp(verb, "ls")) {
+    if ((r = call(&c, "listSessions", json_object(), NULL, NULL))) {
+      size_t i;
+      json_t *s;
+      printf("%-24s %s\n", "SESSION", "CWD");
+      json_array_foreach(json_object_get(sc(r), "sessions"), i, s)
+        printf("%-24s %s\n", json_string_value(json_object_get(s, "id")), json_string_value(json_object_get(s, "cwd")));
+    }
+  } else if (!strcmp(verb, "create")) {
+    json_t *args = json_pack("{s:s}", "id", name);
+    if (cwd) json_object_set_new(args, "cwd", json_string(cwd));
+    if (json_object_size(env)) json_object_set(args, "env", env);
+    if ((r = call(&c, "createSession", args, NULL, NULL)))
+      printf("created session %s (cwd %s)\n", name, json_string_value(json_object_get(sc(r), "cwd")));
+  } else if (!strcmp(verb, "rm") || !strcmp(verb, "delete")) {
+    if ((r = call(&c, "deleteSession", json_pack("{s:s}", "id", name), NULL, NULL))) printf("deleted session %s\n", name);
+  } else {
+    sbx_client_close(&c);
+    goto usage;
+  }
+  sbx_client_close(&c);
+  rc = r ? 0 : 1;
+  json_decref(r);
+  goto out;
+usage:
+  fprintf(stderr, "usage: %s\n", helps[3].synopsis);
+out:
+  json_decref(env);
   return rc;
 }
 
@@ -402,9 +531,30 @@ static int cmd_daemon_stop(void) {
   }
   printf("stopped the sbx daemon (pid %d)", pid);
   if (kept >= 0)
-    printf("; sandboxes kept with their files in %s/sandboxes: %d (%d were running and start again on their next call)",
+    printf("; sandboxes kept with their files in %s/sandboxes: %d (%d of them running: each starts again on its next call)",
            p.state, kept, running);
   printf("\n");
+  return 0;
+}
+
+/* `sbx daemon --http ADDR` with a daemon running: it serves HTTP from now
+ * on, no restart. */
+static int daemon_http_live(const char *addr, bool remote) {
+  sbx_client c;
+  char err[600], conf[1024];
+  if (open_client(&c, NULL) < 0) return 1;
+  json_t *r = sbx_client_request(&c, "sbx/daemon/http", json_pack("{s:s, s:b}", "address", addr, "allowRemote", remote),
+                                 err, sizeof err);
+  sbx_client_close(&c);
+  sbx_config_path(conf, sizeof conf);
+  if (!r) {
+    fprintf(stderr, "sbx daemon: the running daemon does not serve HTTP at %s: %s\n", addr, err);
+    return 1;
+  }
+  printf("the running sbx daemon now serves MCP over HTTP at %s (bearer token in %s).\n"
+         "It stops with this daemon; to have every daemon serve it, put \"http\": \"%s\" in %s.\n",
+         json_string_value(json_object_get(r, "url")), json_string_value(json_object_get(r, "tokenFile")), addr, conf);
+  json_decref(r);
   return 0;
 }
 
@@ -415,13 +565,7 @@ static int cmd_mount(int argc, char **argv) {
     if (!strcmp(argv[i], "-f") || !strcmp(argv[i], "--foreground")) o.foreground = true;
     else if (!strcmp(argv[i], "-d") || !strcmp(argv[i], "--debug")) o.debug = o.foreground = true;
     else if (!strcmp(argv[i], "-o") && i + 1 < argc && !strcmp(argv[i + 1], "allow_other")) o.allow_other = true, i++;
-    else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-      printf("usage: sbx mount [-f] [-o allow_other] MOUNTPOINT\n"
-             "Shows every sandbox's /workspace at MOUNTPOINT/<sandboxId>/, live. Files show the\n"
-             "sandbox's own host owner (so git treats them as foreign); you read and write them all.\n"
-             "-f stays in the foreground; SIGTERM or `sbx umount MOUNTPOINT` ends it.\n");
-      return 0;
-    } else if (argv[i][0] == '-' || mnt) {
+    else if (argv[i][0] == '-' || mnt) {
       fprintf(stderr, "usage: sbx mount [-f] [-o allow_other] MOUNTPOINT\n");
       return 2;
     } else mnt = argv[i];
@@ -453,6 +597,11 @@ int main(int argc, char **argv) {
     return 2;
   }
   const char *cmd = argv[1];
+  if (!strcmp(cmd, "help")) {
+    if (argc > 2 && strcmp(argv[2], "-h") && strcmp(argv[2], "--help")) return help(argv[2]);
+    return argc > 2 ? help("help") : (usage(stdout), 0);
+  }
+  if (asks_help(cmd, argc, argv)) return help(cmd);
   if (!strcmp(cmd, "daemon")) {
     if (argc > 2 && !strcmp(argv[2], "stop")) return cmd_daemon_stop();
     const char *http = NULL, *mount_dir = NULL;
@@ -466,6 +615,16 @@ int main(int argc, char **argv) {
         fprintf(stderr, "sbx daemon: unknown option %s\n", argv[i]);
         return 2;
       }
+    }
+    sbx_paths p;
+    char err[600];
+    int fd = sbx_paths_init(&p, err, sizeof err) == 0 ? sbx_connect(&p, false, err, sizeof err) : -1;
+    if (fd >= 0) { /* one runs already */
+      close(fd);
+      if (http && !mount_dir) return daemon_http_live(http, remote);
+      fprintf(stderr, "sbx daemon: a daemon runs already (socket %s)%s\n", p.sock,
+              mount_dir ? "; `sbx mount DIR` adds a view to it" : "; `sbx daemon stop` stops it");
+      return 3;
     }
     return sbx_daemon_main(http, remote, mount_dir);
   }
@@ -491,6 +650,7 @@ int main(int argc, char **argv) {
   }
   if (!strcmp(cmd, "exec")) return cmd_exec(argc - 1, argv + 1);
   if (!strcmp(cmd, "ls")) return cmd_ls();
+  if (!strcmp(cmd, "session")) return cmd_session(argc - 1, argv + 1);
   if (!strcmp(cmd, "expose")) return cmd_expose(argc - 1, argv + 1);
   if (!strcmp(cmd, "destroy")) return cmd_destroy(argc - 1, argv + 1);
   if (!strcmp(cmd, "cp")) return cmd_cp(argc - 1, argv + 1);
@@ -502,7 +662,7 @@ int main(int argc, char **argv) {
     printf("sbx %s\n", MCP_SERVER_VERSION);
     return 0;
   }
-  if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+  if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
     usage(stdout);
     return 0;
   }

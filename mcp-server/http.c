@@ -426,6 +426,12 @@ bad:
   return -1;
 }
 
+bool sbx_http_address(char *out, size_t len) {
+  if (!h.listening) return false;
+  snprintf(out, len, "%s:%d", h.host, h.port);
+  return true;
+}
+
 void sbx_http_stop(void) {
   if (h.listening) uv_close((uv_handle_t *)&h.server, NULL);
   h.listening = false;

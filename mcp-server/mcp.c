@@ -218,6 +218,10 @@ void mcp_conn_send_error(mcp_conn *c, json_t *id, int code, const char *message)
                          code, "message", message));
 }
 
+void mcp_conn_send_result(mcp_conn *c, json_t *id, json_t *result) {
+  send_json(c, json_pack("{s:s, s:O, s:o}", "jsonrpc", "2.0", "id", id, "result", result));
+}
+
 static void send_error_data(mcp_conn *c, json_t *id, int code, const char *message, json_t *data) {
   send_json(c, json_pack("{s:s, s:O, s:{s:i, s:s, s:o}}", "jsonrpc", "2.0", "id", id, "error", "code", code, "message",
                          message, "data", data));

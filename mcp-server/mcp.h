@@ -33,6 +33,8 @@ void mcp_broadcast_log(const char *level, const char *sandbox_id, const char *fm
 /* Sends a JSON-RPC error for a message that could not be framed (e.g. too
  * large). */
 void mcp_conn_send_error(mcp_conn *c, json_t *id, int code, const char *message);
+/* A JSON-RPC result (stolen) for a message outside MCP (the daemon's own). */
+void mcp_conn_send_result(mcp_conn *c, json_t *id, json_t *result);
 
 /* ---- for tool handlers (tools.c) --------------------------------------- */
 

@@ -169,9 +169,47 @@ static void view_message(client *c, json_t *msg) {
   close(fd);
 }
 
+/* `sbx daemon --http ADDR` while this daemon runs: serve HTTP from now on
+ * (the socket is its owner's alone, as the command line is). */
+static void daemon_message(client *c, json_t *msg) {
+  json_t *id = json_object_get(msg, "id"), *params = json_object_get(msg, "params");
+  const char *method = json_string_value(json_object_get(msg, "method"));
+  const char *addr = json_string_value(json_object_get(params, "address"));
+  if (!id) return;
+  if (strcmp(method, "sbx/daemon/http") || !addr) {
+    mcp_conn_send_error(c->conn, id, -32601, "unknown daemon method");
+    return;
+  }
+  char err[512], now[160];
+  if (sbx_http_address(now, sizeof now)) {
+    snprintf(err, sizeof err, "it serves HTTP at %s already", now);
+    mcp_conn_send_error(c->conn, id, -32000, err);
+    return;
+  }
+  if (sbx_http_start(addr, json_is_true(json_object_get(params, "allowRemote")), d.paths.state, err, sizeof err) < 0) {
+    mcp_conn_send_error(c->conn, id, -32000, err);
+    return;
+  }
+  fprintf(stderr, "sbx daemon: serving MCP over HTTP at http://%s/mcp too, as asked\n", addr);
+  char url[300], token[1200];
+  snprintf(url, sizeof url, "http://%s/mcp", addr);
+  snprintf(token, sizeof token, "%s/http-token", d.paths.state);
+  mcp_conn_send_result(c->conn, id, json_pack("{s:s, s:s}", "url", url, "tokenFile", token));
+}
+
 static bool on_message(void *ud, const char *msg, size_t len) {
   client *c = ud;
   if (c->closing) return false;
+  if (msg && len < 4096 && memmem(msg, len, "\"sbx/daemon/", 12)) {
+    json_t *m = json_loadb(msg, len, JSON_REJECT_DUPLICATES, NULL);
+    const char *method = json_string_value(json_object_get(m, "method"));
+    if (method && !strncmp(method, "sbx/daemon/", 11)) {
+      daemon_message(c, m);
+      json_decref(m);
+      return !c->closing;
+    }
+    json_decref(m);
+  }
   if (msg && len < 4096 && memmem(msg, len, "\"sbx/view/", 10)) {
     json_t *m = json_loadb(msg, len, JSON_REJECT_DUPLICATES, NULL);
     const char *method = json_string_value(json_object_get(m, "method"));

@@ -45,7 +45,7 @@ def test_ls_destroy(t, x):
     r = x.env.run(['ls'])
     t.ok(b'gone' in r.stdout and r.returncode == 0, 'ls lists sandboxes')
     r = x.env.run(['destroy', 'gone'])
-    t.eq(r.returncode, 0, 'destroy')
+    t.eq((r.returncode, r.stdout), (0, b'destroyed gone\n'), 'destroy says what it did')
     t.ok(b'gone' not in x.env.run(['ls']).stdout, 'destroyed sandbox is not listed')
     r = x.env.run(['destroy', 'gone'])
     t.ok(r.returncode == 1 and b'SANDBOX_NOT_FOUND' in r.stderr, 'destroy of a missing sandbox fails clearly')
@@ -161,6 +161,56 @@ def test_never_guesses(t, x):
     t.ok(r.returncode == 0 and b'usage: sbx' in r.stdout, 'sbx -h', r.stdout[:100])
 
 
+def test_help(t, x):
+    names = ['mcp', 'daemon', 'exec', 'session', 'ls', 'destroy', 'cp', 'expose', 'doctor', 'mount', 'umount', 'help']
+    for n in names:
+        a, b = x.env.run(['help', n]), x.env.run([n, '--help'])
+        t.ok(a.returncode == 0 and a.stdout.startswith(b'usage: sbx ' + n.encode()) and b'Exit codes' in a.stdout,
+             'sbx help %s' % n, a.stdout[:80] + a.stderr)
+        t.eq((b.returncode, b.stdout), (0, a.stdout), 'sbx %s --help says the same' % n)
+    r = x.env.run(['exec', '-s', 'helpme', '--', 'echo', '--help'])
+    t.eq(r.stdout, b'--help\n', 'after --, --help belongs to the command')
+    r = x.env.run(['help', 'nope'])
+    t.ok(r.returncode == 2 and b"no command 'nope'" in r.stderr, 'help for an unknown command is an error')
+
+
+def test_session(t, x):
+    r = x.env.run(['session', '-s', 'ses', 'create', 'build', '--cwd', '/tmp', '-e', 'K=v'])
+    t.eq((r.returncode, r.stdout), (0, b'created session build (cwd /tmp)\n'), 'sbx session create', r.stderr)
+    r = x.env.run(['exec', '-s', 'ses', '--session', 'build', '--', 'pwd; echo $K; f() { echo fn; }'])
+    t.eq(r.stdout, b'/tmp\nv\n', 'exec --session runs in it')
+    t.eq(x.env.run(['exec', '-s', 'ses', '--session', 'build', '--', 'f']).stdout, b'fn\n', 'and it keeps its shell state')
+    r = x.env.run(['session', '-s', 'ses', 'ls'])
+    t.ok(r.returncode == 0 and b'build' in r.stdout and b'default' in r.stdout, 'sbx session ls', r.stdout)
+    r = x.env.run(['session', '-s', 'ses', 'rm', 'build'])
+    t.eq((r.returncode, r.stdout), (0, b'deleted session build\n'), 'sbx session rm')
+    r = x.env.run(['session', '-s', 'ses', 'rm', 'build'])
+    t.ok(r.returncode == 1 and b'SESSION_NOT_FOUND' in r.stderr, 'a missing session is an error', r.stderr)
+    r = x.env.run(['session', '-s', 'ses', 'create', 'Bad Name'])
+    t.ok(r.returncode == 2 and b'invalid session id' in r.stderr, 'a bad session id is refused', r.stderr)
+
+
+def test_daemon_http_while_running(t, x):
+    x.env.run(['ls'])  # a daemon runs
+    import socket
+    s = socket.socket()
+    s.bind(('127.0.0.1', 0))
+    port = s.getsockname()[1]
+    s.close()
+    r = x.env.run(['daemon', '--http', '127.0.0.1:%d' % port])
+    t.ok(r.returncode == 0 and b'now serves MCP over HTTP at http://127.0.0.1:%d/mcp' % port in r.stdout,
+         'sbx daemon --http while one runs: that daemon serves HTTP, and says how to keep it', r.stdout + r.stderr)
+    import urllib.request
+    token = open(os.path.join(x.env.state, 'http-token')).read().strip()
+    req = urllib.request.Request('http://127.0.0.1:%d/mcp' % port, data=b'{"jsonrpc":"2.0","id":1,"method":"ping"}',
+                                 headers={'Authorization': 'Bearer ' + token, 'Content-Type': 'application/json',
+                                          'Accept': 'application/json, text/event-stream'})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        t.eq(resp.status, 200, 'and it answers there')
+    r = x.env.run(['daemon'])
+    t.ok(r.returncode == 3 and b'runs already' in r.stderr, 'a second plain daemon says one runs', r.stderr)
+
+
 if __name__ == '__main__':
     sys.exit(run_tests([test_exec, test_stdin, test_never_guesses, test_default_id, test_ls_destroy, test_cp, test_doctor, test_autostart_and_stop,
-                        test_racing_starters], Ctx))
+                        test_racing_starters, test_help, test_session, test_daemon_http_while_running], Ctx))
