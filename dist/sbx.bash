@@ -1,0 +1,39 @@
+# bash completion for sbx
+_sbx_ids() {
+  # only from a daemon that runs: completing never starts one
+  local sock="${SBX_RUNTIME_DIR:-${XDG_RUNTIME_DIR:+$XDG_RUNTIME_DIR/sbx}}"
+  [ "$(id -u)" = 0 ] && sock="${SBX_RUNTIME_DIR:-/run/sbx}"
+  [ -S "$sock/sbx.sock" ] || return 0
+  sbx ls 2>/dev/null | awk 'NR > 1 { print $1 }'
+}
+
+_sbx() {
+  local cur prev cmd
+  cur="${COMP_WORDS[COMP_CWORD]}"
+  prev="${COMP_WORDS[COMP_CWORD-1]}"
+  cmd="${COMP_WORDS[1]}"
+  local cmds="mcp daemon exec session ls destroy cp expose doctor mount umount help --version"
+  if [ "$COMP_CWORD" -eq 1 ]; then
+    COMPREPLY=($(compgen -W "$cmds" -- "$cur"))
+    return
+  fi
+  case "$prev" in
+    -s|--sandbox) COMPREPLY=($(compgen -W "$(_sbx_ids)" -- "$cur")); return ;;
+    --cwd|--mount) COMPREPLY=($(compgen -d -- "$cur")); return ;;
+    --session|--timeout|-e|--env|--http|--tools) return ;;
+  esac
+  case "$cmd" in
+    help) COMPREPLY=($(compgen -W "$cmds" -- "$cur")) ;;
+    mcp) COMPREPLY=($(compgen -W "--sandbox --tools --read-only --help" -- "$cur")) ;;
+    daemon) COMPREPLY=($(compgen -W "stop --http --http-allow-remote --mount --help" -- "$cur")) ;;
+    exec) [[ "$cur" == -* ]] && COMPREPLY=($(compgen -W "-s --sandbox -i --session --cwd --timeout -e --help --" -- "$cur")) ;;
+    session)
+      if [[ "$cur" == -* ]]; then COMPREPLY=($(compgen -W "-s --sandbox --cwd -e --help" -- "$cur"))
+      else COMPREPLY=($(compgen -W "ls create rm" -- "$cur")); fi ;;
+    destroy|expose) COMPREPLY=($(compgen -W "$(_sbx_ids)" -- "$cur")) ;;
+    cp) COMPREPLY=($(compgen -f -- "$cur") $(compgen -W "$(_sbx_ids | sed 's/$/:/')" -- "$cur")); compopt -o nospace 2>/dev/null ;;
+    mount) [[ "$cur" == -* ]] && COMPREPLY=($(compgen -W "-f -o --help" -- "$cur")) || COMPREPLY=($(compgen -d -- "$cur")) ;;
+    umount) COMPREPLY=($(compgen -d -- "$cur")) ;;
+  esac
+}
+complete -F _sbx sbx
