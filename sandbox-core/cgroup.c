@@ -380,6 +380,24 @@ uint64_t sbx_cg_oom_kills(const sbx_cgroup *c) {
   return 0;
 }
 
+int sbx_cg_memory(const sbx_cgroup *c, uint64_t *usage, uint64_t *cache) {
+  int d = dir_for(c, "memory");
+  if (d < 0) return -ENOENT;
+  char path[4096];
+  snprintf(path, sizeof path, "%s/%s", c->dirs[d], cg.v2 ? "memory.current" : "memory.usage_in_bytes");
+  _cleanup_fclose_ FILE *f = fopen(path, "re");
+  unsigned long long v;
+  if (!f || fscanf(f, "%llu", &v) != 1) return -EIO;
+  *usage = v;
+  *cache = 0;
+  snprintf(path, sizeof path, "%s/memory.stat", c->dirs[d]);
+  _cleanup_fclose_ FILE *st = fopen(path, "re");
+  char key[64];
+  while (st && fscanf(st, "%63s %llu", key, &v) == 2)
+    if (!strcmp(key, cg.v2 ? "file" : "total_cache")) *cache = v;
+  return 0;
+}
+
 static int rm_tree(const char *dir, int depth) {
   if (depth > 16) return -ELOOP;
   DIR *d = opendir(dir);

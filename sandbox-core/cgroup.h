@@ -56,6 +56,8 @@ bool sbx_cg_populated(const sbx_cgroup *cg);
 /* Sends sig to every process in the cgroup and below. */
 void sbx_cg_signal(const sbx_cgroup *cg, int sig);
 uint64_t sbx_cg_oom_kills(const sbx_cgroup *cg);
+/* Memory charged to it (bytes) and how much of that is page cache. */
+int sbx_cg_memory(const sbx_cgroup *cg, uint64_t *usage, uint64_t *cache);
 /* Removes the directories (children first); keeps them when busy. */
 int sbx_cg_remove(sbx_cgroup *cg);
 void sbx_cg_free(sbx_cgroup *cg);

@@ -1,6 +1,7 @@
 #define _GNU_SOURCE
 #include "exec.h"
 #include "files.h"
+#include "procfiles.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -875,6 +876,7 @@ int sbx_exec_start(uv_loop_t *loop, sbx_sandbox *sb, const sbx_exec_opts *o, sbx
     sbx_env_copy(&x->call_env, o->env);
   }
 
+  sbx_procfiles_refresh(sb); /* free and top in it see its memory now */
   sbx_shell *sh = shell_for(loop, sb, s, o, cwd);
   if (sh && shell_send(sh, o->command) < 0) {
     shell_kill(sh);

@@ -238,6 +238,20 @@ static int bind_ro(const char *src, const char *dst) {
   return mount(NULL, dst, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | keep, NULL);
 }
 
+/* A detached mount (root), or a file opened here bound read-only. */
+static int mount_over(int fd, bool detached, const char *target) {
+  int r;
+  if (detached) {
+    r = move_mount(fd, "", AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH);
+  } else {
+    char held[64];
+    snprintf(held, sizeof held, "/proc/self/fd/%d", fd);
+    r = bind_ro(held, target);
+  }
+  close(fd);
+  return r;
+}
+
 static int touch(const char *path, mode_t mode) {
   int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, mode);
   if (fd < 0) return -1;
@@ -270,9 +284,20 @@ _Noreturn void sbx_rootfs_init_main(const sbx_init_args *a) {
   char path[4096], opts[8192];
   pid_t parent = getppid(); /* the daemon: it started us, directly or through CLONE_PARENT */
   int exe = a->init_exe_fd; /* the static sbx-init, executed once the root is built */
-  int fds[SBX_LAYERS_MAX + 1];
-  int nfds = recv_go(a->sock, fds, SBX_LAYERS_MAX + 1);
+  int fds[SBX_LAYERS_MAX + 3];
+  int nfds = recv_go(a->sock, fds, SBX_LAYERS_MAX + 3);
   if (nfds < 0) _exit(1);
+  int extra = a->idmapped ? a->meminfo + a->cpu_online : 0; /* the /proc files come last */
+  if (nfds < extra) _exit(1);
+  int meminfo = a->meminfo && extra ? fds[nfds - extra] : -1;
+  int online = a->cpu_online && extra ? fds[nfds - 1] : -1;
+  nfds -= extra;
+  if (!a->idmapped) { /* rootless: held before the stage hides the state dir */
+    snprintf(path, sizeof path, "%s/meminfo", a->procdir);
+    if (a->meminfo) TRY(meminfo = open(path, O_PATH | O_CLOEXEC), path);
+    snprintf(path, sizeof path, "%s/cpu-online", a->procdir);
+    if (a->cpu_online) TRY(online = open(path, O_PATH | O_CLOEXEC), path);
+  }
   TRY(setresgid(0, 0, 0), "setresgid");
   TRY(setresuid(0, 0, 0), "setresuid");
   /* a change of credentials clears the parent-death signal: set it again */
@@ -383,6 +408,10 @@ _Noreturn void sbx_rootfs_init_main(const sbx_init_args *a) {
   /* /sys: fresh and read-only (allowed because the sandbox owns its netns) */
   if (mount("sysfs", NEWROOT "/sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
     TRY(mount("sys", NEWROOT "/sys", "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=0"), "/sys");
+  /* the sandbox's own size where programs read the machine's */
+  if (meminfo >= 0) TRY(mount_over(meminfo, a->idmapped, NEWROOT "/proc/meminfo"), "/proc/meminfo");
+  if (online >= 0 && access(NEWROOT "/sys/devices/system/cpu/online", F_OK) == 0)
+    TRY(mount_over(online, a->idmapped, NEWROOT "/sys/devices/system/cpu/online"), "cpu/online");
 
   /* identity files and pip's marker */
   snprintf(path, sizeof path, "%s\n", a->id);

@@ -33,6 +33,11 @@ typedef struct sbx_init_args {
     char name[16], target[64];
   } links[8]; /* the root's merged-usr symlinks (bin -> usr/bin...) */
   int nlinks;
+  /* files to mount over /proc/meminfo and /sys/devices/system/cpu/online
+   * (procfiles.h), when these are set: as root detached mounts after the
+   * other mount fds, rootless procdir/meminfo and procdir/cpu-online */
+  bool meminfo, cpu_online;
+  char procdir[1200];
 } sbx_init_args;
 
 /* Reads the merged-usr symlinks at the top of root (the host's / or an

@@ -8,6 +8,7 @@
 #include "bucket.h"
 #include "exec.h"
 #include "preview.h"
+#include "procfiles.h"
 
 #include <ctype.h>
 #include <dirent.h>
@@ -238,7 +239,7 @@ static sbx_sandbox *sandbox_new(const char *id) {
   if (!sb) return NULL;
   snprintf(sb->id, sizeof sb->id, "%.63s", id);
   sb->slot = -1;
-  sb->init_pidfd = sb->rootfd = sb->net_pidfd = -1;
+  sb->init_pidfd = sb->rootfd = sb->net_pidfd = sb->meminfo_fd = -1;
   return sb;
 }
 
@@ -548,6 +549,7 @@ static void stop_running_async(sbx_sandbox *sb, bool wait) {
   sb->cg = (sbx_cgroup){0};
   if (sb->rootfd >= 0) close(sb->rootfd);
   sb->rootfd = -1;
+  sbx_procfiles_close(sb);
   for (int i = 0; i < sb->cg_pool_n; i++) sbx_cg_free(&sb->cg_pool[i]);
   sb->cg_pool_n = 0;
   if (wait || !eng.cfg.loop || local.pidfd < 0) {
@@ -707,12 +709,25 @@ static int start(sbx_sandbox *sb, sbx_error *err) {
   }
   args.nlayers = sbx_rootfs_layers(args.image_dir, eng.etc_template, args.layers);
   sbx_rootfs_links(args.image_dir ? args.image_dir : "", &args);
+  sbx_procfiles pf;
+  int r0;
+  if ((r0 = sbx_procfiles_open(sb, &pf)) < 0) {
+    close(sv[0]), close(sv[1]);
+    if (diskfd >= 0) close(diskfd);
+    stop_running(sb);
+    return sbx_err_errno(err, "INTERNAL", -r0, "writing the /proc files of sandbox '%s'", id);
+  }
+  args.meminfo = pf.has_meminfo;
+  args.cpu_online = pf.has_online;
+  snprintf(args.procdir, sizeof args.procdir, "%s/sandboxes/%s", eng.cfg.state_dir, sb->id);
   int pidfd = -1;
   /* init keeps every signal blocked: sbx-init waits for SIGCHLD with sigwaitinfo */
   pid_t pid = clone_init(sb, &args, sv[0], &pidfd);
   close(sv[1]);
   if (pid < 0) {
     int e = errno;
+    if (pf.meminfo >= 0) close(pf.meminfo);
+    if (pf.online >= 0) close(pf.online);
     close(sv[0]);
     if (diskfd >= 0) close(diskfd);
     stop_running(sb);
@@ -720,7 +735,7 @@ static int start(sbx_sandbox *sb, sbx_error *err) {
   }
   sb->init_pid = pid;
   sb->init_pidfd = pidfd;
-  int fds[SBX_LAYERS_MAX + 1], nfds = 0, r = 0;
+  int fds[SBX_LAYERS_MAX + 3], nfds = 0, r = 0;
   char reply[512] = "";
   if ((r = write_maps(pid, sb->uid_base, eng.cfg.rootless)) < 0) {
     sbx_err_errno(err, "INTERNAL", -r, "writing the uid map of sandbox '%s'", id);
@@ -748,6 +763,8 @@ static int start(sbx_sandbox *sb, sbx_error *err) {
     }
     if (idmapped_layers(userns, args.layers, args.nlayers, fds, &nfds, err) < 0) goto fail;
   }
+  if (pf.meminfo >= 0) fds[nfds++] = pf.meminfo, pf.meminfo = -1;
+  if (pf.online >= 0) fds[nfds++] = pf.online, pf.online = -1;
   r = send_go(sv[0], fds, nfds);
   for (int i = 0; i < nfds; i++) close(fds[i]);
   nfds = 0;
@@ -782,6 +799,8 @@ static int start(sbx_sandbox *sb, sbx_error *err) {
 fail:
   for (int i = 0; i < nfds; i++) close(fds[i]);
   if (diskfd >= 0) close(diskfd);
+  if (pf.meminfo >= 0) close(pf.meminfo);
+  if (pf.online >= 0) close(pf.online);
   close(sv[0]);
   stop_running(sb);
   return -1;
@@ -977,6 +996,8 @@ struct command {
   rlim_t nproc; /* RLIM_INFINITY, or the pids limit where no cgroup holds it */
   uint64_t capmask;
   int cap_last;
+  bool pin; /* run on the sandbox's cpus (procfiles.h), so nproc counts them */
+  cpu_set_t cpus;
 };
 
 /* The command, in the sandbox's namespaces: its cgroup, sandbox root,
@@ -992,6 +1013,7 @@ static int command_main(void *arg) {
   if (setresgid(0, 0, 0) < 0) child_fail("setresgid");
   if (setresuid(0, 0, 0) < 0) child_fail("setresuid");
   if (chdir(sp->cwd ? sp->cwd : "/workspace") < 0 && chdir("/") < 0) child_fail("chdir");
+  if (c->pin) sched_setaffinity(0, sizeof c->cpus, &c->cpus);
   /* counted per user of the sandbox's own user namespace: per sandbox */
   if (c->nproc != RLIM_INFINITY && setrlimit(RLIMIT_NPROC, &(struct rlimit){c->nproc, c->nproc}) < 0)
     child_fail("RLIMIT_NPROC");
@@ -1026,6 +1048,8 @@ pid_t sbx_sandbox_spawn(sbx_sandbox *sb, const sbx_spawn *sp, int *pidfd_out, sb
   uint64_t capmask = 0;
   for (size_t i = 0; i < SBX_ARRAY_SIZE(default_caps); i++) capmask |= 1ull << default_caps[i];
   int cap_last = eng.cap_last;
+  cpu_set_t cpus;
+  bool pin = sbx_procfiles_cpuset(sb, &cpus);
   int pidfd = -1;
   pid_t pid = sbx_fork_child(0, &pidfd);
   if (pid < 0) {
@@ -1046,7 +1070,7 @@ pid_t sbx_sandbox_spawn(sbx_sandbox *sb, const sbx_spawn *sp, int *pidfd_out, sb
     /* the command shares the supervisor's memory until it executes (no
      * page tables to copy); it runs on its own stack */
     static char stack[64 * 1024] __attribute__((aligned(16)));
-    struct command c = {.sp = sp, .cgfds = cgfds, .ncg = ncg, .capmask = capmask, .cap_last = cap_last,
+    struct command c = {.sp = sp, .cgfds = cgfds, .ncg = ncg, .capmask = capmask, .cap_last = cap_last, .pin = pin, .cpus = cpus,
                         .nproc = !sb->cg.n && sb->opts.limits.pids ? (rlim_t)sb->opts.limits.pids : RLIM_INFINITY};
     pid_t g = clone(command_main, stack + sizeof stack, CLONE_VM | CLONE_VFORK | SIGCHLD, &c);
     if (g < 0) child_fail("clone");

@@ -59,6 +59,7 @@ typedef struct sbx_sandbox {
   pid_t init_pid;
   int init_pidfd;
   int rootfd; /* the sandbox's / (O_PATH), for the files API */
+  int meminfo_fd; /* what it reads as /proc/meminfo (procfiles.h) */
   pid_t net_pid; /* pasta, for network "egress" */
   int net_pidfd;
   uid_t uid_base;

@@ -113,5 +113,30 @@ def test_flood(t, x):
     t.ok(r['truncated'] and len(r['stdout']) < 70000, 'a 50 MB flood is cut at the bound')
 
 
+def test_sees_its_size(t, x):
+    """nproc, /proc/meminfo, free and the cpu count programs read show the
+    sandbox's limits, not the host's (as lxcfs does for containers)."""
+    import os
+    c = x.c
+    c.ok('createSandbox', {'sandboxId': 'sized', 'limits': {'memoryMB': 300, 'cpus': 1}})
+    r = c.sh('nproc; python3 -c "import os; print(os.cpu_count())"; cat /sys/devices/system/cpu/online; '
+             'grep MemTotal /proc/meminfo; free -m | awk \'/^Mem:/ {print $2}\'', sandbox='sized')
+    t.eq(r['stdout'].split('\n')[:3], ['1', '1', '0'], 'nproc, os.cpu_count() and cpu/online say 1 cpu', r)
+    t.ok('MemTotal:         307200 kB' in r['stdout'] and r['stdout'].split('\n')[4] == '300',
+         '/proc/meminfo and free say 300 MB', r['stdout'])
+    c.ok('startProcess', {'sandboxId': 'sized', 'processId': 'hold',
+                          'command': 'python3 -c "import time; x = bytearray(120 << 20); print(1, flush=True); time.sleep(300)"'})
+    c.ok('waitForLog', {'sandboxId': 'sized', 'processId': 'hold', 'pattern': '1', 'timeout': 30000})
+    used = int(c.sh("free -m | awk '/^Mem:/ {print $3}'", sandbox='sized')['stdout'])
+    t.ok(120 <= used < 300, 'free counts what the sandbox uses (%d MB with 120 MB held)' % used)
+    r = c.sh('echo x > /proc/meminfo', sandbox='sized')
+    t.ok(r['exitCode'] != 0, 'and the sandbox cannot write what it reads there')
+    if os.cpu_count() > 1:
+        c.ok('createSandbox', {'sandboxId': 'wide', 'limits': {'cpus': os.cpu_count()}})
+        r = c.sh('nproc', sandbox='wide')
+        t.eq(r['stdout'].strip(), str(os.cpu_count()), 'a sandbox with every cpu sees them all')
+    c.ok('destroySandbox', {'sandboxId': 'sized'})
+
+
 if __name__ == '__main__':
-    sys.exit(run_tests([test_fork_bomb, test_memory_hog, test_disk, test_running_cap, test_flood], Ctx))
+    sys.exit(run_tests([test_fork_bomb, test_memory_hog, test_disk, test_running_cap, test_flood, test_sees_its_size], Ctx))

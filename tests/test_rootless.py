@@ -84,6 +84,8 @@ def test_limits(t, x):
     t.ok('NOT enforced' in res['content'][0]['text'], 'and its text says so', res['content'][0]['text'])
     r = x.env.run(['doctor'])
     t.ok(b'NOT enforced' in r.stdout, 'doctor says which limits are not enforced', r.stdout[-800:])
+    if os.cpu_count() > 1:
+        t.eq(x.c.sh('nproc', sandbox='rl')['stdout'], '1\n', 'nproc says the cpus limit rootless too')
     r = x.c.sh('sleep 300 & sleep 300', timeout=500)
     t.ok(r.get('timedOut'), 'timeout still works')
     t.eq(x.c.sh('ps -e -o comm= | grep -c ^sleep || true')['stdout'].strip(), '0', 'and kills the tree')
