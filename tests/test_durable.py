@@ -67,6 +67,8 @@ def restart_check(t, x, how):
     p = c.ok('startProcess', {'sandboxId': sid, 'processId': 'writer',
                               'command': 'i=0; while :; do echo $i >> /workspace/log.txt; i=$((i+1)); done'})
     t.eq(p['status'], 'running', '%s: a writer runs while the daemon goes' % how)
+    wait_until(lambda: c.sh('test -s /workspace/log.txt && echo y', sandbox=sid)['stdout'] == 'y\n', 30,
+               'the writer to have written')
     old = x.env.daemon_pid()
     inits = children(old, 'sbx-init')
     t.ok(len(inits) >= 1, '%s: the sandbox has its init' % how)
