@@ -48,15 +48,20 @@ static json_t *recv_msg(sbx_client *c, volatile sig_atomic_t *interrupted, bool 
       continue;
     }
     char buf[65536];
-    ssize_t n = read(c->fd, buf, sizeof buf);
+    int fd = -1, nfd = 0;
+    ssize_t n = sbx_recv_fds(c->fd, buf, sizeof buf, &fd, 1, &nfd, 0);
     if (n < 0 && errno == EINTR) continue;
+    if (nfd == 1) { /* a reply that carries an fd (sbx cp) */
+      if (c->passed_fd >= 0) close(c->passed_fd);
+      c->passed_fd = fd;
+    }
     if (n <= 0) return NULL;
     sbx_buf_append(&c->in, buf, n);
   }
 }
 
 int sbx_client_open(sbx_client *c, const char *default_sandbox, char *err, size_t errlen) {
-  *c = (sbx_client){.fd = -1, .next_id = 1};
+  *c = (sbx_client){.fd = -1, .next_id = 1, .passed_fd = -1};
   sbx_paths p;
   if (sbx_paths_init(&p, err, errlen) < 0) return -1;
   c->fd = sbx_connect(&p, true, err, errlen);
@@ -126,8 +131,15 @@ json_t *sbx_client_call(sbx_client *c, const char *tool, json_t *args, sbx_progr
                    interrupted, err, errlen);
 }
 
+json_t *sbx_client_next(sbx_client *c) {
+  bool intr = false;
+  return recv_msg(c, NULL, &intr);
+}
+
 void sbx_client_close(sbx_client *c) {
   if (c->fd >= 0) close(c->fd);
+  if (c->passed_fd >= 0) close(c->passed_fd);
+  c->passed_fd = -1;
   sbx_buf_free(&c->in);
   c->fd = -1;
 }

@@ -11,6 +11,7 @@ typedef struct sbx_client {
   int next_id;
   sbx_buf in;
   char default_sandbox[64];
+  int passed_fd; /* the last fd a message of the daemon carried (sbx cp), or -1 */
 } sbx_client;
 
 typedef void (*sbx_progress_fn)(void *ud, json_t *params);
@@ -24,3 +25,5 @@ json_t *sbx_client_request(sbx_client *c, const char *method, json_t *params, ch
 json_t *sbx_client_call(sbx_client *c, const char *tool, json_t *args, sbx_progress_fn progress, void *ud,
                         volatile sig_atomic_t *interrupted, char *err, size_t errlen);
 void sbx_client_close(sbx_client *c);
+/* The next message (a new reference), NULL when the daemon closed. */
+json_t *sbx_client_next(sbx_client *c);

@@ -2,6 +2,7 @@
  * MCP client of the daemon's socket. */
 #define _GNU_SOURCE
 #include "client.h"
+#include "cp.h"
 #include "../mcp-server/mcp.h"
 #include "../mcp-server/server.h"
 #include "../sandbox-core/doctor.h"
@@ -47,8 +48,11 @@ static const struct help {
     {"ls", "sbx ls", "Lists the sandboxes: status (running, stopped, asleep), creation and last activity."},
     {"destroy", "sbx destroy ID...", "Destroys sandboxes: their processes, files and records."},
     {"cp", "sbx cp SRC DST",
-     "Copies files between the host and a sandbox; ID:PATH names a path in sandbox ID\n"
-     "(relative paths are under /workspace). Directories are copied whole."},
+     "Copies files between the host and a sandbox, as docker cp does; ID:PATH names a path in\n"
+     "sandbox ID (relative paths are under /workspace), which must exist. Directories are\n"
+     "copied whole; modes, mtimes and symlinks are kept. Into an existing directory DST gets\n"
+     "SRC's name inside it; else DST becomes that name. - is a tar stream: `sbx cp ID:PATH -`\n"
+     "writes one, `sbx cp - ID:DIR` unpacks one into DIR."},
     {"expose", "sbx expose ID PORT", "Prints a preview URL that opens PORT of sandbox ID in a browser."},
     {"doctor", "sbx doctor", "Says what this machine offers sbx (namespaces, cgroups, FUSE...) and the configuration."},
     {"mount", "sbx mount [-f] [-o allow_other] MOUNTPOINT",
@@ -364,135 +368,6 @@ out:
   return rc;
 }
 
-/* ---- cp ---------------------------------------------------------------- */
-
-/* "ID:/path" names a sandbox path; anything else is a host path. A host
- * path with a colon can be written ./a:b. */
-static bool split_remote(const char *arg, char id[64], const char **path) {
-  const char *colon = strchr(arg, ':');
-  if (!colon || colon == arg || (size_t)(colon - arg) >= 64 || strchr(arg, '/') < colon) return false;
-  memcpy(id, arg, colon - arg);
-  id[colon - arg] = 0;
-  if (!sbx_valid_id(id)) return false;
-  *path = colon + 1;
-  return true;
-}
-
-static int upload(sbx_client *c, const char *id, const char *host, const char *dst) {
-  struct stat st;
-  if (lstat(host, &st) < 0) {
-    fprintf(stderr, "sbx cp: %s: %s\n", host, strerror(errno));
-    return 1;
-  }
-  if (S_ISDIR(st.st_mode)) {
-    json_t *r = call(c, "mkdir", json_pack("{s:s, s:s, s:b}", "sandboxId", id, "path", dst, "recursive", 1), NULL, NULL);
-    if (!r) return 1;
-    json_decref(r);
-    DIR *d = opendir(host);
-    if (!d) return 1;
-    struct dirent *e;
-    int rc = 0;
-    while ((e = readdir(d)) && !rc) {
-      if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-      char *h = sbx_strdup_printf("%s/%s", host, e->d_name), *s = sbx_strdup_printf("%s/%s", dst, e->d_name);
-      rc = upload(c, id, h, s);
-      free(h), free(s);
-    }
-    closedir(d);
-    return rc;
-  }
-  if (!S_ISREG(st.st_mode)) return 0; /* symlinks and devices are not copied */
-  int fd = open(host, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 1;
-  sbx_buf b = {0};
-  char buf[65536];
-  ssize_t n;
-  while ((n = read(fd, buf, sizeof buf)) > 0) sbx_buf_append(&b, buf, n);
-  close(fd);
-  char *enc = sbx_base64_encode(b.data ? b.data : "", b.len, NULL);
-  sbx_buf_free(&b);
-  json_t *r = call(c, "writeFile",
-                   json_pack("{s:s, s:s, s:s, s:s}", "sandboxId", id, "path", dst, "content", enc, "encoding", "base64"),
-                   NULL, NULL);
-  free(enc);
-  if (!r) return 1;
-  json_decref(r);
-  return 0;
-}
-
-static int download_file(sbx_client *c, const char *id, const char *src, const char *host) {
-  json_t *r = call(c, "readFile", json_pack("{s:s, s:s, s:s}", "sandboxId", id, "path", src, "encoding", "base64"),
-                   NULL, NULL);
-  if (!r) return 1;
-  json_t *content = json_object_get(sc(r), "content");
-  char *data;
-  size_t len;
-  int rc = 1;
-  if (sbx_base64_decode(json_string_value(content), json_string_length(content), &data, &len) == 0) {
-    int fd = open(host, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd >= 0 && sbx_write_all(fd, data, len) == 0) rc = 0;
-    else fprintf(stderr, "sbx cp: %s: %s\n", host, strerror(errno));
-    if (fd >= 0) close(fd);
-    free(data);
-  }
-  json_decref(r);
-  return rc;
-}
-
-static int download(sbx_client *c, const char *id, const char *src, const char *host) {
-  json_t *r = call(c, "listFiles", json_pack("{s:s, s:s, s:b, s:b}", "sandboxId", id, "path", src, "recursive", 1,
-                                             "includeHidden", 1),
-                   NULL, NULL);
-  if (!r) { /* not a directory: a file */
-    return download_file(c, id, src, host);
-  }
-  if (mkdir(host, 0755) < 0 && errno != EEXIST) {
-    fprintf(stderr, "sbx cp: %s: %s\n", host, strerror(errno));
-    json_decref(r);
-    return 1;
-  }
-  const char *base = json_string_value(json_object_get(sc(r), "path"));
-  size_t bl = strlen(base);
-  size_t i;
-  json_t *f;
-  int rc = 0;
-  json_array_foreach(json_object_get(sc(r), "files"), i, f) {
-    const char *p = json_string_value(json_object_get(f, "path")), *type = json_string_value(json_object_get(f, "type"));
-    char *h = sbx_strdup_printf("%s%s", host, p + bl);
-    if (!strcmp(type, "directory")) mkdir(h, 0755);
-    else if (!strcmp(type, "file")) rc |= download_file(c, id, p, h);
-    free(h);
-  }
-  json_decref(r);
-  return rc;
-}
-
-static int cmd_cp(int argc, char **argv) {
-  if (argc != 3) {
-    fprintf(stderr, "usage: sbx cp SRC DST   (ID:/path names a sandbox path)\n");
-    return 2;
-  }
-  char ids[64], idd[64];
-  const char *ps, *pd;
-  bool rs = split_remote(argv[1], ids, &ps), rd = split_remote(argv[2], idd, &pd);
-  for (int i = 1; i <= 2; i++) { /* ID:/path with an id that is not one: said, not taken as a host path */
-    const char *colon = strchr(argv[i], ':'), *slash = strchr(argv[i], '/');
-    if (colon && (!slash || colon < slash) && !(i == 1 ? rs : rd)) {
-      fprintf(stderr, "sbx cp: invalid sandbox id '%.*s': ids are 1-63 of [a-z0-9-]\n", (int)(colon - argv[i]) > 100 ? 100 : (int)(colon - argv[i]), argv[i]);
-      return 2;
-    }
-  }
-  if (rs == rd) {
-    fprintf(stderr, "sbx cp: exactly one of SRC and DST must be ID:/path\n");
-    return 2;
-  }
-  sbx_client c;
-  if (open_client(&c, NULL) < 0) return 1;
-  int rc = rs ? download(&c, ids, ps, argv[2]) : upload(&c, idd, argv[1], pd);
-  sbx_client_close(&c);
-  return rc;
-}
-
 /* Stops the daemon and says what became of the sandboxes: their records
  * and disks stay, and each starts again on its next call. */
 static int cmd_daemon_stop(void) {
@@ -653,7 +528,7 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "session")) return cmd_session(argc - 1, argv + 1);
   if (!strcmp(cmd, "expose")) return cmd_expose(argc - 1, argv + 1);
   if (!strcmp(cmd, "destroy")) return cmd_destroy(argc - 1, argv + 1);
-  if (!strcmp(cmd, "cp")) return cmd_cp(argc - 1, argv + 1);
+  if (!strcmp(cmd, "cp")) return sbx_cp_main(argc - 1, argv + 1, open_client);
   if (!strcmp(cmd, "doctor")) return sbx_doctor(stdout) ? 1 : 0;
   if (!strcmp(cmd, "mount")) return cmd_mount(argc - 1, argv + 1);
   if (!strcmp(cmd, "umount")) return cmd_umount(argc - 1, argv + 1);

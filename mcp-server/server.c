@@ -10,6 +10,7 @@
 #include "../sandbox-core/preview.h"
 #include "../sandbox-core/process.h"
 #include "../sandbox-core/files.h"
+#include "../sandbox-core/exec.h"
 
 #include <sys/resource.h>
 #include <poll.h>
@@ -28,7 +29,8 @@ typedef struct client {
   mcp_conn *conn;
   mcp_framer framer;
   bool closing;
-  bool view; /* the FUSE view (sbx mount): replies may carry fds */
+  bool view; /* the FUSE view (sbx mount) or sbx cp: replies may carry fds */
+  uint64_t serial;
   struct client *next;
 } client;
 
@@ -169,6 +171,93 @@ static void view_message(client *c, json_t *msg) {
   close(fd);
 }
 
+/* ---- sbx cp ---------------------------------------------------------------
+ * `sbx cp` asks for a tar stream of a sandbox path (create) or to unpack
+ * one in it (extract: PATH becomes the archive's top entry NAME, or gets it
+ * inside when PATH is a directory; into: PATH is the directory to unpack
+ * in). tar runs in the sandbox, as any command (its limits, its seccomp),
+ * on one end of a socketpair; the other end goes to sbx cp with the reply,
+ * and "sbx/cp/done" tells how tar ended. */
+
+static const char cp_create[] = "cd -- \"$(dirname -- \"$SBX_CP_PATH\")\" && "
+                                "exec tar --format=gnu -cf - -- \"$(basename -- \"$SBX_CP_PATH\")\"";
+static const char cp_extract[] =
+    "P=$SBX_CP_PATH; if [ -d \"$P\" ]; then cd -- \"$P\" && exec tar -xpf - --no-same-owner; fi\n"
+    "D=$(dirname -- \"$P\"); mkdir -p -- \"$D\" && T=$(mktemp -d -- \"$D/.sbx-cp.XXXXXX\") || exit 1\n"
+    "tar -C \"$T\" -xpf - --no-same-owner && mv -T -- \"$T/$SBX_CP_NAME\" \"$P\"; rc=$?; rm -rf -- \"$T\"; exit $rc";
+static const char cp_into[] = "mkdir -p -- \"$SBX_CP_PATH\" && cd -- \"$SBX_CP_PATH\" && exec tar -xpf - --no-same-owner";
+
+typedef struct cp_job {
+  uint64_t client;
+  json_t *id;
+} cp_job;
+
+static void cp_done(void *ud, const sbx_exec_result *res, const sbx_error *err) {
+  cp_job *j = ud;
+  for (client *c = d.clients; c; c = c->next)
+    if (c->serial == j->client && !c->closing) {
+      json_t *m = json_pack("{s:s, s:s, s:{s:O, s:i, s:s%}}", "jsonrpc", "2.0", "method", "sbx/cp/done", "params",
+                            "requestId", j->id, "exitCode", err ? 1 : res->exit_code, "stderr",
+                            err ? err->message : res->err, err ? strlen(err->message) : res->err_len);
+      char *text = json_dumps(m, JSON_COMPACT);
+      json_decref(m);
+      if (text) client_send(c, text, strlen(text));
+      free(text);
+    }
+  json_decref(j->id);
+  free(j);
+}
+
+static void cp_error(client *c, json_t *id, const char *code, const char *message) {
+  char text[700];
+  snprintf(text, sizeof text, "%s: %s", code, message);
+  view_error(c, id, code, text);
+}
+
+static void cp_message(client *c, json_t *msg) {
+  c->view = true; /* its reply carries an fd */
+  json_t *id = json_object_get(msg, "id"), *params = json_object_get(msg, "params");
+  if (!id) return;
+  const char *sid = json_string_value(json_object_get(params, "sandboxId"));
+  const char *op = json_string_value(json_object_get(params, "op"));
+  const char *path = json_string_value(json_object_get(params, "path"));
+  const char *name = json_string_value(json_object_get(params, "name"));
+  const char *script = !op ? NULL : !strcmp(op, "create") ? cp_create : !strcmp(op, "extract") ? cp_extract
+                                  : !strcmp(op, "into")     ? cp_into : NULL;
+  if (!script || !path || !*path || strlen(path) > 4000 || (script == cp_extract && (!name || !*name || strchr(name, '/'))))
+    return cp_error(c, id, "VALIDATION_FAILED", "sbx/cp/open takes sandboxId, op (create, extract, into), path, name");
+  sbx_sandbox *sb = sid ? sbx_sandbox_find(sid) : NULL;
+  sbx_error err = {0};
+  if (!sb) {
+    sbx_err(&err, "SANDBOX_NOT_FOUND", "no sandbox '%s'", sid ? sid : "");
+    return cp_error(c, id, err.code, err.message);
+  }
+  if (sbx_sandbox_wake(sb, &err) < 0) return cp_error(c, id, err.code, err.message);
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+    return cp_error(c, id, "INTERNAL", strerror(errno));
+  char abs[4200];
+  snprintf(abs, sizeof abs, "%s%s", path[0] == '/' ? "" : "/workspace/", path);
+  sbx_env env = {0};
+  sbx_env_set(&env, "SBX_CP_PATH", abs);
+  if (name) sbx_env_set(&env, "SBX_CP_NAME", name);
+  cp_job *j = calloc(1, sizeof *j);
+  sbx_exec_opts o = {.command = script, .env = &env, .stdio = true, .stdio_out = script == cp_create,
+                     .stdio_fd = sv[0]};
+  int r = j ? sbx_exec_start(d.loop, sb, &o, NULL, cp_done, j, NULL, &err) : sbx_err(&err, "INTERNAL", "out of memory");
+  sbx_env_clear(&env);
+  close(sv[0]);
+  if (r < 0) {
+    free(j);
+    close(sv[1]);
+    return cp_error(c, id, err.code, err.message);
+  }
+  j->client = c->serial;
+  j->id = json_incref(id);
+  view_send(c, json_pack("{s:s, s:O, s:{s:s}}", "jsonrpc", "2.0", "id", id, "result", "sandboxId", sb->id), sv[1]);
+  close(sv[1]);
+}
+
 /* `sbx daemon --http ADDR` while this daemon runs: serve HTTP from now on
  * (the socket is its owner's alone, as the command line is). */
 static void daemon_message(client *c, json_t *msg) {
@@ -200,6 +289,16 @@ static void daemon_message(client *c, json_t *msg) {
 static bool on_message(void *ud, const char *msg, size_t len) {
   client *c = ud;
   if (c->closing) return false;
+  if (msg && len < 8192 && memmem(msg, len, "\"sbx/cp/open\"", 13)) {
+    json_t *m = json_loadb(msg, len, JSON_REJECT_DUPLICATES, NULL);
+    const char *method = json_string_value(json_object_get(m, "method"));
+    if (method && !strcmp(method, "sbx/cp/open")) {
+      cp_message(c, m);
+      json_decref(m);
+      return !c->closing;
+    }
+    json_decref(m);
+  }
   if (msg && len < 4096 && memmem(msg, len, "\"sbx/daemon/", 12)) {
     json_t *m = json_loadb(msg, len, JSON_REJECT_DUPLICATES, NULL);
     const char *method = json_string_value(json_object_get(m, "method"));
@@ -234,8 +333,10 @@ static void read_cb(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
 
 static void on_connection(uv_stream_t *server, int status) {
   if (status < 0) return;
+  static uint64_t serials;
   client *c = calloc(1, sizeof *c);
   if (!c) return;
+  c->serial = ++serials;
   uv_pipe_init(d.loop, &c->pipe, 0);
   c->pipe.data = c;
   if (uv_accept(server, (uv_stream_t *)&c->pipe) < 0) {

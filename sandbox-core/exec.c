@@ -781,7 +781,8 @@ fail:
  * NULL when the command must run on its own. */
 static sbx_shell *shell_for(uv_loop_t *loop, sbx_sandbox *sb, sbx_session *s, const sbx_exec_opts *o,
                             const char *cwd) {
-  if (!o->keep_session || o->background || o->discard || o->stdin_data || o->stdin_stream || o->cwd || (o->env && o->env->n) ||
+  if (!o->keep_session || o->background || o->discard || o->stdin_data || o->stdin_stream || o->stdio || o->cwd ||
+      (o->env && o->env->n) ||
       !sb->cg.n)
     return NULL;
   sbx_shell *sh = s->sh;
@@ -908,7 +909,9 @@ int sbx_exec_start(uv_loop_t *loop, sbx_sandbox *sb, const sbx_exec_opts *o, sbx
     x->oom_before = sbx_cg_oom_kills(&sb->cg);
   }
   /* fd 0: stdin or /dev/null; 1, 2: output; 3: shell state */
-  if (o->stdin_data || o->stdin_stream) {
+  if (o->stdio && !o->stdio_out) {
+    if ((fds[0] = fcntl(o->stdio_fd, F_DUPFD_CLOEXEC, 0)) < 0) goto fail_errno;
+  } else if (o->stdin_data || o->stdin_stream) {
     int p[2];
     if (pipe2(p, O_CLOEXEC) < 0) goto fail_errno;
     fds[0] = p[0];
@@ -921,6 +924,10 @@ int sbx_exec_start(uv_loop_t *loop, sbx_sandbox *sb, const sbx_exec_opts *o, sbx
     if (pipe2(p, O_CLOEXEC) < 0) goto fail_errno;
     ours[i] = p[0];
     fds[i] = p[1];
+  }
+  if (o->stdio && o->stdio_out) { /* its stdout is the caller's; our pipe just ends */
+    close(fds[1]);
+    if ((fds[1] = fcntl(o->stdio_fd, F_DUPFD_CLOEXEC, 0)) < 0) goto fail_errno;
   }
   bool bash = false;
   sbx_error nerr = {0};

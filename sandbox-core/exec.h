@@ -23,6 +23,9 @@ typedef struct sbx_exec_opts {
   bool stdin_stream; /* stdin stays open for sbx_exec_write (stdin_data unused) */
   bool discard;      /* output only goes to the chunk callback: nothing kept or spilled */
   bool background;   /* not activity: the sandbox may still go idle (a code context) */
+  bool stdio;        /* stdio_fd (the caller's; dup'ed) is its stdin, or its stdout with stdio_out */
+  bool stdio_out;
+  int stdio_fd;
 } sbx_exec_opts;
 
 typedef struct sbx_exec_result {

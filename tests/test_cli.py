@@ -51,23 +51,118 @@ def test_ls_destroy(t, x):
     t.ok(r.returncode == 1 and b'SANDBOX_NOT_FOUND' in r.stderr, 'destroy of a missing sandbox fails clearly')
 
 
+def tree_facts(root):
+    """What a copy must keep: type, mode, mtime, content or link target."""
+    facts = {}
+    for d, dirs, files in os.walk(root):
+        for n in dirs + files:
+            p = os.path.join(d, n)
+            st = os.lstat(p)
+            rel = os.path.relpath(p, root)
+            if os.path.islink(p):
+                facts[rel] = ('link', os.readlink(p))
+            elif os.path.isdir(p):
+                facts[rel] = ('dir', oct(st.st_mode & 0o7777), int(st.st_mtime))
+            else:
+                facts[rel] = ('file', oct(st.st_mode & 0o7777), int(st.st_mtime), open(p, 'rb').read())
+    return facts
+
+
 def test_cp(t, x):
     src = os.path.join(x.env.root, 'src')
-    os.makedirs(os.path.join(src, 'sub'))
+    os.makedirs(os.path.join(src, 'sub', 'deep'))
     with open(os.path.join(src, 'a.txt'), 'w') as f:
         f.write('alpha\n')
+    with open(os.path.join(src, 'run.sh'), 'w') as f:
+        f.write('#!/bin/sh\necho ran\n')
+    os.chmod(os.path.join(src, 'run.sh'), 0o755)
     with open(os.path.join(src, 'sub', 'b.bin'), 'wb') as f:
-        f.write(bytes(range(256)))
-    r = x.env.run(['cp', src, 'cp1:/workspace/proj'])
-    t.eq(r.returncode, 0, 'cp host dir -> sandbox', r.stderr)
-    r = x.env.run(['exec', '-s', 'cp1', '--', 'cat /workspace/proj/a.txt; wc -c < /workspace/proj/sub/b.bin'])
-    t.eq(r.stdout, b'alpha\n256\n', 'files arrived')
+        f.write(bytes(range(256)) * 1000)
+    os.chmod(os.path.join(src, 'sub', 'b.bin'), 0o640)
+    os.symlink('a.txt', os.path.join(src, 'rel-link'))
+    os.symlink('/etc/hostname', os.path.join(src, 'abs-link'))
+    with open(os.path.join(src, 'sub', 'deep', ('long-name-' * 12) + '.txt'), 'w') as f:
+        f.write('deep\n')
+    for p in ['a.txt', 'sub/b.bin', 'sub/deep', 'sub']:
+        os.utime(os.path.join(src, p), (1600000000, 1600000000))
+    x.env.run(['exec', '-s', 'cp1', '--', 'true'])
+    r = x.env.run(['cp', src, 'cp1:proj'])
+    t.eq((r.returncode, r.stdout, r.stderr), (0, b'', b''), 'cp of a host tree into a sandbox says nothing on success')
+    r = x.env.run(['exec', '-s', 'cp1', '--', 'cd /workspace/proj && ./run.sh && stat -c "%a %Y" sub/b.bin a.txt && '
+                   'readlink rel-link abs-link'])
+    t.eq(r.stdout, b'ran\n640 1600000000\n644 1600000000\na.txt\n/etc/hostname\n',
+         'relative paths are under /workspace; modes (a script stays executable), mtimes and symlinks arrive', r.stderr)
     dst = os.path.join(x.env.root, 'back')
     r = x.env.run(['cp', 'cp1:/workspace/proj', dst])
-    t.eq(r.returncode, 0, 'cp sandbox dir -> host', r.stderr)
-    t.eq(open(os.path.join(dst, 'sub', 'b.bin'), 'rb').read(), bytes(range(256)), 'binary file came back exact')
-    r = x.env.run(['cp', 'cp1:/workspace/proj/a.txt', os.path.join(x.env.root, 'one.txt')])
-    t.eq(open(os.path.join(x.env.root, 'one.txt')).read(), 'alpha\n', 'cp of a single file')
+    t.eq(r.returncode, 0, 'cp of a sandbox tree to the host', r.stderr)
+    t.eq(tree_facts(dst), tree_facts(src), 'the round trip keeps every file, mode, mtime and symlink')
+    d = subprocess.run(['diff', '-r', '--no-dereference', src, dst], capture_output=True)
+    t.eq(d.returncode, 0, 'diff -r finds no difference', d.stdout)
+    into = os.path.join(x.env.root, 'into')
+    os.makedirs(into)
+    x.env.run(['cp', 'cp1:proj/sub', into])
+    t.ok(os.path.isfile(os.path.join(into, 'sub', 'b.bin')), 'into an existing directory, the source keeps its name')
+    r = x.env.run(['cp', 'cp1:proj/a.txt', os.path.join(x.env.root, 'one.txt')])
+    t.eq(open(os.path.join(x.env.root, 'one.txt')).read(), 'alpha\n', 'a single file, as a new name')
+    r = x.env.run(['cp', os.path.join(src, 'a.txt'), 'cp1:proj/renamed.txt'])
+    t.eq(x.env.run(['exec', '-s', 'cp1', '--', 'cat /workspace/proj/renamed.txt']).stdout, b'alpha\n', 'and into a sandbox')
+    # tar streams
+    r = subprocess.run([SBX, 'cp', 'cp1:proj', '-'], capture_output=True, env=x.env.env, cwd=x.env.root)
+    names = subprocess.run(['tar', '-tf', '-'], input=r.stdout, capture_output=True).stdout.decode().split()
+    t.ok(r.returncode == 0 and 'proj/sub/b.bin' in names and 'proj/rel-link' in names, '`sbx cp ID:PATH -` writes a tar',
+         names[:5])
+    tarball = subprocess.run(['tar', '-C', src, '-cf', '-', 'sub'], capture_output=True).stdout
+    r = subprocess.run([SBX, 'cp', '-', 'cp1:/tmp/unpacked'], input=tarball, capture_output=True, env=x.env.env)
+    t.eq(r.returncode, 0, '`sbx cp - ID:DIR` unpacks one', r.stderr)
+    t.eq(x.env.run(['exec', '-s', 'cp1', '--', 'stat -c %a /tmp/unpacked/sub/b.bin']).stdout, b'640\n', 'with its modes')
+    # what fails
+    before = x.env.run(['ls']).stdout
+    r = x.env.run(['cp', 'nosuch:/etc/hostname', os.path.join(x.env.root, 'n')])
+    t.ok(r.returncode == 1 and b'SANDBOX_NOT_FOUND' in r.stderr, 'a missing sandbox is SANDBOX_NOT_FOUND', r.stderr)
+    t.eq(x.env.run(['ls']).stdout, before, 'and it is not created')
+    r = x.env.run(['cp', 'cp1:proj/missing', os.path.join(x.env.root, 'm')])
+    t.ok(r.returncode == 1 and b'No such file' in r.stderr and not os.path.exists(os.path.join(x.env.root, 'm')),
+         'a missing sandbox path says so and makes nothing', r.stderr)
+
+
+def test_cp_hostile_sandbox(t, x):
+    """A sandbox controls what its tar writes: the host side makes nothing
+    outside the destination, follows no link, makes no device and no set-id
+    file."""
+    outside = os.path.join(x.env.root, 'outside')
+    os.makedirs(outside)
+    x.env.run(['exec', '-s', 'evil', '--', 'true'])
+    maker = r"""
+import io, sys, tarfile
+b = io.BytesIO()
+with tarfile.open(fileobj=b, mode='w', format=tarfile.GNU_FORMAT) as t:
+    def add(name, data=b'x', **kw):
+        i = tarfile.TarInfo(name); i.size = len(data)
+        for k, v in kw.items(): setattr(i, k, v)
+        t.addfile(i, io.BytesIO(data) if i.isreg() else None)
+    add('loot', type=tarfile.DIRTYPE, mode=0o755)
+    add('loot/ok.txt', b'fine')
+    add('loot/../../outside/dotdot.txt', b'escaped')
+    add('/%(outside)s/absolute.txt', b'escaped')
+    add('loot/door', type=tarfile.SYMTYPE, linkname='%(outside)s')
+    add('loot/door/through.txt', b'escaped')
+    add('loot/suid', b'#!/bin/sh\n', mode=0o4755)
+    add('loot/dev', type=tarfile.BLKTYPE, devmajor=8, devminor=0)
+    add('loot/hard', type=tarfile.LNKTYPE, linkname='%(outside)s/../outside-victim')
+sys.stdout.buffer.write(b.getvalue())
+""" % {'outside': outside}
+    x.env.run(['exec', '-s', 'evil', '-i', '--', 'cat > /tmp/maker.py'], input=maker.encode())
+    x.env.run(['exec', '-s', 'evil', '--', 'mkdir -p /workspace/loot && printf \'#!/bin/sh\\nexec python3 /tmp/maker.py\\n\' '
+               '> /usr/local/bin/tar && chmod +x /usr/local/bin/tar'])
+    dest = os.path.join(x.env.root, 'got')
+    r = x.env.run(['cp', 'evil:loot', dest])
+    t.eq(os.listdir(outside), [], 'nothing lands outside the destination (.., absolute paths, a symlinked dir)', r.stderr)
+    t.eq(open(os.path.join(dest, 'ok.txt')).read(), 'fine', 'what is fine is copied')
+    t.ok(os.path.islink(os.path.join(dest, 'door')) and not os.path.exists(os.path.join(dest, 'door', 'through.txt')),
+         'a symlink stays a symlink and is not followed')
+    t.eq(os.stat(os.path.join(dest, 'suid')).st_mode & 0o7777, 0o755, 'set-id bits are dropped')
+    t.ok(not os.path.exists(os.path.join(dest, 'dev')), 'no device node is made')
+    t.ok(not os.path.exists(os.path.join(dest, 'hard')), 'no hard link to a file outside')
 
 
 def test_doctor(t, x):
@@ -212,5 +307,5 @@ def test_daemon_http_while_running(t, x):
 
 
 if __name__ == '__main__':
-    sys.exit(run_tests([test_exec, test_stdin, test_never_guesses, test_default_id, test_ls_destroy, test_cp, test_doctor, test_autostart_and_stop,
+    sys.exit(run_tests([test_exec, test_stdin, test_never_guesses, test_default_id, test_ls_destroy, test_cp, test_cp_hostile_sandbox, test_doctor, test_autostart_and_stop,
                         test_racing_starters, test_help, test_session, test_daemon_http_while_running], Ctx))
