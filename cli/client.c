@@ -82,6 +82,12 @@ int sbx_client_open(sbx_client *c, const char *default_sandbox, char *err, size_
 static json_t *roundtrip(sbx_client *c, const char *method, json_t *params, sbx_progress_fn progress, void *ud,
                          volatile sig_atomic_t *interrupted, char *err, size_t errlen) {
   int id = c->next_id++;
+  if (c->stdin_stream) {
+    json_t *meta = json_object_get(params, "_meta");
+    if (!meta) json_object_set_new(params, "_meta", meta = json_object());
+    json_object_set_new(meta, "sbx/stdin", json_true());
+    c->stdin_stream = false;
+  }
   if (progress) {
     json_t *meta = json_object_get(params, "_meta");
     if (!meta) json_object_set_new(params, "_meta", meta = json_object());

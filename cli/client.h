@@ -12,6 +12,7 @@ typedef struct sbx_client {
   sbx_buf in;
   char default_sandbox[64];
   int passed_fd; /* the last fd a message of the daemon carried (sbx cp), or -1 */
+  bool stdin_stream; /* the next tools/call takes its stdin from the stream of sbx/stdin/open */
 } sbx_client;
 
 typedef void (*sbx_progress_fn)(void *ud, json_t *params);

@@ -15,6 +15,7 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 static volatile sig_atomic_t interrupted;
 static void on_sigint(int s) {
@@ -40,7 +41,7 @@ static const struct help {
      "Runs CMD with bash in the sandbox (created on first use) and prints its output as it\n"
      "comes. Several words are quoted for the shell; one word is a shell command line. The\n"
      "session (default: \"default\") keeps cwd, variables, functions, aliases and options\n"
-     "between calls. -i sends this command's stdin. Exit code: the command's; 124 when it\n"
+     "between calls. -i streams this command's stdin to it. Exit code: the command's; 124 when it\n"
      "timed out; 130 when interrupted."},
     {"session", "sbx session [-s ID] ls | create NAME [--cwd DIR] [-e K=V]... | rm NAME",
      "Lists, creates or deletes the sessions of a sandbox: each has its own shell state.\n"
@@ -206,19 +207,29 @@ static int cmd_exec(int argc, char **argv) {
   if (timeout > 0) json_object_set_new(args, "timeout", json_integer(timeout));
   if (json_object_size(env)) json_object_set(args, "env", env);
   json_decref(env);
-  if (with_stdin) { /* -i: our stdin becomes the command's (read to its end first; up to 16 MiB) */
-    sbx_buf in = {0};
-    char buf[65536];
-    ssize_t n;
-    while ((n = read(0, buf, sizeof buf)) > 0 && in.len <= SBX_MAX_STDIN) sbx_buf_append(&in, buf, (size_t)n);
-    if (in.len > SBX_MAX_STDIN) {
-      fprintf(stderr, "sbx exec: stdin is over %d bytes; copy it in with sbx cp instead\n", SBX_MAX_STDIN);
-      sbx_buf_free(&in);
+  pid_t feeder = -1;
+  if (with_stdin) { /* -i: our stdin streams to the command's, as docker exec -i */
+    char err[600];
+    json_t *r = sbx_client_request(&c, "sbx/stdin/open", NULL, err, sizeof err);
+    json_decref(r);
+    int fd = c.passed_fd;
+    c.passed_fd = -1;
+    if (!r || fd < 0) {
+      fprintf(stderr, "sbx exec: no stdin stream: %s\n", r ? "the daemon sent none" : err);
       json_decref(args);
-      return 2;
+      sbx_client_close(&c);
+      return 1;
     }
-    json_object_set_new(args, "stdin", json_stringn(in.data ? in.data : "", in.len));
-    sbx_buf_free(&in);
+    if ((feeder = fork()) == 0) {
+      signal(SIGINT, SIG_IGN);
+      char buf[65536];
+      ssize_t n;
+      while ((n = read(0, buf, sizeof buf)) > 0)
+        if (sbx_write_all(fd, buf, n) < 0) break;
+      _exit(0); /* closing the socket is the command's EOF */
+    }
+    close(fd);
+    c.stdin_stream = true;
   }
   struct sigaction sa = {.sa_handler = on_sigint};
   sigaction(SIGINT, &sa, NULL);
@@ -230,6 +241,10 @@ static int cmd_exec(int argc, char **argv) {
   sigprocmask(SIG_BLOCK, &block, NULL);
   json_t *r = call(&c, "exec", args, exec_progress, NULL);
   sbx_client_close(&c);
+  if (feeder > 0) { /* the command is done with its stdin */
+    kill(feeder, SIGKILL);
+    waitpid(feeder, NULL, 0);
+  }
   if (!r) return interrupted ? 130 : !strcmp(last_code, "COMMAND_TIMEOUT") ? 124 : 1; /* 124: as timeout(1) */
   json_t *s = sc(r);
   if (json_is_true(json_object_get(s, "oomKilled"))) fprintf(stderr, "sbx: command killed: out of memory\n");

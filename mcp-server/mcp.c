@@ -30,8 +30,8 @@ static const char instructions[] =
     "sbx gives you isolated Linux sandboxes on this machine. Every tool takes an optional sandboxId "
     "(1-63 of [a-z0-9-]); without it, this connection's own sandbox is used. Tools that do work "
     "(exec, writeFile, mkdir, createSession, ...) create the sandbox on first use; tools that only look "
-    "answer SANDBOX_NOT_FOUND. Work in /workspace (relative paths land there). exec runs /bin/sh -c in a "
-    "session that keeps cd and exported variables; pass a progressToken to see output as it comes, and a "
+    "answer SANDBOX_NOT_FOUND. Work in /workspace (relative paths land there). exec runs bash in a "
+    "session that keeps cd, variables, functions and options; pass a progressToken to see output as it comes, and a "
     "timeout (ms) for anything that may hang. Output is capped per stream (maxOutputBytes) with the full "
     "text saved at outputPath. A sandbox idle for its sleepAfter is reset: its files are gone (bucket mounts "
     "keep theirs) and the next result says reset: true.";
@@ -63,6 +63,7 @@ struct mcp_conn {
   bool read_only;  /* `sbx mcp --read-only` */
   json_t *allowed; /* `sbx mcp --tools a,b`: names, or NULL for all */
   mcp_call *calls;
+  int stdin_fd; /* `sbx exec -i`: a socket for the next exec's stdin (sbx/stdin/open), or -1 */
   struct mcp_conn *next_live; /* all open connections, for broadcasts */
 };
 
@@ -235,6 +236,7 @@ static void conn_unref(mcp_conn *c) {
     while (*pp && *pp != c) pp = &(*pp)->next_live;
     if (*pp) *pp = c->next_live;
     json_decref(c->allowed);
+    if (c->stdin_fd >= 0) close(c->stdin_fd);
     free(c);
   }
 }
@@ -407,6 +409,7 @@ static void do_tools_call(request *r) {
   call->log_level = r->log_level;
   json_t *tok = json_object_get(json_object_get(r->params, "_meta"), "progressToken");
   if (json_is_string(tok) || json_is_integer(tok)) call->progress_token = json_incref(tok);
+  call->stdin_socket = json_is_true(json_object_get(json_object_get(r->params, "_meta"), "sbx/stdin"));
   call->next = c->calls;
   c->calls = call;
 
@@ -680,6 +683,7 @@ mcp_conn *mcp_conn_new(uv_loop_t *loop, mcp_send_fn send, void *ud) {
   c->send = send;
   c->ud = ud;
   c->refs = 1;
+  c->stdin_fd = -1;
   c->log_level = log_level_index("warning"); /* until the client says otherwise */
   c->next_live = live;
   live = c;
@@ -689,6 +693,17 @@ mcp_conn *mcp_conn_new(uv_loop_t *loop, mcp_send_fn send, void *ud) {
 
 void mcp_conn_set_default_sandbox(mcp_conn *c, const char *id) {
   snprintf(c->default_sandbox, sizeof c->default_sandbox, "%s", id);
+}
+
+void mcp_conn_set_stdin(mcp_conn *c, int fd) {
+  if (c->stdin_fd >= 0) close(c->stdin_fd);
+  c->stdin_fd = fd;
+}
+
+int mcp_conn_take_stdin(mcp_conn *c) {
+  int fd = c->stdin_fd;
+  c->stdin_fd = -1;
+  return fd;
 }
 
 void mcp_conn_close(mcp_conn *c) {

@@ -33,6 +33,10 @@ void mcp_broadcast_log(const char *level, const char *sandbox_id, const char *fm
 /* Sends a JSON-RPC error for a message that could not be framed (e.g. too
  * large). */
 void mcp_conn_send_error(mcp_conn *c, json_t *id, int code, const char *message);
+/* `sbx exec -i`: the socket (ours) the next exec on this connection with
+ * _meta "sbx/stdin": true takes as its stdin. */
+void mcp_conn_set_stdin(mcp_conn *c, int fd);
+int mcp_conn_take_stdin(mcp_conn *c);
 /* A JSON-RPC result (stolen) for a message outside MCP (the daemon's own). */
 void mcp_conn_send_result(mcp_conn *c, json_t *id, json_t *result);
 
@@ -54,6 +58,7 @@ typedef struct mcp_call {
   bool sandbox_created; /* this call created the sandbox */
   bool result_is_error; /* mcp_call_ok with isError: true (a timed-out exec: output and an error) */
   bool modern;          /* protocol 2026-07-28: results carry resultType */
+  bool stdin_socket;    /* _meta "sbx/stdin": stdin from the connection's stdin socket */
   bool reset;           /* the sandbox was woken after an idle reset */
   bool restarted;       /* ...after a daemon restart, its files intact */
   int log_level;        /* notifications/message at or above this; -1 none */

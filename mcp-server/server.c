@@ -258,6 +258,19 @@ static void cp_message(client *c, json_t *msg) {
   close(sv[1]);
 }
 
+/* `sbx exec -i`: a socket whose other end is the stdin of this client's
+ * next exec with _meta "sbx/stdin" (the kernel's socket buffer is the only
+ * buffer: a command that does not read holds sbx exec up, not our memory). */
+static void stdin_message(client *c, json_t *id) {
+  c->view = true;
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) return cp_error(c, id, "INTERNAL", strerror(errno));
+  shutdown(sv[0], SHUT_WR); /* the command only reads */
+  mcp_conn_set_stdin(c->conn, sv[0]);
+  view_send(c, json_pack("{s:s, s:O, s:{}}", "jsonrpc", "2.0", "id", id, "result"), sv[1]);
+  close(sv[1]);
+}
+
 /* `sbx daemon --http ADDR` while this daemon runs: serve HTTP from now on
  * (the socket is its owner's alone, as the command line is). */
 static void daemon_message(client *c, json_t *msg) {
@@ -289,11 +302,16 @@ static void daemon_message(client *c, json_t *msg) {
 static bool on_message(void *ud, const char *msg, size_t len) {
   client *c = ud;
   if (c->closing) return false;
-  if (msg && len < 8192 && memmem(msg, len, "\"sbx/cp/open\"", 13)) {
+  if (msg && len < 8192 && (memmem(msg, len, "\"sbx/cp/open\"", 13) || memmem(msg, len, "\"sbx/stdin/open\"", 16))) {
     json_t *m = json_loadb(msg, len, JSON_REJECT_DUPLICATES, NULL);
     const char *method = json_string_value(json_object_get(m, "method"));
     if (method && !strcmp(method, "sbx/cp/open")) {
       cp_message(c, m);
+      json_decref(m);
+      return !c->closing;
+    }
+    if (method && !strcmp(method, "sbx/stdin/open") && json_object_get(m, "id")) {
+      stdin_message(c, json_object_get(m, "id"));
       json_decref(m);
       return !c->closing;
     }

@@ -286,7 +286,18 @@ static void h_exec(mcp_call *call, json_t *args, sbx_sandbox *sb) {
     sbx_err(&err, "VALIDATION_FAILED", "command contains a NUL byte");
     return mcp_call_fail(call, &err);
   }
+  int in_sock = -1;
+  if (call->stdin_socket) { /* sbx exec -i: stdin streams in through a socket, never whole in memory */
+    if (o.stdin_data || (in_sock = call->conn ? mcp_conn_take_stdin(call->conn) : -1) < 0) {
+      sbx_env_clear(&env);
+      sbx_err(&err, "VALIDATION_FAILED", "_meta sbx/stdin needs a stream opened with sbx/stdin/open, and no stdin");
+      return mcp_call_fail(call, &err);
+    }
+    o.stdio = true;
+    o.stdio_fd = in_sock;
+  }
   int r = sbx_exec_start(mcp_call_loop(call), sb, &o, exec_chunk, exec_done, call, &call->exec, &err);
+  if (in_sock >= 0) close(in_sock);
   sbx_env_clear(&env);
   if (r < 0) mcp_call_fail(call, &err);
 }

@@ -237,6 +237,23 @@ def test_stdin(t, x):
     r = subprocess.run([SBX, 'exec', '-s', 'cli', '--', 'cat; echo end'], input=b'not read', capture_output=True,
                        env=x.env.env, cwd=x.env.root, timeout=60)
     t.eq(r.stdout, b'end\n', 'without -i the command\'s stdin is empty, as docker exec')
+    r = subprocess.run([SBX, 'exec', '-s', 'cli', '-i', '--', 'wc -c'], input=b'z' * (40 << 20), capture_output=True,
+                       env=x.env.env, cwd=x.env.root, timeout=120)
+    t.eq(r.stdout.strip(), str(40 << 20).encode(), 'stdin is streamed: 40 MiB (past any message bound) arrives whole')
+    p = subprocess.Popen([SBX, 'exec', '-s', 'cli', '-i', '--', 'while read l; do echo "got $l"; done'],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=x.env.env, cwd=x.env.root)
+    p.stdin.write(b'one\n')
+    p.stdin.flush()
+    t.eq(p.stdout.readline(), b'got one\n', 'and as it comes: the command answers a line before stdin ends')
+    p.stdin.write(b'two\n')
+    p.stdin.close()
+    t.eq((p.stdout.read(), p.wait(timeout=30)), (b'got two\n', 0), 'EOF on our stdin is EOF on the command\'s')
+    y = subprocess.Popen(['yes'], stdout=subprocess.PIPE)
+    r = subprocess.run([SBX, 'exec', '-s', 'cli', '-i', '--', 'head -c 4'], stdin=y.stdout, capture_output=True,
+                       env=x.env.env, cwd=x.env.root, timeout=60)
+    y.kill()
+    y.wait()
+    t.eq((r.returncode, r.stdout), (0, b'y\ny\n'), 'an endless stdin ends with the command')
 
 
 def test_never_guesses(t, x):
