@@ -302,40 +302,27 @@ static void daemon_message(client *c, json_t *msg) {
 static bool on_message(void *ud, const char *msg, size_t len) {
   client *c = ud;
   if (c->closing) return false;
-  if (msg && len < 8192 && (memmem(msg, len, "\"sbx/cp/open\"", 13) || memmem(msg, len, "\"sbx/stdin/open\"", 16))) {
+  /* the daemon's own methods (sbx/...: the view, sbx cp, sbx exec -i, sbx
+   * daemon --http) are small; anything else is MCP */
+  if (msg && len < 8192 && memmem(msg, len, "\"sbx/", 5)) {
     json_t *m = json_loadb(msg, len, JSON_REJECT_DUPLICATES, NULL);
     const char *method = json_string_value(json_object_get(m, "method"));
-    if (method && !strcmp(method, "sbx/cp/open")) {
-      cp_message(c, m);
-      json_decref(m);
-      return !c->closing;
-    }
-    if (method && !strcmp(method, "sbx/stdin/open") && json_object_get(m, "id")) {
-      stdin_message(c, json_object_get(m, "id"));
-      json_decref(m);
-      return !c->closing;
-    }
-    json_decref(m);
-  }
-  if (msg && len < 4096 && memmem(msg, len, "\"sbx/daemon/", 12)) {
-    json_t *m = json_loadb(msg, len, JSON_REJECT_DUPLICATES, NULL);
-    const char *method = json_string_value(json_object_get(m, "method"));
-    if (method && !strncmp(method, "sbx/daemon/", 11)) {
-      daemon_message(c, m);
-      json_decref(m);
-      return !c->closing;
-    }
-    json_decref(m);
-  }
-  if (msg && len < 4096 && memmem(msg, len, "\"sbx/view/", 10)) {
-    json_t *m = json_loadb(msg, len, JSON_REJECT_DUPLICATES, NULL);
-    const char *method = json_string_value(json_object_get(m, "method"));
-    if (method && !strncmp(method, "sbx/view/", 9)) {
+    json_t *id = json_object_get(m, "id");
+    bool ours = method && !strncmp(method, "sbx/", 4);
+    if (!ours) {
+    } else if (!strncmp(method, "sbx/view/", 9)) {
       view_message(c, m);
-      json_decref(m);
-      return !c->closing;
+    } else if (!strncmp(method, "sbx/daemon/", 11)) {
+      daemon_message(c, m);
+    } else if (!strcmp(method, "sbx/cp/open")) {
+      cp_message(c, m);
+    } else if (!strcmp(method, "sbx/stdin/open") && id) {
+      stdin_message(c, id);
+    } else if (id) {
+      mcp_conn_send_error(c->conn, id, -32601, "unknown method");
     }
     json_decref(m);
+    if (ours) return !c->closing;
   }
   if (!msg) mcp_conn_send_error(c->conn, NULL, -32700, "message exceeds the 64 MiB limit");
   else mcp_conn_handle(c->conn, msg, len);

@@ -403,13 +403,20 @@ static void drain_cb(uv_timer_t *t) {
   for (int i = 0; i < 3; i++) close_pipe(x, i);
 }
 
+/* The supervisor behind a readable pidfd has ended: reaped, polling stops. */
+static bool reaped(uv_poll_t *p, int pidfd, siginfo_t *si) {
+  *si = (siginfo_t){0};
+  if (waitid(P_PIDFD, pidfd, si, WEXITED | WNOHANG) < 0 || si->si_pid == 0) return false;
+  uv_poll_stop(p);
+  return true;
+}
+
 static void pid_cb(uv_poll_t *p, int status, int events) {
   (void)status;
   (void)events;
   sbx_exec *x = p->data;
-  siginfo_t si = {0};
-  if (waitid(P_PIDFD, x->pidfd, &si, WEXITED | WNOHANG) < 0 || si.si_pid == 0) return;
-  uv_poll_stop(p);
+  siginfo_t si;
+  if (!reaped(p, x->pidfd, &si)) return;
   x->exited = true;
   x->exit_code = sbx_spawn_exit_code(&si);
   /* nothing of the command outlives it: background children go too */
@@ -482,11 +489,10 @@ char *sbx_exec_output(sbx_exec *x, int stream, size_t *len) {
   return text;
 }
 
-/* The supervisor's one child is the command (its host pid), or 0. */
-static pid_t command_pid(sbx_exec *x) {
-  if (x->done || x->exited) return 0;
+/* A supervisor's one child (its host pid), or 0. */
+static pid_t child_of(pid_t pid) {
   char path[96];
-  snprintf(path, sizeof path, "/proc/%d/task/%d/children", x->pid, x->pid);
+  snprintf(path, sizeof path, "/proc/%d/task/%d/children", pid, pid);
   FILE *f = fopen(path, "re");
   int child = 0;
   if (f) {
@@ -495,6 +501,9 @@ static pid_t command_pid(sbx_exec *x) {
   }
   return child > 0 ? child : 0;
 }
+
+/* The command's host pid, or 0. */
+static pid_t command_pid(sbx_exec *x) { return x->done || x->exited ? 0 : child_of(x->pid); }
 
 int sbx_exec_signal_command(sbx_exec *x, int sig) {
   pid_t child = command_pid(x);
@@ -627,17 +636,6 @@ static void shell_drain(sbx_shell *sh) {
   }
 }
 
-static pid_t child_of(pid_t pid) {
-  char path[96];
-  snprintf(path, sizeof path, "/proc/%d/task/%d/children", pid, pid);
-  FILE *f = fopen(path, "re");
-  int child = 0;
-  if (f) {
-    if (fscanf(f, "%d", &child) != 1) child = 0;
-    fclose(f);
-  }
-  return child > 0 ? child : 0;
-}
 
 /* Reports end with SHELL_END: "<status>[x]\n" then the state as the
  * wrapper writes it; "x" when the shell is exiting. */
@@ -687,9 +685,8 @@ static void shell_pid_cb(uv_poll_t *p, int status, int events) {
   (void)status;
   (void)events;
   sbx_shell *sh = p->data;
-  siginfo_t si = {0};
-  if (waitid(P_PIDFD, sh->pidfd, &si, WEXITED | WNOHANG) < 0 || si.si_pid == 0) return;
-  uv_poll_stop(p);
+  siginfo_t si;
+  if (!reaped(p, sh->pidfd, &si)) return;
   sh->dead = true;
   shell_retire(sh);
   /* a last report may still be in the pipe */
