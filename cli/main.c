@@ -164,8 +164,8 @@ static char *join_command(int argc, char **argv) {
 
 static int cmd_exec(int argc, char **argv) {
   static const struct option opts[] = {{"sandbox", required_argument, 0, 's'}, {"session", required_argument, 0, 'S'},
-                                       {"cwd", required_argument, 0, 'C'},     {"timeout", required_argument, 0, 't'},
-                                       {"env", required_argument, 0, 'e'},     {"interactive", no_argument, 0, 'i'},
+                                       {"cwd", required_argument, 0, 'C'},     {"timeout", required_argument, 0, 1000},
+                                       {"env", required_argument, 0, 'e'},     {"interactive", no_argument, 0, 'i'},   {"tty", no_argument, 0, 't'},
                                        {0, 0, 0, 0}};
   const char *sandbox = NULL, *session = NULL, *cwd = NULL;
   bool with_stdin = false;
@@ -173,13 +173,16 @@ static int cmd_exec(int argc, char **argv) {
   json_t *env = json_object();
   int o;
   optind = 1;
-  while ((o = getopt_long(argc, argv, "+s:e:i", opts, NULL)) != -1) {
+  while ((o = getopt_long(argc, argv, "+s:e:it", opts, NULL)) != -1) {
     switch (o) {
     case 'i': with_stdin = true; break;
+    case 't': /* said, not ignored: docker exec -t gives a terminal, and sbx has none to give */
+      fprintf(stderr, "sbx exec: -t: sandboxes have no terminal (commands run with pipes); use -i for stdin\n");
+      return 2;
     case 's': sandbox = optarg; break;
     case 'S': session = optarg; break;
     case 'C': cwd = optarg; break;
-    case 't': timeout = atol(optarg); break;
+    case 1000: timeout = atol(optarg); break;
     case 'e': {
       char *eq = strchr(optarg, '=');
       if (!eq) {

@@ -254,6 +254,8 @@ def test_stdin(t, x):
     y.kill()
     y.wait()
     t.eq((r.returncode, r.stdout), (0, b'y\ny\n'), 'an endless stdin ends with the command')
+    r = x.env.run(['exec', '-s', 'cli', '-it', '--', 'true'])
+    t.ok(r.returncode == 2 and b'no terminal' in r.stderr, '-t says there is no terminal to give', r.stderr)
 
 
 def test_never_guesses(t, x):
