@@ -6,6 +6,7 @@
  * unless told otherwise; a browser Origin that is not loopback is refused. */
 #define _GNU_SOURCE
 #include "http.h"
+#include "../sandbox-core/httpparse.h"
 #include "mcp.h"
 
 #include <arpa/inet.h>
@@ -158,19 +159,7 @@ static void on_mcp_send(void *ud, const char *data, size_t len) {
 }
 
 static const char *header(const char *headers, const char *name, size_t *len) {
-  size_t nl = strlen(name);
-  for (const char *p = headers; p && *p;) {
-    const char *eol = strstr(p, "\r\n");
-    if (!eol) break;
-    if ((size_t)(eol - p) > nl && !strncasecmp(p, name, nl) && p[nl] == ':') {
-      const char *v = p + nl + 1;
-      while (*v == ' ' || *v == '\t') v++;
-      *len = eol - v;
-      return v;
-    }
-    p = eol + 2;
-  }
-  return NULL;
+  return sbx_http_header(headers, NULL, name, len);
 }
 
 static bool header_has(const char *headers, const char *name, const char *word) {
@@ -273,15 +262,15 @@ static void process(hconn *c) {
       }
       return;
     }
-    size_t head_len = end - c->in.data + 4;
-    char *headers = strndup(c->in.data, head_len);
-    char method[16] = "", path[1024] = "", ver[16] = "";
-    if (sscanf(headers, "%15s %1023s %15s", method, path, ver) != 3 || strncmp(ver, "HTTP/1.", 7)) {
-      free(headers);
+    sbx_http_head hd;
+    if (sbx_http_parse_head(c->in.data, c->in.len, &hd) < 0) {
       c->keep_alive = false;
       return respond_text(c, 400, "Bad Request", "malformed request line\n");
     }
-    char *hdrs = strstr(headers, "\r\n") + 2;
+    size_t head_len = hd.len;
+    char *headers = strndup(c->in.data, head_len);
+    const char *method = hd.method, *path = hd.path;
+    char *hdrs = headers + (hd.headers - c->in.data);
     size_t cl_len;
     const char *cl = header(hdrs, "Content-Length", &cl_len);
     if (header(hdrs, "Transfer-Encoding", &cl_len)) {

@@ -1,5 +1,6 @@
 #define _GNU_SOURCE
 #include "preview.h"
+#include "httpparse.h"
 #include "config.h"
 
 #include <arpa/inet.h>
@@ -570,31 +571,15 @@ static bool same_token(const char *a, const char *b) {
 
 /* Host: {port}-{sandbox}-{token}.localhost[:port] */
 static void route(pconn *c) {
-  char *end = memmem(c->head.data, c->head.len, "\r\n\r\n", 4);
-  char host[300] = "";
-  for (char *l = memmem(c->head.data, c->head.len, "\r\n", 2); l && l < end; l = memmem(l + 2, end + 2 - (l + 2), "\r\n", 2))
-    if (!strncasecmp(l + 2, "Host:", 5)) {
-      const char *v = l + 7;
-      while (*v == ' ' || *v == '\t') v++;
-      size_t n = strcspn(v, "\r :");
-      snprintf(host, sizeof host, "%.*s", (int)(n < sizeof host ? n : sizeof host - 1), v);
-      break;
-    }
-  for (char *p = host; *p; p++) *p = (char)tolower((unsigned char)*p);
   static const char nf[] = "404: no such preview\n";
-  size_t hl = strlen(host);
-  if (hl < 10 + 20 || strcmp(host + hl - 10, ".localhost")) return answer(c, 404, "Not Found", nf);
-  host[hl - 10] = 0;
-  char *dash1 = strchr(host, '-'), *dash2 = strrchr(host, '-');
-  if (!dash1 || dash2 == dash1 || strlen(dash2 + 1) != 16) return answer(c, 404, "Not Found", nf);
-  const char *token = dash2 + 1;
-  *dash2 = 0;
-  char *id = dash1 + 1;
-  *dash1 = 0;
-  char *endp;
-  long port = strtol(host, &endp, 10);
-  sbx_sandbox *sb = sbx_valid_id(id) ? sbx_sandbox_find(id) : NULL;
-  sbx_exposure *e = sb && !*endp ? find_port(sb, (int)port) : NULL;
+  char *end = memmem(c->head.data, c->head.len, "\r\n\r\n", 4), *first = memmem(c->head.data, c->head.len, "\r\n", 2);
+  size_t hlen = 0;
+  const char *hv = end && first ? sbx_http_header(first + 2, end + 2, "Host", &hlen) : NULL;
+  int port;
+  char id[64], token[17];
+  if (!hv || !sbx_preview_host_parse(hv, hlen, &port, id, token)) return answer(c, 404, "Not Found", nf);
+  sbx_sandbox *sb = sbx_sandbox_find(id);
+  sbx_exposure *e = sb ? find_port(sb, port) : NULL;
   if (!e || !same_token(e->token, token)) {
     if (revoked(token)) return answer(c, 410, "Gone", "410: this preview URL was revoked (its port unexposed, or its "
                                                            "sandbox reset or destroyed); expose the port again\n");
@@ -605,14 +590,14 @@ static void route(pconn *c) {
     if (!o->closing && !strcmp(o->sandbox, sb->id)) here++;
   if (here >= MAX_CONNS_PER_SANDBOX) return answer(c, 503, "Service Unavailable", "503: too many connections\n");
   snprintf(c->sandbox, sizeof c->sandbox, "%s", sb->id);
-  c->port = (int)port;
+  c->port = port;
   sbx_error err = {0};
   if (!sbx_sandbox_alive(sb) && sbx_sandbox_wake(sb, &err) < 0)
     return answer(c, 503, "Service Unavailable", "503: the sandbox could not be started\n");
   activity(c);
   c->waiting = true;
   uv_read_stop((uv_stream_t *)&c->client); /* the rest waits for the upstream */
-  if (connect_in(sb, (int)port, connected, c) < 0) {
+  if (connect_in(sb, port, connected, c) < 0) {
     c->waiting = false;
     answer(c, 502, "Bad Gateway", "502: cannot reach into the sandbox\n");
   }

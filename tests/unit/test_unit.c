@@ -4,6 +4,7 @@
 #include "../../sandbox-core/cgroup.h"
 #include "../../sandbox-core/config.h"
 #include "../../sandbox-core/exec.h"
+#include "../../sandbox-core/httpparse.h"
 #include "../../sandbox-core/netpolicy.h"
 
 #include <sys/socket.h>
@@ -115,6 +116,29 @@ static void test_env(void) {
   sbx_env_unset(&e, "A");
   OK(!sbx_env_get(&e, "A") && e.n == 2 && e.v[2] == NULL, "env_unset keeps the vector terminated");
   sbx_env_clear(&e);
+}
+
+static void test_http_parse(void) {
+  sbx_http_head h;
+  const char *req = "GET /mcp HTTP/1.1\r\nHost:  127.0.0.1:8788\r\nX-A: 1\r\n\r\nbody";
+  long n = sbx_http_parse_head(req, strlen(req), &h);
+  OK(n == (long)strlen(req) - 4 && !strcmp(h.method, "GET") && !strcmp(h.path, "/mcp"), "http: request line and head length");
+  size_t len;
+  const char *v = sbx_http_header(h.headers, req + n, "host", &len);
+  OK(v && len == 14 && !strncmp(v, "127.0.0.1:8788", 14), "http: a header, case-insensitive, blanks skipped");
+  OK(!sbx_http_header(h.headers, req + n, "X-B", &len), "http: an absent header");
+  OK(sbx_http_parse_head("GET / HTTP/1.1\r\n", 16, &h) == 0, "http: an incomplete head waits");
+  OK(sbx_http_parse_head("GET / FTP/1\r\n\r\n", 17, &h) < 0, "http: a malformed request line");
+  int port;
+  char id[64], tok[17];
+  const char *host = "3000-My-Box-abcdefghijklmnop.LOCALHOST:8787";
+  OK(sbx_preview_host_parse(host, strlen(host), &port, id, tok) && port == 3000 && !strcmp(id, "my-box") &&
+         !strcmp(tok, "abcdefghijklmnop"),
+     "preview host: port, sandbox and token");
+  host = "0-box-abcdefghijklmnop.localhost";
+  OK(!sbx_preview_host_parse(host, strlen(host), &port, id, tok), "preview host: port 0 is none");
+  host = "3000-box-abcdefghijklmno.localhost";
+  OK(!sbx_preview_host_parse(host, strlen(host), &port, id, tok), "preview host: a short token is none");
 }
 
 static const char *find(sbx_cg_setting *s, int n, const char *file) {
@@ -274,6 +298,7 @@ int main(void) {
   test_utf8();
   test_misc();
   test_env();
+  test_http_parse();
   test_cgroup_mapping();
   test_schema();
   test_special_ranges();

@@ -1,0 +1,37 @@
+/* libFuzzer target for the other parsers a stranger reaches: HTTP request
+ * heads and headers (the daemon's HTTP transport and the preview proxy),
+ * preview Host names, and the configuration file. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../sandbox-core/config.h"
+#include "../../sandbox-core/httpparse.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  const char *d = (const char *)data;
+  sbx_http_head h;
+  long n = sbx_http_parse_head(d, size, &h);
+  if (n > 0) {
+    if ((size_t)n > size || h.headers < d || h.headers > d + n) abort();
+    static const char *const names[] = {"Host", "Content-Length", "Authorization", "Origin", "Connection", "Upgrade"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+      size_t len;
+      const char *v = sbx_http_header(h.headers, d + n, names[i], &len);
+      if (v && (v < d || v + len > d + n)) abort(); /* a value inside the head */
+      int port;
+      char id[64], token[17];
+      if (v && sbx_preview_host_parse(v, len, &port, id, token) && (port < 1 || port > 65535 || strlen(token) != 16))
+        abort();
+    }
+  }
+  int port;
+  char id[64], token[17];
+  sbx_preview_host_parse(d, size, &port, id, token);
+  sbx_config c;
+  sbx_config_defaults(&c);
+  char err[512];
+  sbx_config_parse(&c, d, size, err, sizeof err);
+  sbx_config_free(&c);
+  return 0;
+}
