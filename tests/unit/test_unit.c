@@ -121,12 +121,12 @@ static void test_env(void) {
 static void test_http_parse(void) {
   sbx_http_head h;
   const char *req = "GET /mcp HTTP/1.1\r\nHost:  127.0.0.1:8788\r\nX-A: 1\r\n\r\nbody";
-  long n = sbx_http_parse_head(req, strlen(req), &h);
-  OK(n == (long)strlen(req) - 4 && !strcmp(h.method, "GET") && !strcmp(h.path, "/mcp"), "http: request line and head length");
+  long hl = sbx_http_parse_head(req, strlen(req), &h);
+  OK(hl == (long)strlen(req) - 4 && !strcmp(h.method, "GET") && !strcmp(h.path, "/mcp"), "http: request line and head length");
   size_t len;
-  const char *v = sbx_http_header(h.headers, req + n, "host", &len);
+  const char *v = sbx_http_header(h.headers, req + hl, "host", &len);
   OK(v && len == 14 && !strncmp(v, "127.0.0.1:8788", 14), "http: a header, case-insensitive, blanks skipped");
-  OK(!sbx_http_header(h.headers, req + n, "X-B", &len), "http: an absent header");
+  OK(!sbx_http_header(h.headers, req + hl, "X-B", &len), "http: an absent header");
   OK(sbx_http_parse_head("GET / HTTP/1.1\r\n", 16, &h) == 0, "http: an incomplete head waits");
   OK(sbx_http_parse_head("GET / FTP/1\r\n\r\n", 17, &h) < 0, "http: a malformed request line");
   int port;
