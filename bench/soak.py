@@ -122,7 +122,7 @@ def main():
         probe.ok('destroySandbox', {'sandboxId': 'warm'})
         probe.close()
         pid = env.daemon_pid()
-        time.sleep(1)
+        time.sleep(12)
         before = dict(rss=rss_kb(pid), fds=fds(pid), mounts=mounts(), cgroups=cgroups(pid))
         stop = threading.Event()
         stats = {'ops': 0, 'errors': []}
@@ -145,6 +145,7 @@ def main():
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and (mounts() > before['mounts'] or cgroups(pid) > before['cgroups']):
             time.sleep(1)
+        time.sleep(12)  # the daemon hands freed memory back every 10 s
         after = dict(rss=rss_kb(pid), fds=fds(pid), mounts=mounts(), cgroups=cgroups(pid))
         print('== soak: %d clients, %d s, a fork bomb and an output flood beside them ==' % (a.clients, a.seconds))
         print('%-28s %d (%d failed or unanswered, %d clients stuck)' % ('calls', stats['ops'], len(stats['errors']), hung))
