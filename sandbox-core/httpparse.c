@@ -66,3 +66,152 @@ bool sbx_preview_host_parse(const char *v, size_t len, int *port, char id[64], c
   *port = (int)p;
   return true;
 }
+
+enum { B_DONE, B_LENGTH, B_SIZE, B_EXT, B_SIZE_LF, B_DATA, B_DATA_CR, B_DATA_LF, B_TRAILER, B_TRAILER_LINE, B_TRAILER_LF, B_END_LF };
+
+#define CHUNK_LINE_MAX 4096 /* a chunk size with its extensions */
+#define TRAILER_MAX (16 * 1024)
+
+/* Whether the comma-separated list [v, v+len) holds `token`
+ * (case-insensitive), and whether it is the last element. */
+static bool list_has(const char *v, size_t len, const char *token, bool *last) {
+  size_t tl = strlen(token);
+  bool found = false;
+  for (size_t i = 0; i < len;) {
+    while (i < len && (v[i] == ' ' || v[i] == '\t' || v[i] == ',')) i++;
+    size_t s = i;
+    while (i < len && v[i] != ',') i++;
+    size_t e = i;
+    while (e > s && (v[e - 1] == ' ' || v[e - 1] == '\t')) e--;
+    if (e == s) continue;
+    bool is = e - s == tl && !strncasecmp(v + s, token, tl);
+    found |= is;
+    if (last) *last = is;
+  }
+  return found;
+}
+
+int sbx_http_request_body(const char *headers, const char *end, sbx_http_body *b, bool *upgrade) {
+  *b = (sbx_http_body){0};
+  *upgrade = false;
+  bool has_len = false, has_te = false, te_chunked = false, conn_upgrade = false, has_upgrade = false;
+  uint64_t clen = 0;
+  for (const char *p = headers; p < end;) {
+    const char *eol = memmem(p, end - p, "\r\n", 2);
+    if (!eol) break;
+    const char *colon = memchr(p, ':', eol - p);
+    if (colon) {
+      size_t nl = colon - p;
+      const char *v = colon + 1;
+      while (v < eol && (*v == ' ' || *v == '\t')) v++;
+      size_t vl = eol - v;
+      while (vl && (v[vl - 1] == ' ' || v[vl - 1] == '\t')) vl--;
+      if (nl == 14 && !strncasecmp(p, "Content-Length", nl)) {
+        uint64_t n = 0;
+        if (!vl || vl > 18) return -1;
+        for (size_t i = 0; i < vl; i++) {
+          if (v[i] < '0' || v[i] > '9') return -1;
+          n = n * 10 + (uint64_t)(v[i] - '0');
+        }
+        if (has_len && n != clen) return -1;
+        has_len = true;
+        clen = n;
+      } else if (nl == 17 && !strncasecmp(p, "Transfer-Encoding", nl)) {
+        bool last = false;
+        if (!vl) return -1;
+        list_has(v, vl, "chunked", &last);
+        has_te = true;
+        te_chunked = last; /* a later header line continues the list */
+      } else if (nl == 10 && !strncasecmp(p, "Connection", nl)) {
+        conn_upgrade |= list_has(v, vl, "upgrade", NULL);
+      } else if (nl == 7 && !strncasecmp(p, "Upgrade", nl)) {
+        has_upgrade = vl > 0;
+      }
+    }
+    p = eol + 2;
+  }
+  if (has_te && (has_len || !te_chunked)) return -1;
+  *upgrade = conn_upgrade && has_upgrade;
+  if (has_te) b->state = B_SIZE;
+  else if (has_len && clen) b->state = B_LENGTH, b->left = clen;
+  return 0;
+}
+
+static int hexval(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  c = (char)(c | 0x20);
+  return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+long sbx_http_body_feed(sbx_http_body *b, const char *buf, size_t len) {
+  size_t i = 0;
+  while (i < len && b->state != B_DONE) {
+    char ch = buf[i];
+    switch (b->state) {
+    case B_LENGTH:
+    case B_DATA: {
+      size_t take = b->left < len - i ? (size_t)b->left : len - i;
+      i += take;
+      b->left -= take;
+      if (!b->left) b->state = b->state == B_LENGTH ? B_DONE : B_DATA_CR;
+      continue;
+    }
+    case B_SIZE: {
+      int h = hexval(ch);
+      if (h >= 0) {
+        if (++b->count > 15) return -1; /* 2^60 bytes: no chunk is that big */
+        b->left = b->left * 16 + (uint64_t)h;
+      } else if (!b->count) {
+        return -1;
+      } else if (ch == '\r') {
+        b->state = B_SIZE_LF;
+      } else if (ch == ';' || ch == ' ' || ch == '\t') {
+        b->state = B_EXT;
+      } else {
+        return -1;
+      }
+      break;
+    }
+    case B_EXT:
+      if (++b->count > CHUNK_LINE_MAX) return -1;
+      if (ch == '\r') b->state = B_SIZE_LF;
+      else if (ch == '\n' || !ch) return -1;
+      break;
+    case B_SIZE_LF:
+      if (ch != '\n') return -1;
+      b->count = 0;
+      b->state = b->left ? B_DATA : B_TRAILER;
+      break;
+    case B_DATA_CR:
+      if (ch != '\r') return -1;
+      b->state = B_DATA_LF;
+      break;
+    case B_DATA_LF:
+      if (ch != '\n') return -1;
+      b->state = B_SIZE;
+      break;
+    case B_TRAILER: /* at the start of a trailer line; an empty one ends the body */
+      if (ch == '\r') b->state = B_END_LF;
+      else b->state = B_TRAILER_LINE;
+      if (++b->count > TRAILER_MAX) return -1;
+      break;
+    case B_TRAILER_LINE:
+      if (++b->count > TRAILER_MAX) return -1;
+      if (ch == '\r') b->state = B_TRAILER_LF;
+      else if (ch == '\n') return -1;
+      break;
+    case B_TRAILER_LF:
+      if (ch != '\n') return -1;
+      b->state = B_TRAILER;
+      break;
+    case B_END_LF:
+      if (ch != '\n') return -1;
+      b->state = B_DONE;
+      break;
+    default:
+      return -1;
+    }
+    i++;
+  }
+  return (long)i;
+}

@@ -4,6 +4,7 @@
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 typedef struct sbx_http_head {
   size_t len;          /* of the head, through the blank line */
@@ -20,3 +21,22 @@ const char *sbx_http_header(const char *headers, const char *end, const char *na
 /* A preview Host, {port}-{sandboxId}-{token}.localhost[:port], in pieces;
  * false when it is not one. */
 bool sbx_preview_host_parse(const char *host, size_t len, int *port, char id[64], char token[17]);
+
+/* Where a request's body ends, so that a proxy finds the next request on a
+ * kept-alive connection (RFC 9112, 6.3). Bytes are counted, never changed. */
+typedef struct sbx_http_body {
+  int state;      /* below; 0: no body left */
+  uint64_t left;  /* bytes of the body, or of the current chunk, still to come */
+  unsigned count; /* digits, extension or trailer bytes seen: bounded */
+} sbx_http_body;
+
+/* The framing of the request whose header lines are [headers, end): a
+ * Content-Length, chunked, or nothing. -1 when it is ambiguous or
+ * malformed (both headers, two lengths, an encoding that does not end in
+ * chunked): such a request is refused, never guessed at. *upgrade says the
+ * request asks to switch protocols (Connection: upgrade with Upgrade). */
+int sbx_http_request_body(const char *headers, const char *end, sbx_http_body *b, bool *upgrade);
+/* Consumes what belongs to the body of buf: the number of bytes (at most
+ * len), -1 when the chunked framing is broken. */
+long sbx_http_body_feed(sbx_http_body *b, const char *buf, size_t len);
+static inline bool sbx_http_body_done(const sbx_http_body *b) { return b->state == 0; }

@@ -16,8 +16,8 @@
 #define MAX_HEAD (16 * 1024)       /* a request head (431 past it) */
 #define HEAD_TIMEOUT_MS 10000      /* to send it */
 #define IDLE_TIMEOUT_MS (10 * 60000)
-#define MAX_CONNS 1024             /* proxied connections at once */
-#define MAX_CONNS_PER_SANDBOX 256
+#define MAX_CONNS 4096             /* proxied connections at once */
+#define MAX_CONNS_PER_SANDBOX 1024
 #define HIGH_WATER (1024 * 1024)   /* bytes queued toward one side before its source pauses */
 #define REVOKED_KEPT 1024          /* tokens that answer 410 instead of 404 */
 
@@ -296,6 +296,8 @@ static int connect_in(sbx_sandbox *sb, int port, connected_cb cb, void *ud) {
 
 /* ---- the proxy ---------------------------------------------------------------------- */
 
+enum { M_HEAD, M_BODY, M_TUNNEL, M_DONE };
+
 typedef struct pconn {
   uv_tcp_t client, upstream;
   uv_poll_t cpoll; /* the connect in progress to the port in the sandbox */
@@ -307,6 +309,10 @@ typedef struct pconn {
   char sandbox[64];
   int port;
   size_t to_client, to_up; /* bytes queued toward each side */
+  int mode;                 /* of the client's bytes: M_HEAD... */
+  sbx_http_body body;       /* of the request being passed on */
+  bool upgrade;             /* it switches to a tunnel once sent */
+  char host[304];           /* the Host the connection was routed by */
   struct pconn *next;
 } pconn;
 
@@ -378,7 +384,7 @@ static void written(uv_write_t *req, int status) {
   /* below the high water again: the paused side reads on */
   if (to_client && c->to_client < HIGH_WATER && c->up_open && !c->up_eof)
     uv_read_start((uv_stream_t *)&c->upstream, alloc_cb, up_read);
-  if (!to_client && c->to_up < HIGH_WATER && !c->client_eof && !c->waiting)
+  if (!to_client && c->to_up < HIGH_WATER && !c->client_eof && !c->waiting && c->mode != M_DONE)
     uv_read_start((uv_stream_t *)&c->client, alloc_cb, client_read);
 }
 
@@ -463,33 +469,50 @@ static void up_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
   }
 }
 
-/* The request head, with who asked added for the server in the sandbox. */
-static void forward_head(pconn *c) {
-  char *end = memmem(c->head.data, c->head.len, "\r\n\r\n", 4);
-  char *eol = memmem(c->head.data, c->head.len, "\r\n", 2);
+/* The request head passed on with who asked: the client's own
+ * X-Forwarded-* lines are dropped and the proxy's set, on every request of
+ * a kept-alive connection. */
+static void forward_head(pconn *c, const char *p, size_t hl, const char *headers) {
   struct sockaddr_storage ss;
   int sl = sizeof ss;
   char ip[INET6_ADDRSTRLEN] = "127.0.0.1";
   if (uv_tcp_getpeername(&c->client, (struct sockaddr *)&ss, &sl) == 0 && ss.ss_family == AF_INET)
     inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, ip, sizeof ip);
-  char *host = NULL;
-  for (char *l = eol + 2; l < end; l = memmem(l, end + 2 - l, "\r\n", 2) + 2)
-    if (!strncasecmp(l, "Host:", 5)) {
-      host = l + 5;
-      break;
-    }
+  const char *end = p + hl - 2; /* the blank line */
+  size_t hlen = 0;
+  const char *host = sbx_http_header(headers, end, "Host", &hlen);
   char extra[600];
-  int hl = host ? (int)strcspn(host, "\r") : 0;
-  while (host && hl && *host == ' ') host++, hl--;
   int n = snprintf(extra, sizeof extra, "X-Forwarded-Host: %.*s\r\nX-Forwarded-Proto: http\r\nX-Forwarded-For: %s\r\n",
-                   hl > 300 ? 300 : hl, host ? host : "", ip);
-  size_t first = (size_t)(eol + 2 - c->head.data);
-  send_to(c, false, c->head.data, first);
-  send_to(c, false, extra, (size_t)n);
-  send_to(c, false, c->head.data + first, c->head.len - first);
-  c->head.len = 0;
+                   hlen > 300 ? 300 : (int)hlen, host ? host : "", ip);
+  sbx_buf out = {0};
+  sbx_buf_append(&out, p, (size_t)(headers - p));
+  sbx_buf_append(&out, extra, (size_t)n);
+  for (const char *l = headers; l < end;) {
+    const char *eol = memmem(l, end + 2 - l, "\r\n", 2);
+    if (!eol) break;
+    if (strncasecmp(l, "X-Forwarded-For:", 16) && strncasecmp(l, "X-Forwarded-Host:", 17) &&
+        strncasecmp(l, "X-Forwarded-Proto:", 18))
+      sbx_buf_append(&out, l, (size_t)(eol + 2 - l));
+    l = eol + 2;
+  }
+  if (sbx_buf_append(&out, "\r\n", 2) < 0) {
+    sbx_buf_free(&out);
+    return conn_close(c);
+  }
+  send_buf(c, false, out.data, NULL, out.len);
 }
 
+/* A later request on the connection that cannot be passed on (another
+ * Host, a broken or ambiguous head): nothing more is read from the client,
+ * what the server still sends reaches it, then the connection closes. */
+static void refuse_more(pconn *c) {
+  c->mode = M_DONE;
+  c->head.len = 0;
+  uv_read_stop((uv_stream_t *)&c->client);
+  half_close(c, true);
+}
+
+static void drain(pconn *c);
 static void relay_start(pconn *c, int fd);
 static void bad_gateway(pconn *c, int error);
 
@@ -552,9 +575,10 @@ static void relay_start(pconn *c, int fd) {
     return conn_close(c);
   }
   activity(c);
-  forward_head(c);
   uv_read_start((uv_stream_t *)&c->upstream, alloc_cb, up_read);
-  uv_read_start((uv_stream_t *)&c->client, alloc_cb, client_read);
+  drain(c); /* the first head, and whatever followed it */
+  if (!c->closing && c->mode != M_DONE && c->to_up < HIGH_WATER)
+    uv_read_start((uv_stream_t *)&c->client, alloc_cb, client_read);
 }
 
 static bool revoked(const char *token) {
@@ -570,11 +594,10 @@ static bool same_token(const char *a, const char *b) {
 }
 
 /* Host: {port}-{sandbox}-{token}.localhost[:port] */
-static void route(pconn *c) {
+static void route(pconn *c, const char *headers, const char *end) {
   static const char nf[] = "404: no such preview\n";
-  char *end = memmem(c->head.data, c->head.len, "\r\n\r\n", 4), *first = memmem(c->head.data, c->head.len, "\r\n", 2);
   size_t hlen = 0;
-  const char *hv = end && first ? sbx_http_header(first + 2, end + 2, "Host", &hlen) : NULL;
+  const char *hv = sbx_http_header(headers, end, "Host", &hlen);
   int port;
   char id[64], token[17];
   if (!hv || !sbx_preview_host_parse(hv, hlen, &port, id, token)) return answer(c, 404, "Not Found", nf);
@@ -590,6 +613,7 @@ static void route(pconn *c) {
     if (!o->closing && !strcmp(o->sandbox, sb->id)) here++;
   if (here >= MAX_CONNS_PER_SANDBOX) return answer(c, 503, "Service Unavailable", "503: too many connections\n");
   snprintf(c->sandbox, sizeof c->sandbox, "%s", sb->id);
+  snprintf(c->host, sizeof c->host, "%.*s", (int)hlen, hv);
   c->port = port;
   sbx_error err = {0};
   if (!sbx_sandbox_alive(sb) && sbx_sandbox_wake(sb, &err) < 0)
@@ -603,19 +627,80 @@ static void route(pconn *c) {
   }
 }
 
+/* The client's bytes are read request by request: each head is checked
+ * (the first one routes the connection) and passed on with X-Forwarded-*,
+ * each body counted through to where the next head starts. A request
+ * that asks to switch protocols (WebSocket) turns the rest into a tunnel. */
+static void drain(pconn *c) {
+  size_t off = 0;
+  while (!c->closing && !c->waiting && c->mode != M_DONE && off < c->head.len) {
+    char *p = c->head.data + off;
+    size_t len = c->head.len - off;
+    if (c->mode == M_TUNNEL) {
+      send_to(c, false, p, len);
+      off += len;
+      break;
+    }
+    if (c->mode == M_BODY) {
+      long k = sbx_http_body_feed(&c->body, p, len);
+      if (k < 0) return conn_close(c); /* the server has part of it: nothing sensible to answer */
+      send_to(c, false, p, (size_t)k);
+      off += (size_t)k;
+      if (sbx_http_body_done(&c->body)) c->mode = c->upgrade ? M_TUNNEL : M_HEAD;
+      continue;
+    }
+    sbx_http_head h;
+    long hl = sbx_http_parse_head(p, len, &h);
+    if (hl == 0 && len <= MAX_HEAD) break;
+    bool later = c->up_open; /* a request after the first, on a kept-alive connection */
+    if (hl == 0 || hl > MAX_HEAD) {
+      if (later) return refuse_more(c);
+      return answer(c, 431, "Request Header Fields Too Large", "431: the request head is over 16 KiB\n");
+    }
+    const char *end = p + hl - 2;
+    if (hl < 0 || sbx_http_request_body(h.headers, end, &c->body, &c->upgrade) < 0) {
+      if (later) return refuse_more(c);
+      return answer(c, 400, "Bad Request", "400: malformed request, or its length is ambiguous\n");
+    }
+    if (!strcmp(h.method, "CONNECT")) c->upgrade = true;
+    if (!later) { /* routed once; the head stays until the sandbox answers */
+      route(c, h.headers, end);
+      break;
+    }
+    size_t hlen = 0;
+    const char *host = sbx_http_header(h.headers, end, "Host", &hlen);
+    if (!host || hlen != strlen(c->host) || strncasecmp(host, c->host, hlen)) return refuse_more(c);
+    forward_head(c, p, (size_t)hl, h.headers);
+    off += (size_t)hl;
+    c->mode = !sbx_http_body_done(&c->body) ? M_BODY : c->upgrade ? M_TUNNEL : M_HEAD;
+  }
+  if (off) {
+    memmove(c->head.data, c->head.data + off, c->head.len - off);
+    c->head.len -= off;
+  }
+}
+
 static void client_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
   pconn *c = s->data;
-  if (n > 0 && !c->closing) {
-    if (c->up_open) {
-      activity(c);
-      send_read(c, false, b->base, (size_t)n);
-      b = NULL; /* taken */
+  if (n > 0 && !c->closing && c->mode != M_DONE) {
+    if (c->up_open) activity(c);
+    if (c->up_open && !c->head.len && c->mode == M_TUNNEL) {
+      send_read(c, false, b->base, (size_t)n); /* as it came: an upload or a WebSocket */
+      b = NULL;
+    } else if (c->up_open && !c->head.len && c->mode == M_BODY) {
+      long k = sbx_http_body_feed(&c->body, b->base, (size_t)n);
+      if (k < 0) {
+        free(b->base);
+        return conn_close(c);
+      }
+      if (sbx_http_body_done(&c->body)) c->mode = c->upgrade ? M_TUNNEL : M_HEAD;
+      sbx_buf_append(&c->head, b->base + k, (size_t)n - (size_t)k); /* the next request's */
+      send_read(c, false, b->base, (size_t)k);
+      b = NULL;
+      drain(c);
     } else if (!c->waiting) {
       sbx_buf_append(&c->head, b->base, (size_t)n);
-      char *end = memmem(c->head.data, c->head.len, "\r\n\r\n", 4);
-      if (end && end - c->head.data <= MAX_HEAD) route(c);
-      else if (end || c->head.len > MAX_HEAD)
-        answer(c, 431, "Request Header Fields Too Large", "431: the request head is over 16 KiB\n");
+      drain(c);
     }
   }
   if (b) free(b->base);

@@ -17,6 +17,11 @@ SERVER = r'''
 import base64, hashlib, os, socket, sys, threading
 release = threading.Event()
 def handle(conn):
+    try:
+        serve(conn)
+    finally:
+        conn.close()
+def serve(conn):
     f = conn.makefile('rb')
     while True:
         line = f.readline()
@@ -43,7 +48,21 @@ def handle(conn):
                 mask = f.read(4)
                 data = bytes(c ^ mask[i % 4] for i, c in enumerate(f.read(n)))
                 conn.sendall(bytes([0x81, len(data)]) + data)
-        if path == '/release':
+        if method == 'POST':  # the body, by its length or chunked
+            if headers.get('transfer-encoding') == 'chunked':
+                data = b''
+                while True:
+                    size = int(f.readline().split(b';')[0], 16)
+                    data += f.read(size)
+                    if not size:
+                        while f.readline() not in (b'\r\n', b''):
+                            pass  # trailers
+                        break
+                    f.readline()
+            else:
+                data = f.read(int(headers.get('content-length', '0')))
+            body = json.dumps({'path': path, 'headers': headers, 'body': hashlib.sha256(data).hexdigest()}).encode()
+        elif path == '/release':
             release.set()
             body = b'released'
         elif path == '/stream':
@@ -136,6 +155,89 @@ def test_not_found_reveals_nothing(t, x):
     t.eq(len({r[1] for r in results}), 1, 'all with the same body: nothing tells which sandboxes exist')
     code, _, _ = request(x, None, raw=b'GET / HTTP/1.1\r\nHost: x\r\nX-Big: ' + b'a' * 20000 + b'\r\n\r\n')
     t.eq(code, 431, 'a request head past 16 KiB is 431')
+
+
+def responses(s, n):
+    """n responses (each with a Content-Length) read from one connection."""
+    buf, out = b'', []
+    while len(out) < n:
+        while b'\r\n\r\n' not in buf:
+            b = s.recv(65536)
+            if not b:
+                return out
+            buf += b
+        head, _, buf = buf.partition(b'\r\n\r\n')
+        length = int([l.split(b':')[1] for l in head.split(b'\r\n') if l.lower().startswith(b'content-length:')][0])
+        while len(buf) < length:
+            b = s.recv(65536)
+            if not b:
+                return out
+            buf += b
+        out.append((int(head.split()[1]), json.loads(buf[:length])))
+        buf = buf[length:]
+    return out
+
+
+def test_keep_alive_every_request(t, x):
+    host = host_of(x.url)
+    big = os.urandom(3 << 20)
+    chunked = b''.join(b'%x;ext=1\r\n%s\r\n' % (len(p), p) for p in (b'abc', big[:70000], b'z')) + b'0\r\nX-Trailer: 1\r\n\r\n'
+    spoof = 'X-Forwarded-For: 6.6.6.6\r\nx-forwarded-host: evil.example\r\nX-Forwarded-Proto: https\r\n'
+    s = socket.create_connection(('127.0.0.1', x.port), timeout=60)
+    # pipelined: a GET, a POST by length, a chunked POST, a GET; then a big POST sent in pieces
+    s.sendall(('GET /one HTTP/1.1\r\nHost: %s\r\n%s\r\n' % (host, spoof)).encode() +
+              ('POST /two HTTP/1.1\r\nHost: %s\r\n%sContent-Length: 5\r\n\r\n' % (host, spoof)).encode() + b'hello' +
+              ('POST /three HTTP/1.1\r\nHost: %s\r\nTransfer-Encoding: chunked\r\n%s\r\n' % (host, spoof)).encode() +
+              chunked + ('GET /four HTTP/1.1\r\nHost: %s\r\n%s\r\n' % (host, spoof)).encode())
+    got = responses(s, 4)
+    s.sendall(('POST /five HTTP/1.1\r\nHost: %s\r\n%sContent-Length: %d\r\n\r\n' % (host, spoof, len(big))).encode())
+    for i in range(0, len(big), 1 << 20):
+        s.sendall(big[i:i + (1 << 20)])
+    got += responses(s, 1)
+    t.eq([g[1].get('path') for g in got], ['/one', '/two', '/three', '/four', '/five'],
+         'five requests on one kept-alive connection, pipelined and with bodies, each reach the server once')
+    fwd = [(g[1]['headers'].get('x-forwarded-for'), g[1]['headers'].get('x-forwarded-host'),
+            g[1]['headers'].get('x-forwarded-proto')) for g in got]
+    t.eq(fwd, [('127.0.0.1', host, 'http')] * 5,
+         'every one of them carries the proxy\'s X-Forwarded-*, never the client\'s own')
+    import hashlib as h
+    t.eq([g[1].get('body') for g in got[1:3]] + [got[4][1].get('body')],
+         [h.sha256(b'hello').hexdigest(), h.sha256(b'abc' + big[:70000] + b'z').hexdigest(), h.sha256(big).hexdigest()],
+         'request bodies arrive whole: by length, chunked with extensions and trailers, 3 MiB in pieces')
+    # another Host on the same connection is not passed on: the connection ends
+    other = '8000-web-%s.localhost:%d' % ('c' * 16, x.port)
+    s.sendall(('GET /six HTTP/1.1\r\nHost: %s\r\n\r\n' % other).encode())
+    s.settimeout(30)
+    t.eq(s.recv(100), b'', 'a request naming another Host on a routed connection is refused: the connection closes')
+    s.close()
+    # ambiguous framing is refused before anything reaches the server
+    code, _, body = request(x, None, raw=('POST /smuggle HTTP/1.1\r\nHost: %s\r\nContent-Length: 4\r\n'
+                                          'Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n' % host).encode())
+    code2, _, _ = request(x, None, raw=('POST /smuggle HTTP/1.1\r\nHost: %s\r\nContent-Length: 4\r\n'
+                                        'Content-Length: 5\r\n\r\nhello' % host).encode())
+    t.eq((code, code2), (400, 400), 'a request with both Content-Length and chunked, or two lengths, is 400')
+
+
+def test_500_connections(t, x):
+    host = host_of(x.url)
+    socks = []
+    try:
+        for i in range(500):
+            s = socket.create_connection(('127.0.0.1', x.port), timeout=60)
+            s.sendall(('GET /c%d HTTP/1.1\r\nHost: %s\r\n\r\n' % (i, host)).encode())
+            socks.append(s)
+        paths = []
+        for s in socks:
+            r = responses(s, 1)
+            paths.append(r[0][1]['path'] if r and r[0][0] == 200 else None)
+        t.eq(paths, ['/c%d' % i for i in range(500)], '500 concurrent kept-alive connections are all answered')
+        for s in socks[:50]:  # and each stays usable
+            s.sendall(('GET /again HTTP/1.1\r\nHost: %s\r\n\r\n' % host).encode())
+        again = [responses(s, 1) for s in socks[:50]]
+        t.ok(all(r and r[0][0] == 200 for r in again), 'and stay open for the next request')
+    finally:
+        for s in socks:
+            s.close()
 
 
 def test_streaming(t, x):
@@ -262,5 +364,6 @@ def test_kept_across_restart(t, x):
 
 
 if __name__ == '__main__':
-    sys.exit(run_tests([test_expose_and_reach, test_not_found_reveals_nothing, test_streaming, test_websocket,
+    sys.exit(run_tests([test_expose_and_reach, test_not_found_reveals_nothing, test_keep_alive_every_request,
+                        test_500_connections, test_streaming, test_websocket,
                         test_big_download_bounded, test_502_410, test_never_the_hosts_loopback, test_cli_expose, test_kept_across_restart], setup=Ctx))

@@ -24,6 +24,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       if (v && sbx_preview_host_parse(v, len, &port, id, token) && (port < 1 || port > 65535 || strlen(token) != 16))
         abort();
     }
+    /* the proxy's framing: a body never reaches past what it was given */
+    sbx_http_body b;
+    bool up;
+    if (sbx_http_request_body(h.headers, d + n - 2, &b, &up) == 0) {
+      size_t off = (size_t)n;
+      while (off < size && !sbx_http_body_done(&b)) {
+        size_t step = (size - off) % 7 + 1; /* fed in uneven pieces */
+        if (step > size - off) step = size - off;
+        long k = sbx_http_body_feed(&b, d + off, step);
+        if (k < 0) break;
+        if ((size_t)k > step || (k < (long)step && !sbx_http_body_done(&b))) abort();
+        off += (size_t)k;
+      }
+    }
   }
   int port;
   char id[64], token[17];

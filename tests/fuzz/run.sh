@@ -40,6 +40,8 @@ seeds = [
     b'POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:8788\r\nAuthorization: Bearer abc\r\nContent-Length: 2\r\n\r\n{}',
     b'GET / HTTP/1.1\r\nHost: 3000-my-box-abcdefghijklmnop.localhost:8787\r\nUpgrade: websocket\r\n\r\n',
     b'3000-my-box-abcdefghijklmnop.localhost:8787',
+    b'POST /u HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip, chunked\r\n\r\n3;x=1\r\nabc\r\n0\r\nT: 1\r\n\r\nGET / HTTP/1.1\r\n\r\n',
+    b'POST /u HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\nConnection: keep-alive, Upgrade\r\nUpgrade: x\r\n\r\nhello',
     json.dumps({'maxSandboxes': 8, 'limits': {'memoryMB': 512, 'cpus': 1.5, 'pids': 100, 'diskMB': 1024},
                 'http': '127.0.0.1:8788', 'mount': '/mnt/sbx', 'previewPort': 8787,
                 'buckets': {'allowedEndpoints': ['http://127.0.0.1:'],
@@ -56,7 +58,7 @@ for t in mcp parsers; do
   c=$corpus
   [ $t = parsers ] && c=$pcorpus
   what="the message path"
-  [ $t = parsers ] && what="HTTP heads, preview hosts and the config file"
+  [ $t = parsers ] && what="HTTP heads, request framing, preview hosts and the config file"
   if build-fuzz/tests/fuzz-$t -max_total_time="$secs" -max_len=65536 -rss_limit_mb=2048 -timeout=10 \
        -artifact_prefix=build-fuzz/crashes/$t- "$c" >build-fuzz/fuzz-$t.log 2>&1; then
     runs=$(grep -ao 'Done [0-9]* runs' build-fuzz/fuzz-$t.log | grep -o '[0-9]*' | tail -1)

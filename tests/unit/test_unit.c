@@ -141,6 +141,46 @@ static void test_http_parse(void) {
   OK(!sbx_preview_host_parse(host, strlen(host), &port, id, tok), "preview host: a short token is none");
 }
 
+/* The framing of `head` (through its blank line), then how much of `rest`
+ * is body: -2 when the framing is refused, -1 when the body is broken. */
+static long framed(const char *head, const char *rest, bool *up) {
+  sbx_http_head h;
+  long hl = sbx_http_parse_head(head, strlen(head), &h);
+  sbx_http_body b;
+  if (hl <= 0 || sbx_http_request_body(h.headers, head + hl - 2, &b, up) < 0) return -2;
+  long total = 0;
+  for (size_t i = 0; rest[i] && !sbx_http_body_done(&b); i++) { /* a byte at a time */
+    long k = sbx_http_body_feed(&b, rest + i, 1);
+    if (k < 0) return -1;
+    total += k;
+  }
+  return sbx_http_body_done(&b) ? total : -3;
+}
+
+static void test_http_framing(void) {
+  bool up;
+  OK(framed("GET / HTTP/1.1\r\nHost: h\r\n\r\n", "GET", &up) == 0 && !up, "framing: no length, no body");
+  OK(framed("POST / HTTP/1.1\r\nContent-Length: 3\r\n\r\n", "abcGET", &up) == 3, "framing: Content-Length");
+  OK(framed("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", "3;a=b\r\nabc\r\nA\r\n0123456789\r\n0\r\nT: 1\r\n\r\nGET",
+            &up) == 38,
+     "framing: chunked, with an extension and a trailer");
+  OK(framed("POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", "0\r\n\r\nX", &up) == 5,
+     "framing: chunked last in a list of encodings");
+  OK(framed("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n", "", &up) == -2,
+     "framing: both Content-Length and chunked are refused");
+  OK(framed("POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n", "", &up) == -2,
+     "framing: two different lengths are refused");
+  OK(framed("POST / HTTP/1.1\r\nContent-Length: +5\r\n\r\n", "", &up) == -2, "framing: a signed length is refused");
+  OK(framed("POST / HTTP/1.1\r\nTransfer-Encoding: chunked, gzip\r\n\r\n", "", &up) == -2,
+     "framing: an encoding that does not end in chunked is refused");
+  OK(framed("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", "x\r\n", &up) == -1 &&
+         framed("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", "1\r\nab\r\n", &up) == -1 &&
+         framed("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", "10000000000000000\r\n", &up) == -1,
+     "framing: a broken chunk size, a chunk longer than said, a size past 2^60");
+  OK(framed("GET /ws HTTP/1.1\r\nConnection: keep-alive, Upgrade\r\nUpgrade: websocket\r\n\r\n", "", &up) == 0 && up,
+     "framing: an upgrade request");
+}
+
 static const char *find(sbx_cg_setting *s, int n, const char *file) {
   for (int i = 0; i < n; i++)
     if (!strcmp(s[i].file, file)) return s[i].value;
@@ -299,6 +339,7 @@ int main(void) {
   test_misc();
   test_env();
   test_http_parse();
+  test_http_framing();
   test_cgroup_mapping();
   test_schema();
   test_special_ranges();
