@@ -11,6 +11,7 @@ import os
 import socket
 import sys
 
+from browser import Browser, chromium_path
 from sbxtest import Env, free_port, run_tests
 
 SERVER = r'''
@@ -62,6 +63,10 @@ def serve(conn):
             else:
                 data = f.read(int(headers.get('content-length', '0')))
             body = json.dumps({'path': path, 'headers': headers, 'body': hashlib.sha256(data).hexdigest()}).encode()
+        elif path == '/app':
+            conn.sendall(b'HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\nContent-Length: %d\r\n\r\n'
+                         % len(PAGE) + PAGE)
+            continue
         elif path == '/release':
             release.set()
             body = b'released'
@@ -85,6 +90,19 @@ def serve(conn):
             conn.close()
             return
 import json
+PAGE = b"""<!doctype html><title>app</title><pre id="out"></pre><script>
+const out = document.getElementById('out');
+(async () => {
+  const j = await (await fetch('/api?from=page')).json();
+  const ws = new WebSocket('ws://' + location.host + '/ws');
+  const echo = await new Promise((ok, bad) => {
+    ws.onopen = () => ws.send('ping from the page');
+    ws.onmessage = e => ok(e.data);
+    ws.onerror = () => bad(new Error('websocket failed'));
+  });
+  out.textContent = JSON.stringify({fetched: j.path, forwardedHost: j.headers['x-forwarded-host'], echo});
+})().catch(e => { out.textContent = 'error: ' + e; }).finally(() => { out.dataset.done = '1'; });
+</script>"""
 s = socket.socket()
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(('127.0.0.1', int(sys.argv[1])))
@@ -240,6 +258,23 @@ def test_500_connections(t, x):
             s.close()
 
 
+def test_chromium(t, x):
+    if not chromium_path():
+        t.ok(False, 'headless Chromium is installed (scripts/bootstrap installs Debian\'s chromium)')
+        return
+    b = Browser()
+    try:
+        page = b.open(x.url + 'app')
+        # the page's fetch and WebSocket run after load: wait for it to say it is done
+        text = b.evaluate(page, """new Promise(ok => { const f = () => { const e = document.getElementById('out');
+            if (e.dataset.done) ok(e.textContent); else new MutationObserver(f).observe(e, {attributes: true}); }; f(); })""")
+    finally:
+        b.close()
+    got = json.loads(text) if text and text.startswith('{') else {'error': text}
+    t.eq(got, {'fetched': '/api?from=page', 'forwardedHost': host_of(x.url), 'echo': 'ping from the page'},
+         'headless Chromium opens the preview URL; the page\'s fetch() and WebSocket echo reach the same sandbox')
+
+
 def test_streaming(t, x):
     s = socket.create_connection(('127.0.0.1', x.port), timeout=30)
     s.sendall(('GET /stream HTTP/1.1\r\nHost: %s\r\n\r\n' % host_of(x.url)).encode())
@@ -365,5 +400,5 @@ def test_kept_across_restart(t, x):
 
 if __name__ == '__main__':
     sys.exit(run_tests([test_expose_and_reach, test_not_found_reveals_nothing, test_keep_alive_every_request,
-                        test_500_connections, test_streaming, test_websocket,
+                        test_500_connections, test_chromium, test_streaming, test_websocket,
                         test_big_download_bounded, test_502_410, test_never_the_hosts_loopback, test_cli_expose, test_kept_across_restart], setup=Ctx))
