@@ -76,9 +76,9 @@ static void h_create(mcp_call *call, json_t *args, sbx_sandbox *unused) {
     json_array_foreach(hosts, i, h) {
       sbx_cidr c;
       const char *v = json_string_value(h);
-      if (sbx_cidr_parse(v, &c) < 0) {
-        sbx_err(&err, "VALIDATION_FAILED", "allowedHosts[%zu] '%.100s' is not an address or CIDR (like 203.0.113.0/24 or "
-                "2001:db8::/32); host names are not supported yet", i, v);
+      if (sbx_cidr_parse(v, &c) < 0 && !sbx_dns_name_valid(v)) {
+        sbx_err(&err, "VALIDATION_FAILED", "allowedHosts[%zu] '%.100s' is not a host name (\"api.example.com\", "
+                "\"*.example.com\"), an address or a CIDR (\"203.0.113.0/24\", \"2001:db8::/32\")", i, v);
         sbx_strv_clear(&o.allowed_hosts);
         return mcp_call_fail(call, &err);
       }

@@ -2,6 +2,7 @@
  * duplicates), every value checked, errors naming the key. */
 #define _GNU_SOURCE
 #include "config.h"
+#include "netpolicy.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -28,6 +29,7 @@ void sbx_config_defaults(sbx_config *c) {
 void sbx_config_free(sbx_config *c) {
   free(c->http);
   free(c->mount);
+  free(c->dns_server);
   for (size_t i = 0; i < c->n_allowed; i++) free(c->allowed_endpoints[i]);
   free(c->allowed_endpoints);
   for (size_t i = 0; i < c->n_profiles; i++) {
@@ -152,7 +154,8 @@ static int parse_buckets(sbx_config *c, json_t *b, char *err, size_t errlen) {
 }
 
 int sbx_config_parse(sbx_config *c, const char *text, size_t len, char *err, size_t errlen) {
-  static const char *const keys[] = {"maxSandboxes", "limits", "previewPort", "http", "mount", "buckets", NULL};
+  static const char *const keys[] = {"maxSandboxes", "limits", "previewPort", "http", "mount", "buckets", "dnsServer",
+                                     NULL};
   json_error_t je;
   json_t *doc = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
   if (!doc) {
@@ -177,6 +180,14 @@ int sbx_config_parse(sbx_config *c, const char *text, size_t len, char *err, siz
   if (get_string(doc, "mount", "", &c->mount, err, errlen) < 0) goto out;
   if (c->mount && c->mount[0] != '/') {
     snprintf(err, errlen, "mount must be an absolute path");
+    goto out;
+  }
+  if (get_string(doc, "dnsServer", "", &c->dns_server, err, errlen) < 0) goto out;
+  struct sockaddr_storage ss;
+  socklen_t sl;
+  if (c->dns_server && sbx_dns_server_parse(c->dns_server, &ss, &sl) < 0) {
+    snprintf(err, errlen, "dnsServer must be an address with an optional port (\"192.0.2.53\", \"127.0.0.1:5353\", "
+                          "\"[2001:db8::53]:53\")");
     goto out;
   }
   json_t *b = json_object_get(doc, "buckets");
@@ -252,6 +263,7 @@ json_t *sbx_config_json(const sbx_config *c) {
                         "profiles", profiles);
   if (c->http) json_object_set_new(j, "http", json_string(c->http));
   if (c->mount) json_object_set_new(j, "mount", json_string(c->mount));
+  json_object_set_new(j, "dnsServer", json_string(c->dns_server ? c->dns_server : "the host's resolver"));
   return j;
 }
 

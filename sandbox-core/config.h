@@ -25,6 +25,7 @@ typedef struct sbx_config {
   int preview_port;  /* 0: no preview proxy */
   char *http;        /* listen address of the HTTP transport, or NULL */
   char *mount;       /* a FUSE view the daemon runs, or NULL */
+  char *dns_server;  /* what allowedHosts names are asked of, or NULL: the host's resolver */
   char **allowed_endpoints; /* URL prefixes a bucket endpoint may start with */
   size_t n_allowed;
   sbx_bucket_profile *profiles;

@@ -27,7 +27,7 @@ static int nft_rules(const sbx_strv *allowed, const char *gw, char *out, size_t 
   if (sbx_special_nft(AF_INET, v4, sizeof v4) < 0 || sbx_special_nft(AF_INET6, v6, sizeof v6) < 0) return -ENOSPC;
   for (size_t i = 0; i < allowed->n; i++) {
     sbx_cidr c;
-    if (sbx_cidr_parse(allowed->v[i], &c) < 0) continue;
+    if (sbx_cidr_parse(allowed->v[i], &c) < 0) continue; /* a name: its addresses come with its answers */
     char *set = c.family == AF_INET ? a4 : a6;
     size_t o = strlen(set);
     snprintf(set + o, sizeof a4 - o, "%s%s", o ? ", " : "", allowed->v[i]);
@@ -52,7 +52,7 @@ static int nft_rules(const sbx_strv *allowed, const char *gw, char *out, size_t 
                    "  }\n"
                    "}\n",
                    v4, v6, *a4 ? "elements = { " : "", a4, *a4 ? " };" : "", *a6 ? "elements = { " : "", a6,
-                   *a6 ? " };" : "", allowed->n ? "# no names allowed, no DNS: " : "", gw,
+                   *a6 ? " };" : "", allowed->n ? "# DNS only through the daemon's filter: " : "", gw,
                    allowed->n ? "# " : "", gw, gw,
                    allowed->n ? "    meta nfproto ipv4 reject with icmp type admin-prohibited\n"
                                 "    meta nfproto ipv6 reject with icmpv6 type admin-prohibited\n"
@@ -101,13 +101,17 @@ static int default_gateway(char out[INET_ADDRSTRLEN]) {
   return -ENETUNREACH;
 }
 
-/* Runs argv with the sandbox's user and network namespaces joined (and no
- * other), stdin fed from `input`; returns its exit status or -errno. */
-static int run_in_netns(sbx_sandbox *sb, char *const argv[], const char *input) {
+pid_t sbx_netns_spawn(sbx_sandbox *sb, char *const argv[], const char *input, int *pidfd) {
   int p[2];
-  if (pipe2(p, O_CLOEXEC) < 0) return -errno;
-  pid_t pid = sbx_fork_child(0, NULL);
-  if (pid < 0) return -errno;
+  if (pipe2(p, O_CLOEXEC) < 0) return -1;
+  pid_t pid = sbx_fork_child(0, pidfd);
+  if (pid < 0) {
+    int e = errno;
+    close(p[0]);
+    close(p[1]);
+    errno = e;
+    return -1;
+  }
   if (pid == 0) {
     sbx_child_unblock();
     /* as sandbox root: netlink wants an identity mapped in the namespace */
@@ -121,13 +125,56 @@ static int run_in_netns(sbx_sandbox *sb, char *const argv[], const char *input) 
     _exit(127);
   }
   close(p[0]);
+  /* what is asked of nft is a few KiB: the pipe holds it all */
   int r = sbx_write_all(p[1], input, strlen(input));
   close(p[1]);
+  if (r < 0) errno = -r; /* the child sees a short input and fails: its status says so */
+  return pid;
+}
+
+/* Runs argv with the sandbox's user and network namespaces joined (and no
+ * other), stdin fed from `input`; returns its exit status or -errno. */
+static int run_in_netns(sbx_sandbox *sb, char *const argv[], const char *input) {
+  pid_t pid = sbx_netns_spawn(sb, argv, input, NULL);
+  if (pid < 0) return -errno;
   int st;
   while (waitpid(pid, &st, 0) < 0)
     if (errno != EINTR) return -errno;
-  if (r < 0) return r;
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+int sbx_netns_socket(sbx_sandbox *sb, int type, const struct sockaddr *addr, socklen_t alen) {
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) return -errno;
+  pid_t pid = sbx_fork_child(0, NULL);
+  if (pid < 0) {
+    int e = errno;
+    close(sv[0]);
+    close(sv[1]);
+    return -e;
+  }
+  if (pid == 0) {
+    sbx_child_unblock();
+    int32_t e = 0;
+    int s = -1;
+    if (setns(sb->init_pidfd, CLONE_NEWUSER | CLONE_NEWNET) < 0) e = errno;
+    else if ((s = socket(addr->sa_family, type | SOCK_NONBLOCK | SOCK_CLOEXEC, 0)) < 0) e = errno;
+    else if (bind(s, addr, alen) < 0) e = errno;
+    sbx_send_fds(sv[1], &e, sizeof e, &s, e ? 0 : 1, 0);
+    _exit(0);
+  }
+  close(sv[1]);
+  int32_t e = EIO;
+  int fd = -1;
+  ssize_t n = sbx_recv_fds(sv[0], &e, sizeof e, &fd, 1, NULL, 0);
+  close(sv[0]);
+  while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {
+  }
+  if (n != sizeof e || e || fd < 0) {
+    if (fd >= 0) close(fd);
+    return -(e ? e : EIO);
+  }
+  return fd;
 }
 
 int sbx_net_egress_start(sbx_sandbox *sb, sbx_error *err) {
@@ -208,12 +255,18 @@ int sbx_net_egress_start(sbx_sandbox *sb, sbx_error *err) {
     struct timespec ts = {0, 10 * 1000 * 1000};
     nanosleep(&ts, NULL); /* pasta has no readiness signal when it stays in the foreground */
   }
+  /* names in allowedHosts: the sandbox's resolver is the daemon's filter */
+  if (sbx_dns_filter_wanted(sb) && sbx_dns_filter_start(sb, err) < 0) {
+    sbx_net_stop(sb);
+    return -1;
+  }
   char resolv[128];
-  snprintf(resolv, sizeof resolv, "nameserver %s\n", gw);
+  snprintf(resolv, sizeof resolv, "nameserver %s\n", sb->dns ? "127.0.0.1" : gw);
   return sbx_fs_write(sb, "/etc/resolv.conf", resolv, strlen(resolv), err);
 }
 
 void sbx_net_stop(sbx_sandbox *sb) {
+  sbx_dns_filter_stop(sb);
   if (sb->net_pidfd < 0) return;
   sbx_pidfd_send_signal(sb->net_pidfd, SIGKILL);
   siginfo_t si;

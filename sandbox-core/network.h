@@ -9,3 +9,17 @@ bool sbx_net_egress_available(const char **why);
 int sbx_net_egress_start(sbx_sandbox *sb, sbx_error *err);
 /* Stops pasta (a no-op for "none"). */
 void sbx_net_stop(sbx_sandbox *sb);
+
+/* Starts argv with the sandbox's user and network namespaces joined (as
+ * its root), stdin fed from `input`: its pid (and pidfd), -1 with errno. */
+pid_t sbx_netns_spawn(sbx_sandbox *sb, char *const argv[], const char *input, int *pidfd);
+/* A socket of `type` made in the sandbox's network namespace and bound to
+ * addr there (nonblocking, close-on-exec): the fd, or -errno. */
+int sbx_netns_socket(sbx_sandbox *sb, int type, const struct sockaddr *addr, socklen_t alen);
+/* The filtering resolver of a sandbox whose allowedHosts names hosts
+ * (dnsfilter.c): on 127.0.0.1:53 in its namespace, it answers NXDOMAIN for
+ * every name not allowed, asks the host's resolver for the others, and
+ * lets the sandbox reach the addresses of the answer before it hears it. */
+bool sbx_dns_filter_wanted(const sbx_sandbox *sb);
+int sbx_dns_filter_start(sbx_sandbox *sb, sbx_error *err);
+void sbx_dns_filter_stop(sbx_sandbox *sb);

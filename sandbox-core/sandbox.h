@@ -62,6 +62,7 @@ typedef struct sbx_sandbox {
   int meminfo_fd; /* what it reads as /proc/meminfo (procfiles.h) */
   pid_t net_pid; /* pasta, for network "egress" */
   int net_pidfd;
+  struct sbx_dns *dns; /* the filtering resolver, for allowedHosts names */
   uid_t uid_base;
   int slot;
   sbx_cgroup cg;

@@ -4,7 +4,10 @@ benchmarking...), nor the host's loopback; allowedHosts narrows it to what
 it lists. The "internet" is a network namespace this test makes, with a web
 server at a 198.18.0.0/15 (benchmarking) address and another at a private
 one: never a real public address, so the tests reach only what they made."""
+import json
 import os
+import struct
+import threading
 import time
 import shutil
 import socket
@@ -17,6 +20,9 @@ K = os.getpid() % 250 + 1
 NS = 'sbxt-inet-%d' % os.getpid()
 HOST_IF, NS_IF = 'sbxh%d' % K, 'sbxn%d' % K
 PUBLIC, PRIVATE = '198.18.%d.2' % K, '10.213.%d.2' % K
+# a public address, routed to the test's own namespace while it runs: what
+# a listed name resolves to (answers open only public addresses)
+NAMED = '100.63.%d.2' % K
 
 PROBE = '''python3 - <<'PY'
 import socket
@@ -34,9 +40,48 @@ def ip(*args):
     subprocess.run(['ip'] + list(args), check=True, capture_output=True)
 
 
+class Dns:
+    """A resolver on the host's loopback (the daemon's dnsServer in this
+    test): A records for a few names, NXDOMAIN for the rest; it remembers
+    every name it was asked."""
+    RECORDS = {'ok.test': NAMED, 'a.wild.test': NAMED, 'priv.test': PRIVATE}
+
+    def __init__(self):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(('127.0.0.1', 0))
+        self.port = self.sock.getsockname()[1]
+        self.asked = []
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self):
+        while True:
+            try:
+                q, addr = self.sock.recvfrom(4096)
+            except OSError:
+                return
+            off, labels = 12, []
+            while q[off]:
+                labels.append(q[off + 1:off + 1 + q[off]].decode())
+                off += 1 + q[off]
+            name, qtype = '.'.join(labels).lower(), struct.unpack('>H', q[off + 1:off + 3])[0]
+            self.asked.append(name)
+            question = q[12:off + 5]
+            ip = self.RECORDS.get(name)
+            answers = b''
+            if ip and qtype == 1:
+                answers = b'\xc0\x0c' + struct.pack('>HHIH', 1, 1, 60, 4) + socket.inet_aton(ip)
+            flags = 0x8180 if name in self.RECORDS else 0x8183
+            self.sock.sendto(q[:2] + struct.pack('>HHHHH', flags, 1, 1 if answers else 0, 0, 0) + question + answers, addr)
+
+
 class Ctx:
     def __init__(self):
         self.env = Env()
+        self.dns = Dns()
+        conf = os.path.join(self.env.root, 'config.json')
+        with open(conf, 'w') as f:
+            json.dump({'dnsServer': '127.0.0.1:%d' % self.dns.port}, f)
+        self.env.env['SBX_CONFIG'] = conf
         self.server = None
         self.ready = False
         self.host_srv = socket.socket()
@@ -51,8 +96,9 @@ class Ctx:
             ip('link', 'set', NS_IF, 'netns', NS)
             ip('addr', 'add', '198.18.%d.1/30' % K, 'dev', HOST_IF)
             ip('addr', 'add', '10.213.%d.1/30' % K, 'dev', HOST_IF)
+            ip('addr', 'add', '100.63.%d.1/30' % K, 'dev', HOST_IF)
             ip('link', 'set', HOST_IF, 'up')
-            for a in (PUBLIC + '/30', PRIVATE + '/30'):
+            for a in (PUBLIC + '/30', PRIVATE + '/30', NAMED + '/30'):
                 ip('netns', 'exec', NS, 'ip', 'addr', 'add', a, 'dev', NS_IF)
             ip('netns', 'exec', NS, 'ip', 'link', 'set', NS_IF, 'up')
             ip('netns', 'exec', NS, 'ip', 'link', 'set', 'lo', 'up')
@@ -80,6 +126,7 @@ class Ctx:
     def close(self):
         self.env.close()
         self.close_net()
+        self.dns.sock.close()
         self.host_srv.close()
 
 
@@ -161,6 +208,52 @@ def test_allowed_hosts(t, x):
     c.ok('destroySandbox', {'sandboxId': 'net-allow'})
 
 
+def connects(c, *hosts):
+    """Whether the sandbox reaches port 8080 of each host."""
+    r = c.sh('python3 - <<\'PY\'\nimport socket\nfor h in %r:\n    s = socket.socket(); s.settimeout(5)\n'
+             '    try:\n        s.connect((h, 8080)); print(h, "open")\n    except OSError:\n        print(h, "refused")\nPY'
+             % (list(hosts),), wait=60)
+    return results(r['stdout'])
+
+
+def test_allowed_names(t, x):
+    if not x.ready:
+        t.skip('allowedHosts names', 'pasta (passt) or nft (nftables) missing: scripts/bootstrap installs them')
+        return
+    c = x.env.mcp(['--sandbox', 'net-names'])
+    c.initialize()
+    t.ok(socket.create_connection((NAMED, 8080), timeout=5) is not None, 'the host reaches the named server')
+    hosts = ['ok.test', '*.wild.test', 'priv.test']
+    c.ok('createSandbox', {'sandboxId': 'net-names', 'allowedHosts': hosts})
+    t.eq(connects(c, NAMED), {NAMED: 'refused'}, 'a listed name\'s address is refused before the name is resolved')
+    r = c.sh('getent ahostsv4 ok.test | head -1; getent ahostsv4 a.wild.test | head -1')
+    t.eq([l.split()[0] for l in r['stdout'].splitlines()], [NAMED, NAMED],
+         'a listed name and a name under a listed *.domain resolve', r)
+    t.eq(connects(c, NAMED), {NAMED: 'open'}, 'and the address of the answer is reached, at once')
+    x.dns.asked.clear()
+    r = c.sh('for n in other.test wild.test ok.test.evil.test; do getent hosts $n >/dev/null && echo $n resolves; '
+             'done; echo end', wait=60)
+    t.eq(r['stdout'].split(), ['end'], 'names not listed do not resolve (another name, the bare *.domain, a suffix)', r)
+    t.eq([n for n in x.dns.asked if n != 'ok.test'], [], 'and the host\'s resolver is never asked for them', x.dns.asked)
+    r = c.sh('getent ahostsv4 priv.test | head -1')
+    t.eq(r['stdout'].split()[:1], [PRIVATE], 'a listed name answering a private address resolves', r)
+    t.eq(connects(c, PRIVATE, PUBLIC), {PRIVATE: 'refused', PUBLIC: 'refused'},
+         'but an answer opens no private or special-purpose address (no DNS rebinding into the host\'s networks)')
+    r = c.sh('cat /etc/resolv.conf; timeout 5 python3 -c "import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); '
+             's.settimeout(2); s.sendto(b\'x\', (\'%s\', 53)); s.recv(10)" 2>/dev/null || echo no-udp' % PUBLIC, wait=30)
+    t.ok('nameserver 127.0.0.1' in r['stdout'] and 'no-udp' in r['stdout'],
+         'the sandbox\'s resolver is the filter on its own loopback; other DNS servers are not reached', r['stdout'])
+    s = {s['sandboxId']: s for s in c.ok('listSandboxes')['sandboxes']}['net-names']
+    t.eq(s.get('allowedHosts'), hosts, 'listSandboxes shows the names')
+    c.ok('destroySandbox', {'sandboxId': 'net-names'})
+    c.ok('createSandbox', {'sandboxId': 'net-names', 'allowedHosts': hosts})
+    r = c.sh('getent ahostsv4 ok.test | head -1; getent hosts other.test || echo other-none')
+    t.eq(r['stdout'].split()[:1] + r['stdout'].split()[-1:], [NAMED, 'other-none'], 'a new incarnation filters the same way', r)
+    t.eq(c.err('createSandbox', {'sandboxId': 'net-bad2', 'allowedHosts': ['exa mple.com']}), 'VALIDATION_FAILED',
+         'a malformed name is refused')
+    c.ok('destroySandbox', {'sandboxId': 'net-names'})
+
+
 def pastas(daemon):
     """pasta processes the daemon started."""
     found = []
@@ -179,4 +272,4 @@ if __name__ == '__main__':
     if os.geteuid() != 0:
         print('1..0 # SKIP needs root to make a network namespace')
         sys.exit(77)
-    sys.exit(run_tests([test_none, test_egress, test_allowed_hosts], Ctx))
+    sys.exit(run_tests([test_none, test_egress, test_allowed_hosts, test_allowed_names], Ctx))

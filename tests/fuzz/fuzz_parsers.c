@@ -7,6 +7,7 @@
 
 #include "../../sandbox-core/config.h"
 #include "../../sandbox-core/httpparse.h"
+#include "../../sandbox-core/netpolicy.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   const char *d = (const char *)data;
@@ -42,6 +43,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   int port;
   char id[64], token[17];
   sbx_preview_host_parse(d, size, &port, id, token);
+  /* the sandbox's resolver filter reads DNS messages from the sandbox and
+   * answers from the network */
+  char name[256];
+  uint16_t qtype;
+  if (sbx_dns_question(data, size, name, &qtype) == 0 && (strlen(name) > 253 || !name[0])) abort();
+  uint8_t out[SBX_DNS_MAX];
+  size_t rl = sbx_dns_reply(data, size, 3, out, sizeof out);
+  if (rl > size || rl > sizeof out) abort();
+  sbx_dns_addr addrs[8];
+  if (sbx_dns_addresses(data, size, addrs, 8) > 8) abort();
+  if (size < 300) {
+    char s[300];
+    memcpy(s, d, size);
+    s[size] = 0;
+    if (sbx_dns_name_valid(s)) sbx_dns_name_match(s, "a.example.com");
+    struct sockaddr_storage ss;
+    socklen_t sl;
+    sbx_dns_server_parse(s, &ss, &sl);
+  }
   sbx_config c;
   sbx_config_defaults(&c);
   char err[512];

@@ -40,6 +40,9 @@ seeds = [
     b'POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:8788\r\nAuthorization: Bearer abc\r\nContent-Length: 2\r\n\r\n{}',
     b'GET / HTTP/1.1\r\nHost: 3000-my-box-abcdefghijklmnop.localhost:8787\r\nUpgrade: websocket\r\n\r\n',
     b'3000-my-box-abcdefghijklmnop.localhost:8787',
+    bytes.fromhex('abcd01000001000000000000026f6b04746573740000010001'),
+    bytes.fromhex('abcd81800001000200000000026f6b04746573740000010001c00c0005000100000e10000603777777c00cc02a00010001000000'
+                  '3c000464400102'),
     b'POST /u HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip, chunked\r\n\r\n3;x=1\r\nabc\r\n0\r\nT: 1\r\n\r\nGET / HTTP/1.1\r\n\r\n',
     b'POST /u HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\nConnection: keep-alive, Upgrade\r\nUpgrade: x\r\n\r\nhello',
     json.dumps({'maxSandboxes': 8, 'limits': {'memoryMB': 512, 'cpus': 1.5, 'pids': 100, 'diskMB': 1024},
@@ -58,7 +61,7 @@ for t in mcp parsers; do
   c=$corpus
   [ $t = parsers ] && c=$pcorpus
   what="the message path"
-  [ $t = parsers ] && what="HTTP heads, request framing, preview hosts and the config file"
+  [ $t = parsers ] && what="HTTP heads, request framing, preview hosts, DNS messages and the config file"
   if build-fuzz/tests/fuzz-$t -max_total_time="$secs" -max_len=65536 -rss_limit_mb=2048 -timeout=10 \
        -artifact_prefix=build-fuzz/crashes/$t- "$c" >build-fuzz/fuzz-$t.log 2>&1; then
     runs=$(grep -ao 'Done [0-9]* runs' build-fuzz/fuzz-$t.log | grep -o '[0-9]*' | tail -1)

@@ -181,6 +181,49 @@ static void test_http_framing(void) {
      "framing: an upgrade request");
 }
 
+static void test_dns(void) {
+  OK(sbx_dns_name_valid("api.example.com") && sbx_dns_name_valid("*.example.com") && sbx_dns_name_valid("_srv.x-y.io"),
+     "dns: names and *.domain patterns are valid");
+  OK(!sbx_dns_name_valid("10.0.0.1") && !sbx_dns_name_valid("a..b") && !sbx_dns_name_valid("a b") &&
+         !sbx_dns_name_valid("a.*.b") && !sbx_dns_name_valid("x.") && !sbx_dns_name_valid(""),
+     "dns: an address, an empty label, a blank, an inner *, a trailing dot are not names");
+  OK(sbx_dns_name_match("*.example.com", "a.b.example.com") && !sbx_dns_name_match("*.example.com", "example.com") &&
+         !sbx_dns_name_match("*.example.com", "badexample.com") && sbx_dns_name_match("Example.com", "example.com") &&
+         !sbx_dns_name_match("example.com", "a.example.com"),
+     "dns: *.domain matches names under it only; a name matches itself only");
+  /* id abcd, RD, one question: ok.test A IN */
+  static const uint8_t q[] = {0xab, 0xcd, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 2, 'O', 'k', 4, 't', 'e', 's', 't', 0, 0, 1, 0, 1};
+  char name[256];
+  uint16_t qt;
+  OK(sbx_dns_question(q, sizeof q, name, &qt) == 0 && !strcmp(name, "ok.test") && qt == 1, "dns: a query's name, lowered");
+  uint8_t bad[sizeof q];
+  memcpy(bad, q, sizeof q);
+  bad[14] = '.'; /* "o.": a dot inside a label would fake another name */
+  OK(sbx_dns_question(bad, sizeof bad, name, &qt) < 0, "dns: a label with a dot in it is refused");
+  memcpy(bad, q, sizeof q);
+  bad[2] |= 0x80;
+  OK(sbx_dns_question(bad, sizeof bad, name, &qt) < 0 && sbx_dns_question(q, 20, name, &qt) < 0,
+     "dns: an answer, or a cut query, is not a query");
+  uint8_t r[64];
+  size_t rl = sbx_dns_reply(q, sizeof q, 3, r, sizeof r);
+  OK(rl == sizeof q && r[0] == 0xab && r[2] == 0x81 && r[3] == 0x83 && r[7] == 0, "dns: NXDOMAIN keeps id and question");
+  /* an answer: ok.test CNAME www.ok.test (compressed), www A 100.64.1.2 */
+  static const uint8_t a[] = {0xab, 0xcd, 0x81, 0x80, 0, 1, 0, 2, 0, 0, 0, 0, 2, 'o', 'k', 4, 't', 'e', 's', 't', 0, 0,
+                              1, 0, 1, 0xc0, 12, 0, 5, 0, 1, 0, 0, 0, 60, 0, 6, 3, 'w', 'w', 'w', 0xc0, 12, 0xc0, 37,
+                              0, 1, 0, 1, 0, 0, 0, 60, 0, 4, 100, 64, 1, 2};
+  sbx_dns_addr ad[4];
+  OK(sbx_dns_addresses(a, sizeof a, ad, 4) == 1 && ad[0].family == AF_INET && ad[0].addr[0] == 100 && ad[0].addr[3] == 2,
+     "dns: the A record behind a CNAME");
+  OK(sbx_dns_addresses(a, sizeof a - 1, ad, 4) < 0, "dns: a record cut short is malformed");
+  struct sockaddr_storage ss;
+  socklen_t sl;
+  OK(sbx_dns_server_parse("127.0.0.1:5353", &ss, &sl) == 0 && ntohs(((struct sockaddr_in *)&ss)->sin_port) == 5353 &&
+         sbx_dns_server_parse("[::1]:54", &ss, &sl) == 0 && ss.ss_family == AF_INET6 &&
+         sbx_dns_server_parse("2001:db8::1", &ss, &sl) == 0 && ntohs(((struct sockaddr_in6 *)&ss)->sin6_port) == 53 &&
+         sbx_dns_server_parse("dns.example:53", &ss, &sl) < 0 && sbx_dns_server_parse("1.2.3.4:0", &ss, &sl) < 0,
+     "dns: resolver addresses with and without ports");
+}
+
 static const char *find(sbx_cg_setting *s, int n, const char *file) {
   for (int i = 0; i < n; i++)
     if (!strcmp(s[i].file, file)) return s[i].value;
@@ -340,6 +383,7 @@ int main(void) {
   test_env();
   test_http_parse();
   test_http_framing();
+  test_dns();
   test_cgroup_mapping();
   test_schema();
   test_special_ranges();

@@ -1,0 +1,326 @@
+/* The filtering resolver of a sandbox whose allowedHosts names hosts.
+ *
+ * A UDP socket bound to 127.0.0.1:53 inside the sandbox's network namespace
+ * (made there, held by the daemon: nothing in the sandbox can take the
+ * port or see the host's resolver) takes its queries. A name no pattern
+ * allows is answered NXDOMAIN at once and never asked further. An allowed
+ * one is asked of the host's resolver (or the configuration's dnsServer)
+ * from the host's side; the A and AAAA addresses of the answer are added
+ * to the sandbox's nftables allowlist, and only then does the sandbox hear
+ * the answer, so its first connect is let through. Addresses in a
+ * special-purpose range (private, loopback, link-local...) are not opened
+ * by an answer: a name cannot lead into the host's networks (DNS
+ * rebinding) unless a CIDR in allowedHosts lists them too. The egress filter
+ * refuses every other DNS server, so this is the only way names resolve.
+ *
+ * Bounds: 64 queries in flight per sandbox (SERVFAIL past them), 16 nft
+ * runs at once, 4,096 addresses opened by names per sandbox incarnation.
+ * Addresses stay allowed until the sandbox stops (TTLs are not followed:
+ * a connection must not break when a record expires). Only UDP: an answer
+ * too big for it comes truncated and the TCP retry finds nothing. */
+#define _GNU_SOURCE
+#include "config.h"
+#include "netpolicy.h"
+#include "network.h"
+
+#include <arpa/inet.h>
+#include <sys/random.h>
+#include <sys/wait.h>
+
+#define PENDING_MAX 64
+#define QUERY_TIMEOUT_MS 5000
+#define JOBS_MAX 16
+#define KNOWN_MAX 4096
+#define ANSWER_ADDRS 32 /* addresses taken from one answer */
+
+typedef struct pending {
+  bool used;
+  uint16_t up_id, client_id, qtype;
+  uint64_t at;
+  struct sockaddr_in client;
+  char name[256];
+} pending;
+
+struct sbx_dns;
+
+/* An answer held back until nft has opened its addresses. */
+typedef struct nft_job {
+  struct sbx_dns *f;
+  uv_poll_t poll;
+  int pidfd;
+  sbx_dns_addr addrs[ANSWER_ADDRS];
+  int naddrs;
+  struct sockaddr_in to;
+  size_t len;
+  uint8_t data[SBX_DNS_MAX];
+  struct nft_job *next;
+} nft_job;
+
+typedef struct sbx_dns {
+  sbx_sandbox *sb; /* NULL once stopped */
+  uv_udp_t in, up;
+  int handles;
+  struct sockaddr_storage server;
+  socklen_t server_len;
+  pending p[PENDING_MAX];
+  sbx_dns_addr *known;
+  int nknown;
+  nft_job *jobs;
+  int njobs;
+} sbx_dns;
+
+bool sbx_dns_filter_wanted(const sbx_sandbox *sb) {
+  for (size_t i = 0; i < sb->opts.allowed_hosts.n; i++)
+    if (sbx_dns_name_valid(sb->opts.allowed_hosts.v[i])) return true;
+  return false;
+}
+
+static bool name_allowed(const sbx_sandbox *sb, const char *name) {
+  for (size_t i = 0; i < sb->opts.allowed_hosts.n; i++) {
+    const char *pat = sb->opts.allowed_hosts.v[i];
+    if (sbx_dns_name_valid(pat) && sbx_dns_name_match(pat, name)) return true;
+  }
+  return false;
+}
+
+/* The resolver to ask: the configuration's dnsServer, else the first
+ * nameserver of the host's /etc/resolv.conf. */
+static int upstream(struct sockaddr_storage *ss, socklen_t *len) {
+  const sbx_config *c = sbx_config_get();
+  if (c && c->dns_server) return sbx_dns_server_parse(c->dns_server, ss, len);
+  _cleanup_fclose_ FILE *f = fopen("/etc/resolv.conf", "re");
+  char line[256], addr[128];
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, " nameserver %127s", addr) == 1 && sbx_dns_server_parse(addr, ss, len) == 0) {
+      if (ss->ss_family == AF_INET6 && strchr(addr, '%')) continue; /* a scoped address: not for us */
+      return 0;
+    }
+  return -1;
+}
+
+static void unref(sbx_dns *f) {
+  if (--f->handles == 0) {
+    free(f->known);
+    free(f);
+  }
+}
+
+static void handle_closed(uv_handle_t *h) { unref(h->data); }
+
+static void reply_to(sbx_dns *f, const struct sockaddr_in *to, const uint8_t *m, size_t len) {
+  if (!f->sb) return;
+  uv_buf_t b = uv_buf_init((char *)m, (unsigned)len);
+  uv_udp_try_send(&f->in, &b, 1, (const struct sockaddr *)to); /* a full buffer drops it: the client asks again */
+}
+
+static void refuse(sbx_dns *f, const struct sockaddr_in *to, const uint8_t *q, size_t len, int rcode) {
+  uint8_t out[SBX_DNS_MAX];
+  size_t n = sbx_dns_reply(q, len, rcode, out, sizeof out);
+  if (n) reply_to(f, to, out, n);
+}
+
+static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *b) {
+  (void)h, (void)suggested;
+  static char buf[SBX_DNS_MAX]; /* one loop: a datagram is handled before the next is read */
+  *b = uv_buf_init(buf, sizeof buf);
+}
+
+static void on_query(uv_udp_t *h, ssize_t n, const uv_buf_t *b, const struct sockaddr *from, unsigned flags) {
+  sbx_dns *f = h->data;
+  if (n <= 0 || !from || from->sa_family != AF_INET || (flags & UV_UDP_PARTIAL) || !f->sb) return;
+  const uint8_t *q = (const uint8_t *)b->base;
+  const struct sockaddr_in *client = (const struct sockaddr_in *)from;
+  char name[256];
+  uint16_t qtype;
+  if (sbx_dns_question(q, (size_t)n, name, &qtype) < 0) return refuse(f, client, q, (size_t)n, 1); /* FORMERR */
+  if (!name_allowed(f->sb, name)) return refuse(f, client, q, (size_t)n, 3);                    /* NXDOMAIN */
+  uint64_t now = uv_now(h->loop);
+  pending *p = NULL;
+  for (int i = 0; i < PENDING_MAX && !p; i++)
+    if (!f->p[i].used || now - f->p[i].at > QUERY_TIMEOUT_MS) p = &f->p[i];
+  if (!p) return refuse(f, client, q, (size_t)n, 2); /* SERVFAIL: too many at once */
+  uint16_t id;
+  for (;;) { /* an id no other query in flight has: answers are matched by it */
+    if (getrandom(&id, sizeof id, 0) != sizeof id) return refuse(f, client, q, (size_t)n, 2);
+    bool taken = false;
+    for (int i = 0; i < PENDING_MAX; i++) taken |= f->p[i].used && &f->p[i] != p && f->p[i].up_id == id;
+    if (!taken) break;
+  }
+  *p = (pending){.used = true, .up_id = id, .client_id = (uint16_t)(q[0] << 8 | q[1]), .qtype = qtype, .at = now,
+                 .client = *client};
+  snprintf(p->name, sizeof p->name, "%s", name);
+  uint8_t out[SBX_DNS_MAX];
+  memcpy(out, q, (size_t)n);
+  out[0] = (uint8_t)(id >> 8), out[1] = (uint8_t)id;
+  uv_buf_t ob = uv_buf_init((char *)out, (unsigned)n);
+  if (uv_udp_try_send(&f->up, &ob, 1, (const struct sockaddr *)&f->server) < 0) {
+    p->used = false;
+    refuse(f, client, q, (size_t)n, 2);
+  }
+}
+
+static bool known(const sbx_dns *f, const sbx_dns_addr *a) {
+  for (int i = 0; i < f->nknown; i++)
+    if (f->known[i].family == a->family && !memcmp(f->known[i].addr, a->addr, a->family == AF_INET ? 4 : 16))
+      return true;
+  return false;
+}
+
+static void job_closed(uv_handle_t *h) {
+  nft_job *j = h->data;
+  sbx_dns *f = j->f;
+  free(j);
+  unref(f); /* the job held the filter too */
+}
+
+static void job_end(nft_job *j, bool ok) {
+  sbx_dns *f = j->f;
+  for (nft_job **pp = &f->jobs; *pp; pp = &(*pp)->next)
+    if (*pp == j) {
+      *pp = j->next;
+      break;
+    }
+  f->njobs--;
+  if (ok && f->sb) {
+    for (int i = 0; i < j->naddrs && f->nknown < KNOWN_MAX; i++)
+      if (!known(f, &j->addrs[i])) f->known[f->nknown++] = j->addrs[i];
+    reply_to(f, &j->to, j->data, j->len);
+  } else if (f->sb) {
+    refuse(f, &j->to, j->data, j->len, 2); /* the addresses could not be opened: no answer to use */
+  }
+  uv_poll_stop(&j->poll);
+  close(j->pidfd);
+  uv_close((uv_handle_t *)&j->poll, job_closed);
+}
+
+static void job_exited(uv_poll_t *h, int status, int events) {
+  (void)status, (void)events;
+  nft_job *j = h->data;
+  siginfo_t si = {0};
+  if (waitid(P_PIDFD, j->pidfd, &si, WEXITED | WNOHANG) < 0 || !si.si_pid) return;
+  job_end(j, si.si_code == CLD_EXITED && si.si_status == 0);
+}
+
+/* nft adds the answer's new addresses to the sandbox's allowlist; the
+ * answer goes out when it is done. */
+static void open_then_reply(sbx_dns *f, const sbx_dns_addr *addrs, int n, const struct sockaddr_in *to,
+                            const uint8_t *m, size_t len) {
+  nft_job *j = f->njobs < JOBS_MAX ? calloc(1, sizeof *j) : NULL;
+  if (!j) return refuse(f, to, m, len, 2);
+  char v4[ANSWER_ADDRS * 48] = "", v6[ANSWER_ADDRS * 48] = "", input[2 * sizeof v4 + 128] = "";
+  for (int i = 0; i < n; i++) {
+    char a[INET6_ADDRSTRLEN];
+    inet_ntop(addrs[i].family, addrs[i].addr, a, sizeof a);
+    char *set = addrs[i].family == AF_INET ? v4 : v6;
+    size_t o = strlen(set);
+    snprintf(set + o, sizeof v4 - o, "%s%s", o ? ", " : "", a);
+  }
+  size_t o = 0;
+  if (*v4) o += (size_t)snprintf(input + o, sizeof input - o, "add element inet sbx allowed4 { %s }\n", v4);
+  if (*v6) snprintf(input + o, sizeof input - o, "add element inet sbx allowed6 { %s }\n", v6);
+  static char nft[] = "/usr/sbin/nft";
+  char *argv[] = {access(nft, X_OK) == 0 ? nft : "/sbin/nft", "-f", "-", NULL};
+  j->pidfd = -1;
+  if (sbx_netns_spawn(f->sb, argv, input, &j->pidfd) < 0 || j->pidfd < 0) {
+    free(j);
+    return refuse(f, to, m, len, 2);
+  }
+  j->f = f;
+  memcpy(j->addrs, addrs, (size_t)n * sizeof *addrs);
+  j->naddrs = n;
+  j->to = *to;
+  j->len = len;
+  memcpy(j->data, m, len);
+  uv_poll_init(f->in.loop, &j->poll, j->pidfd);
+  j->poll.data = j;
+  uv_poll_start(&j->poll, UV_READABLE, job_exited);
+  f->handles++;
+  j->next = f->jobs;
+  f->jobs = j;
+  f->njobs++;
+}
+
+static bool same_server(const sbx_dns *f, const struct sockaddr *from) {
+  if (!from || from->sa_family != f->server.ss_family) return false;
+  if (from->sa_family == AF_INET) {
+    const struct sockaddr_in *a = (const void *)from, *b = (const void *)&f->server;
+    return a->sin_port == b->sin_port && a->sin_addr.s_addr == b->sin_addr.s_addr;
+  }
+  const struct sockaddr_in6 *a = (const void *)from, *b = (const void *)&f->server;
+  return a->sin6_port == b->sin6_port && !memcmp(&a->sin6_addr, &b->sin6_addr, 16);
+}
+
+static void on_answer(uv_udp_t *h, ssize_t n, const uv_buf_t *b, const struct sockaddr *from, unsigned flags) {
+  sbx_dns *f = h->data;
+  if (n < 12 || (flags & UV_UDP_PARTIAL) || !f->sb || !same_server(f, from)) return;
+  uint8_t *m = (uint8_t *)b->base;
+  uint16_t id = (uint16_t)(m[0] << 8 | m[1]);
+  pending *p = NULL;
+  for (int i = 0; i < PENDING_MAX && !p; i++)
+    if (f->p[i].used && f->p[i].up_id == id) p = &f->p[i];
+  char name[256];
+  uint16_t qtype;
+  /* the answer to the question asked, or nothing */
+  if (!p || !(m[2] & 0x80) || sbx_dns_question_of(m, (size_t)n, name, &qtype) < 0 || qtype != p->qtype ||
+      strcmp(name, p->name))
+    return;
+  p->used = false;
+  m[0] = (uint8_t)(p->client_id >> 8), m[1] = (uint8_t)p->client_id;
+  sbx_dns_addr addrs[ANSWER_ADDRS], fresh[ANSWER_ADDRS];
+  int k = sbx_dns_addresses(m, (size_t)n, addrs, ANSWER_ADDRS), nf = 0;
+  if (k < 0) return refuse(f, &p->client, m, (size_t)n, 2);
+  for (int i = 0; i < k; i++) /* a special-purpose address stays refused unless a CIDR lists it */
+    if (!sbx_addr_special(addrs[i].family, addrs[i].addr) && !known(f, &addrs[i]) && f->nknown + nf < KNOWN_MAX)
+      fresh[nf++] = addrs[i];
+  if (!nf) return reply_to(f, &p->client, m, (size_t)n);
+  open_then_reply(f, fresh, nf, &p->client, m, (size_t)n);
+}
+
+int sbx_dns_filter_start(sbx_sandbox *sb, sbx_error *err) {
+  uv_loop_t *loop = sbx_engine_cfg()->loop;
+  if (!loop) return sbx_err(err, "INTERNAL", "allowedHosts names need the daemon's loop");
+  sbx_dns *f = calloc(1, sizeof *f);
+  if (f) f->known = calloc(KNOWN_MAX, sizeof *f->known);
+  if (!f || !f->known) {
+    if (f) free(f);
+    return sbx_err(err, "INTERNAL", "out of memory");
+  }
+  if (upstream(&f->server, &f->server_len) < 0) {
+    free(f->known);
+    free(f);
+    return sbx_err(err, "VALIDATION_FAILED", "allowedHosts names hosts, but the host has no resolver to ask (no "
+                                             "nameserver in /etc/resolv.conf; set dnsServer in the configuration)");
+  }
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(53), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  int in = sbx_netns_socket(sb, SOCK_DGRAM, (struct sockaddr *)&a, sizeof a);
+  int up = socket(f->server.ss_family, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (in < 0 || up < 0) {
+    int e = in < 0 ? -in : errno;
+    if (in >= 0) close(in);
+    if (up >= 0) close(up);
+    free(f->known);
+    free(f);
+    return sbx_err_errno(err, "INTERNAL", e, "starting the resolver of sandbox '%s'", sb->id);
+  }
+  uv_udp_init(loop, &f->in);
+  uv_udp_init(loop, &f->up);
+  f->in.data = f->up.data = f;
+  f->handles = 2;
+  f->sb = sb;
+  uv_udp_open(&f->in, in);
+  uv_udp_open(&f->up, up);
+  uv_udp_recv_start(&f->in, alloc_cb, on_query);
+  uv_udp_recv_start(&f->up, alloc_cb, on_answer);
+  sb->dns = f;
+  return 0;
+}
+
+void sbx_dns_filter_stop(sbx_sandbox *sb) {
+  sbx_dns *f = sb->dns;
+  if (!f) return;
+  sb->dns = NULL;
+  f->sb = NULL;
+  for (nft_job *j = f->jobs; j; j = j->next) sbx_pidfd_send_signal(j->pidfd, SIGKILL); /* they end as usual */
+  uv_close((uv_handle_t *)&f->in, handle_closed);
+  uv_close((uv_handle_t *)&f->up, handle_closed);
+}
