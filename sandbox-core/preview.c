@@ -323,7 +323,7 @@ typedef struct pchunk {
   pconn *c;
   bool to_client;
   size_t len;
-  char *owned; /* a read buffer passed on as it is, or NULL (data follows) */
+  char *owned; /* a read buffer (of the pool) passed on as it is, or NULL (data follows) */
   char data[];
 } pchunk;
 
@@ -360,10 +360,24 @@ static void close_sandbox_conns(const char *id, int port) {
     if (!strcmp(c->sandbox, id) && (!port || c->port == port)) conn_close(c);
 }
 
+/* Read buffers, reused: fresh ones would cost a page fault per 4 KiB read
+ * (malloc hands big blocks back to the system as they are freed). At most
+ * POOL_KEPT idle ones are kept. */
+#define READ_BUF (256 * 1024)
+#define POOL_KEPT 16
+static char *pool[POOL_KEPT];
+static int npool;
+
+static void buf_put(char *b) {
+  if (!b) return;
+  if (npool < POOL_KEPT) pool[npool++] = b;
+  else free(b);
+}
+
 static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *b) {
   (void)h, (void)suggested;
-  b->base = malloc(256 * 1024);
-  b->len = b->base ? 256 * 1024 : 0;
+  b->base = npool ? pool[--npool] : malloc(READ_BUF);
+  b->len = b->base ? READ_BUF : 0;
 }
 
 static void on_idle(uv_timer_t *t) { conn_close(t->data); }
@@ -377,7 +391,7 @@ static void written(uv_write_t *req, int status) {
   bool to_client = w->to_client;
   if (to_client) c->to_client -= w->len;
   else c->to_up -= w->len;
-  free(w->owned);
+  buf_put(w->owned);
   free(w);
   if (status < 0) return conn_close(c);
   if (c->closing) return;
@@ -392,7 +406,7 @@ static void written(uv_write_t *req, int status) {
 static void send_buf(pconn *c, bool to_client, char *owned, const char *data, size_t len) {
   pchunk *w = malloc(sizeof *w + (owned ? 0 : len));
   if (!w) {
-    free(owned);
+    buf_put(owned);
     return conn_close(c);
   }
   w->c = c;
@@ -403,7 +417,7 @@ static void send_buf(pconn *c, bool to_client, char *owned, const char *data, si
   uv_buf_t b = uv_buf_init(owned ? owned : w->data, (unsigned)len);
   uv_stream_t *s = to_client ? (uv_stream_t *)&c->client : (uv_stream_t *)&c->upstream;
   if (uv_write(&w->req, s, &b, 1, written) < 0) {
-    free(w->owned);
+    buf_put(w->owned);
     free(w);
     return conn_close(c);
   }
@@ -420,7 +434,7 @@ static void send_to(pconn *c, bool to_client, const char *data, size_t len) { se
 static void send_read(pconn *c, bool to_client, char *buf, size_t len) {
   if (len >= 128 * 1024) return send_buf(c, to_client, buf, NULL, len);
   send_buf(c, to_client, NULL, buf, len);
-  free(buf);
+  buf_put(buf);
 }
 
 static void answer(pconn *c, int code, const char *reason, const char *body) {
@@ -461,7 +475,7 @@ static void up_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
     activity(c);
     send_read(c, true, b->base, (size_t)n);
   } else {
-    free(b->base);
+    buf_put(b->base);
   }
   if (n < 0 && !c->closing) {
     uv_read_stop(s);
@@ -499,7 +513,8 @@ static void forward_head(pconn *c, const char *p, size_t hl, const char *headers
     sbx_buf_free(&out);
     return conn_close(c);
   }
-  send_buf(c, false, out.data, NULL, out.len);
+  send_to(c, false, out.data, out.len); /* owned buffers are the read pool's */
+  sbx_buf_free(&out);
 }
 
 /* A later request on the connection that cannot be passed on (another
@@ -690,7 +705,7 @@ static void client_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
     } else if (c->up_open && !c->head.len && c->mode == M_BODY) {
       long k = sbx_http_body_feed(&c->body, b->base, (size_t)n);
       if (k < 0) {
-        free(b->base);
+        buf_put(b->base);
         return conn_close(c);
       }
       if (sbx_http_body_done(&c->body)) c->mode = c->upgrade ? M_TUNNEL : M_HEAD;
@@ -703,7 +718,7 @@ static void client_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
       drain(c);
     }
   }
-  if (b) free(b->base);
+  if (b) buf_put(b->base);
   if (n < 0 && !c->closing) {
     uv_read_stop(s);
     if (c->up_open) half_close(c, true);
