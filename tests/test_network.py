@@ -6,14 +6,13 @@ server at a 198.18.0.0/15 (benchmarking) address and another at a private
 one: never a real public address, so the tests reach only what they made."""
 import json
 import os
-import struct
-import threading
 import time
 import shutil
 import socket
 import subprocess
 import sys
 
+from dnsserver import Dns
 from sbxtest import Env, run_tests, wait_until
 
 K = os.getpid() % 250 + 1
@@ -40,44 +39,10 @@ def ip(*args):
     subprocess.run(['ip'] + list(args), check=True, capture_output=True)
 
 
-class Dns:
-    """A resolver on the host's loopback (the daemon's dnsServer in this
-    test): A records for a few names, NXDOMAIN for the rest; it remembers
-    every name it was asked."""
-    RECORDS = {'ok.test': NAMED, 'a.wild.test': NAMED, 'priv.test': PRIVATE}
-
-    def __init__(self):
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(('127.0.0.1', 0))
-        self.port = self.sock.getsockname()[1]
-        self.asked = []
-        threading.Thread(target=self.serve, daemon=True).start()
-
-    def serve(self):
-        while True:
-            try:
-                q, addr = self.sock.recvfrom(4096)
-            except OSError:
-                return
-            off, labels = 12, []
-            while q[off]:
-                labels.append(q[off + 1:off + 1 + q[off]].decode())
-                off += 1 + q[off]
-            name, qtype = '.'.join(labels).lower(), struct.unpack('>H', q[off + 1:off + 3])[0]
-            self.asked.append(name)
-            question = q[12:off + 5]
-            ip = self.RECORDS.get(name)
-            answers = b''
-            if ip and qtype == 1:
-                answers = b'\xc0\x0c' + struct.pack('>HHIH', 1, 1, 60, 4) + socket.inet_aton(ip)
-            flags = 0x8180 if name in self.RECORDS else 0x8183
-            self.sock.sendto(q[:2] + struct.pack('>HHHHH', flags, 1, 1 if answers else 0, 0, 0) + question + answers, addr)
-
-
 class Ctx:
     def __init__(self):
         self.env = Env()
-        self.dns = Dns()
+        self.dns = Dns({'ok.test': NAMED, 'a.wild.test': NAMED, 'priv.test': PRIVATE})
         conf = os.path.join(self.env.root, 'config.json')
         with open(conf, 'w') as f:
             json.dump({'dnsServer': '127.0.0.1:%d' % self.dns.port}, f)
@@ -126,7 +91,7 @@ class Ctx:
     def close(self):
         self.env.close()
         self.close_net()
-        self.dns.sock.close()
+        self.dns.close()
         self.host_srv.close()
 
 

@@ -1,10 +1,13 @@
 """The daemon as an unprivileged user: exec, files and namespaces work;
 limits it cannot enforce fail with RESOURCE_LIMIT; nothing of the host
 leaks."""
+import json
 import os
+import shutil
 import subprocess
 import sys
 
+from dnsserver import Dns
 from sbxtest import Env, run_tests
 
 UID = GID = 4242  # an unprivileged uid with no other business on the machine
@@ -23,11 +26,17 @@ class Ctx:
                                 '--shell', '/usr/sbin/nologin', 'sbx-rootless-test'], capture_output=True)
             self.made_user = r.returncode == 0
         self.env = Env(user=(UID, GID))
+        self.dns = Dns({'ok.test': '100.63.0.9'})  # what allowedHosts names are asked of
+        conf = os.path.join(self.env.root, 'config.json')
+        with open(conf, 'w') as f:
+            json.dump({'dnsServer': '127.0.0.1:%d' % self.dns.port}, f)
+        self.env.env['SBX_CONFIG'] = conf
         self.c = self.env.mcp(['--sandbox', 'rl'])
         self.c.initialize()
 
     def close(self):
         self.env.close()
+        self.dns.close()
         if self.made_user:
             subprocess.run(['userdel', 'sbx-rootless-test'], capture_output=True)
 
@@ -147,8 +156,26 @@ def test_escape(t, x):
     t.eq(x.c.sh('ps -e -o comm= | grep -c python3 || true')['stdout'].strip(), '0', 'host processes invisible')
 
 
+def test_egress_names(t, x):
+    if not (shutil.which('pasta') and shutil.which('nft')):
+        t.skip('allowedHosts names rootless', 'pasta (passt) or nft (nftables) missing: scripts/bootstrap installs them')
+        return
+    if os.stat('/dev/net/tun').st_mode & 0o006 != 0o006:
+        t.skip('allowedHosts names rootless', '/dev/net/tun is not read-write for other users on this machine '
+               '(mode %o; 0666 on most systems): rootless egress cannot start pasta' % (os.stat('/dev/net/tun').st_mode & 0o777))
+        return
+    c = x.c
+    c.ok('createSandbox', {'sandboxId': 'rl-net', 'allowedHosts': ['ok.test']})
+    r = c.sh('cat /etc/resolv.conf; getent ahostsv4 ok.test | head -1; getent hosts other.test || echo other-none',
+             sandbox='rl-net', wait=60)
+    out = r['stdout'].split()
+    t.ok('127.0.0.1' in out and '100.63.0.9' in out and out[-1] == 'other-none',
+         'rootless, allowedHosts names resolve through the filter and others do not', r)
+    c.ok('destroySandbox', {'sandboxId': 'rl-net'})
+
+
 if __name__ == '__main__':
     if os.geteuid() != 0:
         print('1..0 # SKIP needs root to drop to an unprivileged user')
         sys.exit(77)
-    sys.exit(run_tests([test_exec_and_identity, test_files, test_system_dirs_read_only, test_limits, test_durable, test_view, test_escape], Ctx))
+    sys.exit(run_tests([test_exec_and_identity, test_files, test_system_dirs_read_only, test_limits, test_durable, test_view, test_escape, test_egress_names], Ctx))
