@@ -95,6 +95,17 @@ class Ctx:
         self.host_srv.close()
 
 
+def egress_client(t, x, what, sandbox):
+    """An MCP client for a test that needs egress; None (the test skipped)
+    when pasta or nft is missing."""
+    if not x.ready:
+        t.skip(what, 'pasta (passt) or nft (nftables) missing: scripts/bootstrap installs them')
+        return None
+    c = x.env.mcp(['--sandbox', sandbox])
+    c.initialize()
+    return c
+
+
 def results(out):
     return dict(l.split() for l in out.strip().splitlines())
 
@@ -118,11 +129,9 @@ def test_none(t, x):
 
 
 def test_egress(t, x):
-    if not x.ready:
-        t.skip('egress', 'pasta (passt) or nft (nftables) missing: scripts/bootstrap installs them')
+    c = egress_client(t, x, 'egress', 'net-egress')
+    if not c:
         return
-    c = x.env.mcp(['--sandbox', 'net-egress'])
-    c.initialize()
     t.ok(socket.create_connection((PRIVATE, 8080), timeout=5) is not None, 'the host itself reaches the private server')
     r = c.ok('createSandbox', {'sandboxId': 'net-egress', 'network': 'egress'})
     t.eq(r['created'], True, 'createSandbox with network egress')
@@ -141,11 +150,9 @@ def test_egress(t, x):
 
 
 def test_allowed_hosts(t, x):
-    if not x.ready:
-        t.skip('allowedHosts', 'pasta (passt) or nft (nftables) missing: scripts/bootstrap installs them')
+    c = egress_client(t, x, 'allowedHosts', 'net-allow')
+    if not c:
         return
-    c = x.env.mcp(['--sandbox', 'net-allow'])
-    c.initialize()
     other = '198.18.%d.1' % K  # the test internet's other end: up, and not listed
     t.ok(socket.create_connection((PUBLIC, 8080), timeout=5) is not None, 'the host reaches the listed server')
     r = c.ok('createSandbox', {'sandboxId': 'net-allow', 'allowedHosts': [PUBLIC + '/32']})
@@ -182,11 +189,9 @@ def connects(c, *hosts):
 
 
 def test_allowed_names(t, x):
-    if not x.ready:
-        t.skip('allowedHosts names', 'pasta (passt) or nft (nftables) missing: scripts/bootstrap installs them')
+    c = egress_client(t, x, 'allowedHosts names', 'net-names')
+    if not c:
         return
-    c = x.env.mcp(['--sandbox', 'net-names'])
-    c.initialize()
     t.ok(socket.create_connection((NAMED, 8080), timeout=5) is not None, 'the host reaches the named server')
     hosts = ['ok.test', '*.wild.test', 'priv.test']
     c.ok('createSandbox', {'sandboxId': 'net-names', 'allowedHosts': hosts})
