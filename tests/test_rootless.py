@@ -156,6 +156,30 @@ def test_escape(t, x):
     t.eq(x.c.sh('ps -e -o comm= | grep -c python3 || true')['stdout'].strip(), '0', 'host processes invisible')
 
 
+def test_local_bucket(t, x):
+    """A local bucket rootless: served by the user's own FUSE server, it keeps
+    its files across an idle reset while the rest of /workspace goes."""
+    mode = os.stat('/dev/fuse').st_mode & 0o777
+    if mode != 0o666:  # as in test_view: Debian's mode, for this test
+        os.chmod('/dev/fuse', 0o666)
+    try:
+        c = x.c
+        c.ok('createSandbox', {'sandboxId': 'rl-keep', 'sleepAfter': '2s'})
+        c.ok('mountBucket', {'sandboxId': 'rl-keep', 'bucket': 'rlkeep', 'mountPath': '/workspace/keep'})
+        c.sh('echo kept > /workspace/keep/k && echo lost > /workspace/lost', sandbox='rl-keep')
+        t.ok(os.path.exists(os.path.join(x.env.state, 'buckets', 'rlkeep', 'k')),
+             'rootless, a local bucket\'s files are in the user\'s $SBX_STATE_DIR/buckets')
+        c.request('logging/setLevel', {'level': 'notice'})
+        c.next(lambda m: m.get('method') == 'notifications/message' and
+               m['params']['data'].get('sandboxId') == 'rl-keep', 30)
+        r = c.sh('cat /workspace/keep/k; ls /workspace', sandbox='rl-keep')
+        t.eq((r.get('reset'), r['stdout']), (True, 'kept\nkeep\n'),
+             'after an idle reset the bucket is back with its file; the rest of /workspace is gone', r)
+        c.ok('destroySandbox', {'sandboxId': 'rl-keep'})
+    finally:
+        os.chmod('/dev/fuse', mode)
+
+
 def test_egress_names(t, x):
     if not (shutil.which('pasta') and shutil.which('nft')):
         t.skip('allowedHosts names rootless', 'pasta (passt) or nft (nftables) missing: scripts/bootstrap installs them')
@@ -182,4 +206,4 @@ if __name__ == '__main__':
     if os.geteuid() != 0:
         print('1..0 # SKIP needs root to drop to an unprivileged user')
         sys.exit(77)
-    sys.exit(run_tests([test_exec_and_identity, test_files, test_system_dirs_read_only, test_limits, test_durable, test_view, test_escape, test_egress_names], Ctx))
+    sys.exit(run_tests([test_exec_and_identity, test_files, test_system_dirs_read_only, test_limits, test_durable, test_view, test_escape, test_local_bucket, test_egress_names], Ctx))
