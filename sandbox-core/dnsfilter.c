@@ -13,7 +13,8 @@
  * rebinding) unless a CIDR in allowedHosts lists them too. The egress filter
  * refuses every other DNS server, so this is the only way names resolve.
  *
- * Bounds: 64 queries in flight per sandbox (SERVFAIL past them), 16 nft
+ * Bounds: 2,000 queries a second per sandbox (the rest wait in, and are
+ * dropped by, the socket's buffer), 64 in flight (SERVFAIL past them), 16 nft
  * runs at once, 4,096 addresses opened by names per sandbox incarnation.
  * Addresses stay allowed until the sandbox stops (TTLs are not followed:
  * a connection must not break when a record expires). Only UDP: an answer
@@ -32,6 +33,8 @@
 #define JOBS_MAX 16
 #define KNOWN_MAX 4096
 #define ANSWER_ADDRS 32 /* addresses taken from one answer */
+#define RATE_WINDOW_MS 100
+#define RATE_MAX 200 /* queries read per window (2,000/s): past it the socket is not read until the next */
 
 typedef struct pending {
   bool used;
@@ -59,6 +62,9 @@ typedef struct nft_job {
 typedef struct sbx_dns {
   sbx_sandbox *sb; /* NULL once stopped */
   uv_udp_t in, up;
+  uv_timer_t rate; /* a flood waits in the kernel's buffer, which drops the excess, not in the daemon */
+  uint64_t window;
+  int in_window;
   int handles;
   struct sockaddr_storage server;
   socklen_t server_len;
@@ -125,9 +131,22 @@ static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *b) {
   *b = uv_buf_init(buf, sizeof buf);
 }
 
+static void on_query(uv_udp_t *h, ssize_t n, const uv_buf_t *b, const struct sockaddr *from, unsigned flags);
+
+static void rate_resume(uv_timer_t *t) {
+  sbx_dns *f = t->data;
+  if (f->sb) uv_udp_recv_start(&f->in, alloc_cb, on_query);
+}
+
 static void on_query(uv_udp_t *h, ssize_t n, const uv_buf_t *b, const struct sockaddr *from, unsigned flags) {
   sbx_dns *f = h->data;
   if (n <= 0 || !from || from->sa_family != AF_INET || (flags & UV_UDP_PARTIAL) || !f->sb) return;
+  uint64_t window = uv_now(h->loop) / RATE_WINDOW_MS;
+  if (window != f->window) f->window = window, f->in_window = 0;
+  if (++f->in_window >= RATE_MAX) { /* this one is answered; the next wait for the next window */
+    uv_udp_recv_stop(&f->in);
+    uv_timer_start(&f->rate, rate_resume, RATE_WINDOW_MS - uv_now(h->loop) % RATE_WINDOW_MS, 0);
+  }
   const uint8_t *q = (const uint8_t *)b->base;
   const struct sockaddr_in *client = (const struct sockaddr_in *)from;
   char name[256];
@@ -304,8 +323,9 @@ int sbx_dns_filter_start(sbx_sandbox *sb, sbx_error *err) {
   }
   uv_udp_init(loop, &f->in);
   uv_udp_init(loop, &f->up);
-  f->in.data = f->up.data = f;
-  f->handles = 2;
+  uv_timer_init(loop, &f->rate);
+  f->in.data = f->up.data = f->rate.data = f;
+  f->handles = 3;
   f->sb = sb;
   uv_udp_open(&f->in, in);
   uv_udp_open(&f->up, up);
@@ -323,4 +343,5 @@ void sbx_dns_filter_stop(sbx_sandbox *sb) {
   for (nft_job *j = f->jobs; j; j = j->next) sbx_pidfd_send_signal(j->pidfd, SIGKILL); /* they end as usual */
   uv_close((uv_handle_t *)&f->in, handle_closed);
   uv_close((uv_handle_t *)&f->up, handle_closed);
+  uv_close((uv_handle_t *)&f->rate, handle_closed);
 }
