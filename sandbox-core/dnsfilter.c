@@ -14,8 +14,8 @@
  * refuses every other DNS server, so this is the only way names resolve.
  *
  * Bounds: 2,000 queries a second per sandbox (the rest wait in, and are
- * dropped by, the socket's buffer), 64 in flight (SERVFAIL past them), 16 nft
- * runs at once, 4,096 addresses opened by names per sandbox incarnation.
+ * dropped by, the socket's buffer), 64 in flight and 64 answers waiting for
+ * nft (SERVFAIL past them), one nft run at a time adding what answers wait, 4,096 addresses opened by names per sandbox incarnation.
  * Addresses stay allowed until the sandbox stops (TTLs are not followed:
  * a connection must not break when a record expires). Only UDP: an answer
  * too big for it comes truncated and the TCP retry finds nothing. */
@@ -30,7 +30,7 @@
 
 #define PENDING_MAX 64
 #define QUERY_TIMEOUT_MS 5000
-#define JOBS_MAX 16
+#define BATCH_ADDRS 256 /* addresses one nft run adds */
 #define KNOWN_MAX 4096
 #define ANSWER_ADDRS 32 /* addresses taken from one answer */
 #define RATE_WINDOW_MS 100
@@ -47,16 +47,21 @@ typedef struct pending {
 struct sbx_dns;
 
 /* An answer held back until nft has opened its addresses. */
-typedef struct nft_job {
-  struct sbx_dns *f;
-  uv_poll_t poll;
-  int pidfd;
+typedef struct held {
+  struct held *next;
   sbx_dns_addr addrs[ANSWER_ADDRS];
   int naddrs;
   struct sockaddr_in to;
   size_t len;
   uint8_t data[SBX_DNS_MAX];
-  struct nft_job *next;
+} held;
+
+/* The one nft run of a sandbox at a time, for a batch of answers. */
+typedef struct nft_job {
+  struct sbx_dns *f;
+  uv_poll_t poll;
+  int pidfd;
+  held *batch;
 } nft_job;
 
 typedef struct sbx_dns {
@@ -71,8 +76,9 @@ typedef struct sbx_dns {
   pending p[PENDING_MAX];
   sbx_dns_addr *known;
   int nknown;
-  nft_job *jobs;
-  int njobs;
+  nft_job *job;             /* running, or NULL */
+  held *waiting, **wait_tail; /* answers for the next run */
+  int nheld;
 } sbx_dns;
 
 bool sbx_dns_filter_wanted(const sbx_sandbox *sb) {
@@ -192,24 +198,27 @@ static void job_closed(uv_handle_t *h) {
   unref(f); /* the job held the filter too */
 }
 
+static void start_job(sbx_dns *f);
+
 static void job_end(nft_job *j, bool ok) {
   sbx_dns *f = j->f;
-  for (nft_job **pp = &f->jobs; *pp; pp = &(*pp)->next)
-    if (*pp == j) {
-      *pp = j->next;
-      break;
+  f->job = NULL;
+  for (held *h = j->batch, *next; h; h = next) {
+    next = h->next;
+    if (ok && f->sb) {
+      for (int i = 0; i < h->naddrs && f->nknown < KNOWN_MAX; i++)
+        if (!known(f, &h->addrs[i])) f->known[f->nknown++] = h->addrs[i];
+      reply_to(f, &h->to, h->data, h->len);
+    } else if (f->sb) {
+      refuse(f, &h->to, h->data, h->len, 2); /* the addresses could not be opened: no answer to use */
     }
-  f->njobs--;
-  if (ok && f->sb) {
-    for (int i = 0; i < j->naddrs && f->nknown < KNOWN_MAX; i++)
-      if (!known(f, &j->addrs[i])) f->known[f->nknown++] = j->addrs[i];
-    reply_to(f, &j->to, j->data, j->len);
-  } else if (f->sb) {
-    refuse(f, &j->to, j->data, j->len, 2); /* the addresses could not be opened: no answer to use */
+    f->nheld--;
+    free(h);
   }
   uv_poll_stop(&j->poll);
   close(j->pidfd);
   uv_close((uv_handle_t *)&j->poll, job_closed);
+  if (f->sb && f->waiting) start_job(f);
 }
 
 static void job_exited(uv_poll_t *h, int status, int events) {
@@ -220,43 +229,67 @@ static void job_exited(uv_poll_t *h, int status, int events) {
   job_end(j, si.si_code == CLD_EXITED && si.si_status == 0);
 }
 
-/* nft adds the answer's new addresses to the sandbox's allowlist; the
- * answer goes out when it is done. */
-static void open_then_reply(sbx_dns *f, const sbx_dns_addr *addrs, int n, const struct sockaddr_in *to,
-                            const uint8_t *m, size_t len) {
-  nft_job *j = f->njobs < JOBS_MAX ? calloc(1, sizeof *j) : NULL;
-  if (!j) return refuse(f, to, m, len, 2);
-  char v4[ANSWER_ADDRS * 48] = "", v6[ANSWER_ADDRS * 48] = "", input[2 * sizeof v4 + 128] = "";
-  for (int i = 0; i < n; i++) {
-    char a[INET6_ADDRSTRLEN];
-    inet_ntop(addrs[i].family, addrs[i].addr, a, sizeof a);
-    char *set = addrs[i].family == AF_INET ? v4 : v6;
-    size_t o = strlen(set);
-    snprintf(set + o, sizeof v4 - o, "%s%s", o ? ", " : "", a);
+/* One nft run adds the addresses of every answer waiting (runs at once
+ * on the same set would race); their answers go out when it is done. */
+static void start_job(sbx_dns *f) {
+  static char v4[BATCH_ADDRS * 48], v6[BATCH_ADDRS * 48], input[2 * sizeof v4 + 128];
+  v4[0] = v6[0] = input[0] = 0;
+  held *batch = NULL, **tail = &batch;
+  int n = 0;
+  while (f->waiting && n + f->waiting->naddrs <= BATCH_ADDRS) {
+    held *h = f->waiting;
+    f->waiting = h->next;
+    h->next = NULL;
+    *tail = h;
+    tail = &h->next;
+    for (int i = 0; i < h->naddrs; i++, n++) {
+      char a[INET6_ADDRSTRLEN];
+      inet_ntop(h->addrs[i].family, h->addrs[i].addr, a, sizeof a);
+      char *set = h->addrs[i].family == AF_INET ? v4 : v6;
+      size_t o = strlen(set);
+      snprintf(set + o, sizeof v4 - o, "%s%s", o ? ", " : "", a);
+    }
   }
+  if (!f->waiting) f->wait_tail = &f->waiting;
   size_t o = 0;
-  if (*v4) o += (size_t)snprintf(input + o, sizeof input - o, "add element inet sbx allowed4 { %s }\n", v4);
-  if (*v6) snprintf(input + o, sizeof input - o, "add element inet sbx allowed6 { %s }\n", v6);
+  if (*v4) o += (size_t)snprintf(input + o, sizeof input - o, "add element inet sbx named4 { %s }\n", v4);
+  if (*v6) snprintf(input + o, sizeof input - o, "add element inet sbx named6 { %s }\n", v6);
   static char nft[] = "/usr/sbin/nft";
   char *argv[] = {access(nft, X_OK) == 0 ? nft : "/sbin/nft", "-f", "-", NULL};
-  j->pidfd = -1;
-  if (sbx_netns_spawn(f->sb, argv, input, &j->pidfd) < 0 || j->pidfd < 0) {
+  nft_job *j = calloc(1, sizeof *j);
+  if (j) j->pidfd = -1;
+  if (!j || sbx_netns_spawn(f->sb, argv, input, &j->pidfd) < 0 || j->pidfd < 0) {
     free(j);
-    return refuse(f, to, m, len, 2);
+    for (held *h = batch, *next; h; h = next) { /* SERVFAIL for each */
+      next = h->next;
+      refuse(f, &h->to, h->data, h->len, 2);
+      f->nheld--;
+      free(h);
+    }
+    return;
   }
   j->f = f;
-  memcpy(j->addrs, addrs, (size_t)n * sizeof *addrs);
-  j->naddrs = n;
-  j->to = *to;
-  j->len = len;
-  memcpy(j->data, m, len);
+  j->batch = batch;
   uv_poll_init(f->in.loop, &j->poll, j->pidfd);
   j->poll.data = j;
   uv_poll_start(&j->poll, UV_READABLE, job_exited);
   f->handles++;
-  j->next = f->jobs;
-  f->jobs = j;
-  f->njobs++;
+  f->job = j;
+}
+
+static void open_then_reply(sbx_dns *f, const sbx_dns_addr *addrs, int n, const struct sockaddr_in *to,
+                            const uint8_t *m, size_t len) {
+  held *h = f->nheld < PENDING_MAX ? calloc(1, sizeof *h) : NULL;
+  if (!h) return refuse(f, to, m, len, 2);
+  memcpy(h->addrs, addrs, (size_t)n * sizeof *addrs);
+  h->naddrs = n;
+  h->to = *to;
+  h->len = len;
+  memcpy(h->data, m, len);
+  f->nheld++;
+  *f->wait_tail = h;
+  f->wait_tail = &h->next;
+  if (!f->job) start_job(f);
 }
 
 static bool same_server(const sbx_dns *f, const struct sockaddr *from) {
@@ -327,6 +360,7 @@ int sbx_dns_filter_start(sbx_sandbox *sb, sbx_error *err) {
   f->in.data = f->up.data = f->rate.data = f;
   f->handles = 3;
   f->sb = sb;
+  f->wait_tail = &f->waiting;
   uv_udp_open(&f->in, in);
   uv_udp_open(&f->up, up);
   uv_udp_recv_start(&f->in, alloc_cb, on_query);
@@ -340,7 +374,13 @@ void sbx_dns_filter_stop(sbx_sandbox *sb) {
   if (!f) return;
   sb->dns = NULL;
   f->sb = NULL;
-  for (nft_job *j = f->jobs; j; j = j->next) sbx_pidfd_send_signal(j->pidfd, SIGKILL); /* they end as usual */
+  if (f->job) sbx_pidfd_send_signal(f->job->pidfd, SIGKILL); /* it ends as usual, answering nothing */
+  for (held *h = f->waiting, *next; h; h = next) {
+    next = h->next;
+    free(h);
+  }
+  f->waiting = NULL;
+  f->wait_tail = &f->waiting;
   uv_close((uv_handle_t *)&f->in, handle_closed);
   uv_close((uv_handle_t *)&f->up, handle_closed);
   uv_close((uv_handle_t *)&f->rate, handle_closed);

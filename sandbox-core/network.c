@@ -38,11 +38,17 @@ static int nft_rules(const sbx_strv *allowed, const char *gw, char *out, size_t 
                    "  set special6 { type ipv6_addr; flags interval; auto-merge; elements = { %s } }\n"
                    "  set allowed4 { type ipv4_addr; flags interval; auto-merge; %s%s%s }\n"
                    "  set allowed6 { type ipv6_addr; flags interval; auto-merge; %s%s%s }\n"
+                   /* what answers for allowed names open: plain sets, so that
+                    * adds from several nft runs at once never conflict */
+                   "  set named4 { type ipv4_addr; size 8192; }\n"
+                   "  set named6 { type ipv6_addr; size 8192; }\n"
                    "  chain out {\n"
                    "    type filter hook output priority 0; policy accept;\n"
                    "    oifname \"lo\" accept\n"
                    "    ip daddr @allowed4 accept\n"
                    "    ip6 daddr @allowed6 accept\n"
+                   "    ip daddr @named4 accept\n"
+                   "    ip6 daddr @named6 accept\n"
                    "    %sip daddr %s udp dport 53 accept\n"
                    "    %sip daddr %s tcp dport 53 accept\n"
                    "    ip daddr @special4 reject with icmp type admin-prohibited\n"

@@ -42,7 +42,9 @@ def ip(*args):
 class Ctx:
     def __init__(self):
         self.env = Env()
-        self.dns = Dns({'ok.test': NAMED, 'a.wild.test': NAMED, 'priv.test': PRIVATE})
+        records = {'ok.test': NAMED, 'a.wild.test': NAMED, 'priv.test': PRIVATE}
+        records.update(('r%d.wild.test' % i, '100.62.%d.%d' % (K, i + 1)) for i in range(48))  # neighbours
+        self.dns = Dns(records)
         conf = os.path.join(self.env.root, 'config.json')
         with open(conf, 'w') as f:
             json.dump({'dnsServer': '127.0.0.1:%d' % self.dns.port}, f)
@@ -205,6 +207,11 @@ def test_allowed_names(t, x):
              'done; echo end', wait=60)
     t.eq(r['stdout'].split(), ['end'], 'names not listed do not resolve (another name, the bare *.domain, a suffix)', r)
     t.eq([n for n in x.dns.asked if n != 'ok.test'], [], 'and the host\'s resolver is never asked for them', x.dns.asked)
+    r = c.sh('for i in $(seq 0 47); do (getent ahostsv4 r$i.wild.test >/dev/null || echo FAIL r$i) & done; wait',
+             wait=60)
+    t.eq(r['stdout'].split(), [], '48 lookups at once of neighbouring addresses all resolve', r)
+    r = c.sh('getent ahostsv4 r47.wild.test | head -1; getent ahostsv4 priv.test | head -1')
+    t.eq(r['stdout'].split()[:1], ['100.62.%d.48' % K], 'and the names that follow still do', r)
     r = c.sh('getent ahostsv4 priv.test | head -1')
     t.eq(r['stdout'].split()[:1], [PRIVATE], 'a listed name answering a private address resolves', r)
     t.eq(connects(c, PRIVATE, PUBLIC), {PRIVATE: 'refused', PUBLIC: 'refused'},
