@@ -9,7 +9,7 @@
 #include <strings.h>
 
 long sbx_http_parse_head(const char *buf, size_t len, sbx_http_head *h) {
-  const char *end = memmem(buf, len, "\r\n\r\n", 4);
+  const char *end = buf ? memmem(buf, len, "\r\n\r\n", 4) : NULL;
   if (!end) return 0;
   const char *eol = memmem(buf, end + 2 - buf, "\r\n", 2);
   size_t line = eol - buf;
@@ -21,7 +21,20 @@ long sbx_http_parse_head(const char *buf, size_t len, sbx_http_head *h) {
   char rest[8];
   int n = sscanf(first, "%15s %1023s %15s %7s", h->method, h->path, h->version, rest);
   if (n != 3 || strncmp(h->version, "HTTP/1.", 7) || memchr(first, 0, line)) return -1;
-  h->len = end + 4 - buf;
+  /* no bare CR or LF, no NUL, and every header line a name of token
+   * characters right before its colon (no folding): a server behind a
+   * proxy must never split the head where the proxy did not */
+  size_t hl = (size_t)(end + 4 - buf);
+  for (size_t i = 0; i < hl; i++)
+    if (!buf[i] || (buf[i] == '\n' && (!i || buf[i - 1] != '\r')) || (buf[i] == '\r' && buf[i + 1] != '\n')) return -1;
+  for (const char *l = eol + 2; l < end + 2;) {
+    const char *le = memmem(l, (size_t)(end + 4 - l), "\r\n", 2);
+    size_t k = 0;
+    while (l + k < le && (isalnum((unsigned char)l[k]) || strchr("!#$%&'*+-.^_`|~", l[k]))) k++;
+    if (!k || l + k >= le || l[k] != ':') return -1;
+    l = le + 2;
+  }
+  h->len = hl;
   h->headers = eol + 2;
   return (long)h->len;
 }
@@ -96,8 +109,8 @@ int sbx_http_request_body(const char *headers, const char *end, sbx_http_body *b
   *upgrade = false;
   bool has_len = false, has_te = false, te_chunked = false, conn_upgrade = false, has_upgrade = false;
   uint64_t clen = 0;
-  for (const char *p = headers; p < end;) {
-    const char *eol = memmem(p, end - p, "\r\n", 2);
+  for (const char *p = headers; p && p < end;) {
+    const char *eol = memmem(p, (size_t)(end - p), "\r\n", 2);
     if (!eol) break;
     const char *colon = memchr(p, ':', eol - p);
     if (colon) {

@@ -296,7 +296,9 @@ static int connect_in(sbx_sandbox *sb, int port, connected_cb cb, void *ud) {
 
 /* ---- the proxy ---------------------------------------------------------------------- */
 
-enum { M_HEAD, M_BODY, M_TUNNEL, M_DONE };
+/* what the client's bytes are: a head, a body, a tunnel (after a 101), the
+ * wait for the server's answer to an upgrade, or nothing more */
+enum { M_HEAD, M_BODY, M_TUNNEL, M_UPGRADING, M_DONE };
 
 typedef struct pconn {
   uv_tcp_t client, upstream;
@@ -313,6 +315,8 @@ typedef struct pconn {
   sbx_http_body body;       /* of the request being passed on */
   bool upgrade;             /* it switches to a tunnel once sent */
   char host[304];           /* the Host the connection was routed by */
+  char status[12];          /* the start of the answer to an upgrade */
+  size_t status_len;
   struct pconn *next;
 } pconn;
 
@@ -384,13 +388,16 @@ static void on_idle(uv_timer_t *t) { conn_close(t->data); }
 
 static void client_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b);
 static void up_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b);
+static void drain(pconn *c);
+static void refuse_more(pconn *c);
+static void upgrade_answer(pconn *c, const char *data, size_t n);
 
 static void written(uv_write_t *req, int status) {
   pchunk *w = (pchunk *)req;
   pconn *c = w->c;
   bool to_client = w->to_client;
-  if (to_client) c->to_client -= w->len;
-  else c->to_up -= w->len;
+  if (to_client) c->to_client -= w->len + sizeof *w;
+  else c->to_up -= w->len + sizeof *w;
   buf_put(w->owned);
   free(w);
   if (status < 0) return conn_close(c);
@@ -398,8 +405,12 @@ static void written(uv_write_t *req, int status) {
   /* below the high water again: the paused side reads on */
   if (to_client && c->to_client < HIGH_WATER && c->up_open && !c->up_eof)
     uv_read_start((uv_stream_t *)&c->upstream, alloc_cb, up_read);
-  if (!to_client && c->to_up < HIGH_WATER && !c->client_eof && !c->waiting && c->mode != M_DONE)
-    uv_read_start((uv_stream_t *)&c->client, alloc_cb, client_read);
+  if (!to_client && c->to_up < HIGH_WATER && !c->client_eof && !c->waiting && c->mode != M_DONE &&
+      c->mode != M_UPGRADING) {
+    drain(c); /* pipelined requests left waiting */
+    if (!c->closing && c->mode != M_DONE && c->mode != M_UPGRADING && c->to_up < HIGH_WATER)
+      uv_read_start((uv_stream_t *)&c->client, alloc_cb, client_read);
+  }
 }
 
 /* Queues data toward one side; owned (malloc'd, taken) or copied. */
@@ -421,8 +432,8 @@ static void send_buf(pconn *c, bool to_client, char *owned, const char *data, si
     free(w);
     return conn_close(c);
   }
-  if (to_client) c->to_client += len;
-  else c->to_up += len;
+  if (to_client) c->to_client += len + sizeof *w; /* what a queued write costs, not only its bytes */
+  else c->to_up += len + sizeof *w;
   if (to_client && c->to_client >= HIGH_WATER) uv_read_stop((uv_stream_t *)&c->upstream);
   if (!to_client && c->to_up >= HIGH_WATER) uv_read_stop((uv_stream_t *)&c->client);
 }
@@ -473,7 +484,11 @@ static void up_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
   pconn *c = s->data;
   if (n > 0 && !c->closing) {
     activity(c);
+    char peek[12]; /* the answer passes on first, then says what comes next */
+    size_t pn = c->mode == M_UPGRADING ? ((size_t)n < sizeof peek ? (size_t)n : sizeof peek) : 0;
+    memcpy(peek, b->base, pn);
     send_read(c, true, b->base, (size_t)n);
+    if (pn && !c->closing) upgrade_answer(c, peek, pn);
   } else {
     buf_put(b->base);
   }
@@ -481,6 +496,16 @@ static void up_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
     uv_read_stop(s);
     half_close(c, false);
   }
+}
+
+/* Headers that say who a client is or how it came: only the proxy says
+ * that, so a client's own are dropped (servers and their middleware trust
+ * them to name the client). */
+static bool client_ip_header(const char *line) {
+  static const char *const names[] = {"X-Forwarded-", "Forwarded:", "X-Real-IP:", "True-Client-IP:", "X-Client-IP:"};
+  for (size_t i = 0; i < SBX_ARRAY_SIZE(names); i++)
+    if (!strncasecmp(line, names[i], strlen(names[i]))) return true;
+  return false;
 }
 
 /* The request head passed on with who asked: the client's own
@@ -504,9 +529,7 @@ static void forward_head(pconn *c, const char *p, size_t hl, const char *headers
   for (const char *l = headers; l < end;) {
     const char *eol = memmem(l, end + 2 - l, "\r\n", 2);
     if (!eol) break;
-    if (strncasecmp(l, "X-Forwarded-For:", 16) && strncasecmp(l, "X-Forwarded-Host:", 17) &&
-        strncasecmp(l, "X-Forwarded-Proto:", 18))
-      sbx_buf_append(&out, l, (size_t)(eol + 2 - l));
+    if (!client_ip_header(l)) sbx_buf_append(&out, l, (size_t)(eol + 2 - l));
     l = eol + 2;
   }
   if (sbx_buf_append(&out, "\r\n", 2) < 0) {
@@ -527,7 +550,6 @@ static void refuse_more(pconn *c) {
   half_close(c, true);
 }
 
-static void drain(pconn *c);
 static void relay_start(pconn *c, int fd);
 static void bad_gateway(pconn *c, int error);
 
@@ -648,7 +670,8 @@ static void route(pconn *c, const char *headers, const char *end) {
  * that asks to switch protocols (WebSocket) turns the rest into a tunnel. */
 static void drain(pconn *c) {
   size_t off = 0;
-  while (!c->closing && !c->waiting && c->mode != M_DONE && off < c->head.len) {
+  while (!c->closing && !c->waiting && c->mode != M_DONE && c->mode != M_UPGRADING && c->to_up < HIGH_WATER &&
+         off < c->head.len) {
     char *p = c->head.data + off;
     size_t len = c->head.len - off;
     if (c->mode == M_TUNNEL) {
@@ -661,7 +684,7 @@ static void drain(pconn *c) {
       if (k < 0) return conn_close(c); /* the server has part of it: nothing sensible to answer */
       send_to(c, false, p, (size_t)k);
       off += (size_t)k;
-      if (sbx_http_body_done(&c->body)) c->mode = c->upgrade ? M_TUNNEL : M_HEAD;
+      if (sbx_http_body_done(&c->body)) c->mode = c->upgrade ? M_UPGRADING : M_HEAD;
       continue;
     }
     sbx_http_head h;
@@ -677,7 +700,10 @@ static void drain(pconn *c) {
       if (later) return refuse_more(c);
       return answer(c, 400, "Bad Request", "400: malformed request, or its length is ambiguous\n");
     }
-    if (!strcmp(h.method, "CONNECT")) c->upgrade = true;
+    if (!strcmp(h.method, "CONNECT")) { /* a preview URL is a web server, not a forward proxy */
+      if (later) return refuse_more(c);
+      return answer(c, 405, "Method Not Allowed", "405: CONNECT is not served here\n");
+    }
     if (!later) { /* routed once; the head stays until the sandbox answers */
       route(c, h.headers, end);
       break;
@@ -687,11 +713,32 @@ static void drain(pconn *c) {
     if (!host || hlen != strlen(c->host) || strncasecmp(host, c->host, hlen)) return refuse_more(c);
     forward_head(c, p, (size_t)hl, h.headers);
     off += (size_t)hl;
-    c->mode = !sbx_http_body_done(&c->body) ? M_BODY : c->upgrade ? M_TUNNEL : M_HEAD;
+    c->mode = !sbx_http_body_done(&c->body) ? M_BODY : c->upgrade ? M_UPGRADING : M_HEAD;
   }
   if (off) {
     memmove(c->head.data, c->head.data + off, c->head.len - off);
     c->head.len -= off;
+  }
+  /* an upgrade asked: nothing more is read until the server says 101 */
+  if (c->mode == M_UPGRADING && !c->closing) uv_read_stop((uv_stream_t *)&c->client);
+}
+
+/* The start of the server's answer to an upgrade request: a 101 turns the
+ * connection into a tunnel; anything else ends it once that answer is
+ * through (what the client sent after would otherwise pass unchecked). */
+static void upgrade_answer(pconn *c, const char *data, size_t n) {
+  size_t take = sizeof c->status - c->status_len < n ? sizeof c->status - c->status_len : n;
+  memcpy(c->status + c->status_len, data, take);
+  c->status_len += take;
+  if (c->status_len < sizeof c->status) return;
+  c->status_len = 0;
+  if (!memcmp(c->status, "HTTP/1.1 101", 12) || !memcmp(c->status, "HTTP/1.0 101", 12)) {
+    c->mode = M_TUNNEL;
+    drain(c);
+    if (!c->closing && !c->client_eof && c->to_up < HIGH_WATER)
+      uv_read_start((uv_stream_t *)&c->client, alloc_cb, client_read);
+  } else {
+    refuse_more(c);
   }
 }
 
@@ -708,7 +755,7 @@ static void client_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
         buf_put(b->base);
         return conn_close(c);
       }
-      if (sbx_http_body_done(&c->body)) c->mode = c->upgrade ? M_TUNNEL : M_HEAD;
+      if (sbx_http_body_done(&c->body)) c->mode = c->upgrade ? M_UPGRADING : M_HEAD;
       sbx_buf_append(&c->head, b->base + k, (size_t)n - (size_t)k); /* the next request's */
       send_read(c, false, b->base, (size_t)k);
       b = NULL;

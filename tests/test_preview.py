@@ -236,6 +236,33 @@ def test_keep_alive_every_request(t, x):
     t.eq((code, code2), (400, 400), 'a request with both Content-Length and chunked, or two lengths, is 400')
 
 
+def test_no_tricks(t, x):
+    host = host_of(x.url)
+    # an upgrade the server does not take: what follows is not passed on unchecked
+    s = socket.create_connection(('127.0.0.1', x.port), timeout=30)
+    s.sendall(('GET /a HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n'
+               'GET /smuggled HTTP/1.1\r\nHost: evil.example\r\nX-Forwarded-For: 6.6.6.6\r\n\r\n' % host).encode())
+    got = responses(s, 2)
+    s.close()
+    t.eq([g[1].get('path') for g in got], ['/a'],
+         'after an upgrade the server refused (200, not 101), the connection ends: nothing more reaches the server')
+    # heads a lenient server would split differently are refused
+    codes = [request(x, None, raw=raw % host.encode())[0] for raw in (
+        b'GET /lf HTTP/1.1\r\nHost: %s\r\nX-A: 1\nX-Forwarded-For: 6.6.6.6\r\n\r\n',
+        b'GET /lf HTTP/1.1\r\nHost: %s\r\nX-A: 1\n\nGET /smuggled HTTP/1.1\r\nHost: evil.example\r\n\r\n',
+        b'GET /sp HTTP/1.1\r\nHost: %s\r\nX-Forwarded-For : 6.6.6.6\r\n\r\n',
+        b'GET /fold HTTP/1.1\r\nHost: %s\r\nX-A: 1\r\n  folded\r\n\r\n')]
+    t.eq(codes, [400] * 4, 'a bare LF, a space before the colon, a folded line: 400')
+    code, _, body = request(x, None, raw=('GET /ip HTTP/1.1\r\nHost: %s\r\nForwarded: for=6.6.6.6\r\nX-Real-IP: 6.6.6.6\r\n'
+                                          'True-Client-IP: 6.6.6.6\r\nX-Forwarded-Port: 1\r\nConnection: close\r\n\r\n'
+                                          % host).encode())
+    h = json.loads(body)['headers'] if code == 200 else {}
+    t.ok(code == 200 and not ({'forwarded', 'x-real-ip', 'true-client-ip', 'x-forwarded-port'} & set(h)),
+         'a client\'s Forwarded, X-Real-IP, True-Client-IP and X-Forwarded-* never reach the server', h)
+    t.eq(request(x, None, raw=('CONNECT 127.0.0.1:22 HTTP/1.1\r\nHost: %s\r\n\r\n' % host).encode())[0], 405,
+         'CONNECT is 405: a preview URL is not a forward proxy')
+
+
 def test_500_connections(t, x):
     host = host_of(x.url)
     socks = []
@@ -400,5 +427,5 @@ def test_kept_across_restart(t, x):
 
 if __name__ == '__main__':
     sys.exit(run_tests([test_expose_and_reach, test_not_found_reveals_nothing, test_keep_alive_every_request,
-                        test_500_connections, test_chromium, test_streaming, test_websocket,
+                        test_no_tricks, test_500_connections, test_chromium, test_streaming, test_websocket,
                         test_big_download_bounded, test_502_410, test_never_the_hosts_loopback, test_cli_expose, test_kept_across_restart], setup=Ctx))
