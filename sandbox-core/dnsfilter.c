@@ -72,7 +72,6 @@ typedef struct sbx_dns {
   int in_window;
   int handles;
   struct sockaddr_storage server;
-  socklen_t server_len;
   pending p[PENDING_MAX];
   sbx_dns_addr *known;
   int nknown;
@@ -147,11 +146,11 @@ static void rate_resume(uv_timer_t *t) {
 static void on_query(uv_udp_t *h, ssize_t n, const uv_buf_t *b, const struct sockaddr *from, unsigned flags) {
   sbx_dns *f = h->data;
   if (n <= 0 || !from || from->sa_family != AF_INET || (flags & UV_UDP_PARTIAL) || !f->sb) return;
-  uint64_t window = uv_now(h->loop) / RATE_WINDOW_MS;
-  if (window != f->window) f->window = window, f->in_window = 0;
+  uint64_t now = uv_now(h->loop);
+  if (now / RATE_WINDOW_MS != f->window) f->window = now / RATE_WINDOW_MS, f->in_window = 0;
   if (++f->in_window >= RATE_MAX) { /* this one is answered; the next wait for the next window */
     uv_udp_recv_stop(&f->in);
-    uv_timer_start(&f->rate, rate_resume, RATE_WINDOW_MS - uv_now(h->loop) % RATE_WINDOW_MS, 0);
+    uv_timer_start(&f->rate, rate_resume, RATE_WINDOW_MS - now % RATE_WINDOW_MS, 0);
   }
   const uint8_t *q = (const uint8_t *)b->base;
   const struct sockaddr_in *client = (const struct sockaddr_in *)from;
@@ -159,7 +158,6 @@ static void on_query(uv_udp_t *h, ssize_t n, const uv_buf_t *b, const struct soc
   uint16_t qtype;
   if (sbx_dns_question(q, (size_t)n, name, &qtype) < 0) return refuse(f, client, q, (size_t)n, 1); /* FORMERR */
   if (!name_allowed(f->sb, name)) return refuse(f, client, q, (size_t)n, 3);                    /* NXDOMAIN */
-  uint64_t now = uv_now(h->loop);
   pending *p = NULL;
   for (int i = 0; i < PENDING_MAX && !p; i++)
     if (!f->p[i].used || now - f->p[i].at > QUERY_TIMEOUT_MS) p = &f->p[i];
@@ -200,21 +198,27 @@ static void job_closed(uv_handle_t *h) {
 
 static void start_job(sbx_dns *f);
 
-static void job_end(nft_job *j, bool ok) {
-  sbx_dns *f = j->f;
-  f->job = NULL;
-  for (held *h = j->batch, *next; h; h = next) {
+/* The answers of a batch go out (their addresses now reachable) or are
+ * SERVFAIL (they could not be opened: no answer to use). */
+static void finish_batch(sbx_dns *f, held *batch, bool ok) {
+  for (held *h = batch, *next; h; h = next) {
     next = h->next;
     if (ok && f->sb) {
       for (int i = 0; i < h->naddrs && f->nknown < KNOWN_MAX; i++)
         if (!known(f, &h->addrs[i])) f->known[f->nknown++] = h->addrs[i];
       reply_to(f, &h->to, h->data, h->len);
-    } else if (f->sb) {
-      refuse(f, &h->to, h->data, h->len, 2); /* the addresses could not be opened: no answer to use */
+    } else {
+      refuse(f, &h->to, h->data, h->len, 2);
     }
     f->nheld--;
     free(h);
   }
+}
+
+static void job_end(nft_job *j, bool ok) {
+  sbx_dns *f = j->f;
+  f->job = NULL;
+  finish_batch(f, j->batch, ok);
   uv_poll_stop(&j->poll);
   close(j->pidfd);
   uv_close((uv_handle_t *)&j->poll, job_closed);
@@ -232,8 +236,7 @@ static void job_exited(uv_poll_t *h, int status, int events) {
 /* One nft run adds the addresses of every answer waiting (runs at once
  * on the same set would race); their answers go out when it is done. */
 static void start_job(sbx_dns *f) {
-  static char v4[BATCH_ADDRS * 48], v6[BATCH_ADDRS * 48], input[2 * sizeof v4 + 128];
-  v4[0] = v6[0] = input[0] = 0;
+  static sbx_dns_addr addrs[BATCH_ADDRS];
   held *batch = NULL, **tail = &batch;
   int n = 0;
   while (f->waiting && n + f->waiting->naddrs <= BATCH_ADDRS) {
@@ -242,31 +245,15 @@ static void start_job(sbx_dns *f) {
     h->next = NULL;
     *tail = h;
     tail = &h->next;
-    for (int i = 0; i < h->naddrs; i++, n++) {
-      char a[INET6_ADDRSTRLEN];
-      inet_ntop(h->addrs[i].family, h->addrs[i].addr, a, sizeof a);
-      char *set = h->addrs[i].family == AF_INET ? v4 : v6;
-      size_t o = strlen(set);
-      snprintf(set + o, sizeof v4 - o, "%s%s", o ? ", " : "", a);
-    }
+    memcpy(addrs + n, h->addrs, (size_t)h->naddrs * sizeof *addrs);
+    n += h->naddrs;
   }
   if (!f->waiting) f->wait_tail = &f->waiting;
-  size_t o = 0;
-  if (*v4) o += (size_t)snprintf(input + o, sizeof input - o, "add element inet sbx named4 { %s }\n", v4);
-  if (*v6) snprintf(input + o, sizeof input - o, "add element inet sbx named6 { %s }\n", v6);
-  static char nft[] = "/usr/sbin/nft";
-  char *argv[] = {access(nft, X_OK) == 0 ? nft : "/sbin/nft", "-f", "-", NULL};
   nft_job *j = calloc(1, sizeof *j);
   if (j) j->pidfd = -1;
-  if (!j || sbx_netns_spawn(f->sb, argv, input, &j->pidfd) < 0 || j->pidfd < 0) {
+  if (!j || sbx_net_open_named(f->sb, addrs, n, &j->pidfd) < 0 || j->pidfd < 0) {
     free(j);
-    for (held *h = batch, *next; h; h = next) { /* SERVFAIL for each */
-      next = h->next;
-      refuse(f, &h->to, h->data, h->len, 2);
-      f->nheld--;
-      free(h);
-    }
-    return;
+    return finish_batch(f, batch, false);
   }
   j->f = f;
   j->batch = batch;
@@ -337,7 +324,8 @@ int sbx_dns_filter_start(sbx_sandbox *sb, sbx_error *err) {
     if (f) free(f);
     return sbx_err(err, "INTERNAL", "out of memory");
   }
-  if (upstream(&f->server, &f->server_len) < 0) {
+  socklen_t server_len;
+  if (upstream(&f->server, &server_len) < 0) {
     free(f->known);
     free(f);
     return sbx_err(err, "VALIDATION_FAILED", "allowedHosts names hosts, but the host has no resolver to ask (no "

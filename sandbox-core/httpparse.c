@@ -27,32 +27,43 @@ long sbx_http_parse_head(const char *buf, size_t len, sbx_http_head *h) {
   size_t hl = (size_t)(end + 4 - buf);
   for (size_t i = 0; i < hl; i++)
     if (!buf[i] || (buf[i] == '\n' && (!i || buf[i - 1] != '\r')) || (buf[i] == '\r' && buf[i + 1] != '\n')) return -1;
-  for (const char *l = eol + 2; l < end + 2;) {
-    const char *le = memmem(l, (size_t)(end + 4 - l), "\r\n", 2);
+  sbx_http_field f;
+  for (const char *l = eol + 2; sbx_http_next_field(&l, end + 2, &f);) {
     size_t k = 0;
-    while (l + k < le && (isalnum((unsigned char)l[k]) || strchr("!#$%&'*+-.^_`|~", l[k]))) k++;
-    if (!k || l + k >= le || l[k] != ':') return -1;
-    l = le + 2;
+    while (k < f.name_len && (isalnum((unsigned char)f.name[k]) || strchr("!#$%&'*+-.^_`|~", f.name[k]))) k++;
+    if (!f.name || !k || k != f.name_len) return -1;
   }
   h->len = hl;
   h->headers = eol + 2;
   return (long)h->len;
 }
 
+bool sbx_http_next_field(const char **p, const char *end, sbx_http_field *f) {
+  const char *l = *p;
+  if (!l || l >= end || !*l) return false;
+  const char *eol = memmem(l, (size_t)(end - l), "\r\n", 2);
+  if (!eol) return false;
+  const char *colon = memchr(l, ':', (size_t)(eol - l));
+  *f = (sbx_http_field){.line = l, .line_len = (size_t)(eol + 2 - l)};
+  if (colon) {
+    f->name = l;
+    f->name_len = (size_t)(colon - l);
+    f->value = colon + 1;
+    while (f->value < eol && (*f->value == ' ' || *f->value == '\t')) f->value++;
+    f->value_len = (size_t)(eol - f->value);
+  }
+  *p = eol + 2;
+  return true;
+}
+
 const char *sbx_http_header(const char *headers, const char *end, const char *name, size_t *len) {
   size_t nl = strlen(name);
-  if (!end) end = headers + strlen(headers);
-  for (const char *p = headers; p < end && *p;) {
-    const char *eol = memmem(p, end - p, "\r\n", 2);
-    if (!eol) break;
-    if ((size_t)(eol - p) > nl && !strncasecmp(p, name, nl) && p[nl] == ':') {
-      const char *v = p + nl + 1;
-      while (v < eol && (*v == ' ' || *v == '\t')) v++;
-      *len = eol - v;
-      return v;
+  sbx_http_field f;
+  for (const char *p = headers; sbx_http_next_field(&p, end ? end : headers + strlen(headers), &f);)
+    if (f.name_len == nl && !strncasecmp(f.name, name, nl)) {
+      *len = f.value_len;
+      return f.value;
     }
-    p = eol + 2;
-  }
   return NULL;
 }
 
@@ -109,39 +120,32 @@ int sbx_http_request_body(const char *headers, const char *end, sbx_http_body *b
   *upgrade = false;
   bool has_len = false, has_te = false, te_chunked = false, conn_upgrade = false, has_upgrade = false;
   uint64_t clen = 0;
-  for (const char *p = headers; p && p < end;) {
-    const char *eol = memmem(p, (size_t)(end - p), "\r\n", 2);
-    if (!eol) break;
-    const char *colon = memchr(p, ':', eol - p);
-    if (colon) {
-      size_t nl = colon - p;
-      const char *v = colon + 1;
-      while (v < eol && (*v == ' ' || *v == '\t')) v++;
-      size_t vl = eol - v;
-      while (vl && (v[vl - 1] == ' ' || v[vl - 1] == '\t')) vl--;
-      if (nl == 14 && !strncasecmp(p, "Content-Length", nl)) {
-        uint64_t n = 0;
-        if (!vl || vl > 18) return -1;
-        for (size_t i = 0; i < vl; i++) {
-          if (v[i] < '0' || v[i] > '9') return -1;
-          n = n * 10 + (uint64_t)(v[i] - '0');
-        }
-        if (has_len && n != clen) return -1;
-        has_len = true;
-        clen = n;
-      } else if (nl == 17 && !strncasecmp(p, "Transfer-Encoding", nl)) {
-        bool last = false;
-        if (!vl) return -1;
-        list_has(v, vl, "chunked", &last);
-        has_te = true;
-        te_chunked = last; /* a later header line continues the list */
-      } else if (nl == 10 && !strncasecmp(p, "Connection", nl)) {
-        conn_upgrade |= list_has(v, vl, "upgrade", NULL);
-      } else if (nl == 7 && !strncasecmp(p, "Upgrade", nl)) {
-        has_upgrade = vl > 0;
+  sbx_http_field f;
+  for (const char *p = headers; sbx_http_next_field(&p, end, &f);) {
+    const char *v = f.value;
+    size_t nl = f.name_len, vl = f.value_len;
+    while (vl && (v[vl - 1] == ' ' || v[vl - 1] == '\t')) vl--;
+    if (nl == 14 && !strncasecmp(f.name, "Content-Length", nl)) {
+      uint64_t n = 0;
+      if (!vl || vl > 18) return -1;
+      for (size_t i = 0; i < vl; i++) {
+        if (v[i] < '0' || v[i] > '9') return -1;
+        n = n * 10 + (uint64_t)(v[i] - '0');
       }
+      if (has_len && n != clen) return -1;
+      has_len = true;
+      clen = n;
+    } else if (nl == 17 && !strncasecmp(f.name, "Transfer-Encoding", nl)) {
+      bool last = false;
+      if (!vl) return -1;
+      list_has(v, vl, "chunked", &last);
+      has_te = true;
+      te_chunked = last; /* a later header line continues the list */
+    } else if (nl == 10 && !strncasecmp(f.name, "Connection", nl)) {
+      conn_upgrade |= list_has(v, vl, "upgrade", NULL);
+    } else if (nl == 7 && !strncasecmp(f.name, "Upgrade", nl)) {
+      has_upgrade = vl > 0;
     }
-    p = eol + 2;
   }
   if (has_te && (has_len || !te_chunked)) return -1;
   *upgrade = conn_upgrade && has_upgrade;
@@ -157,6 +161,11 @@ static int hexval(char c) {
 }
 
 long sbx_http_body_feed(sbx_http_body *b, const char *buf, size_t len) {
+  static const struct {
+    char want;
+    int next;
+  } expect[] = {[B_DATA_CR] = {'\r', B_DATA_LF}, [B_DATA_LF] = {'\n', B_SIZE}, [B_TRAILER_LF] = {'\n', B_TRAILER},
+                [B_END_LF] = {'\n', B_DONE}};
   size_t i = 0;
   while (i < len && b->state != B_DONE) {
     char ch = buf[i];
@@ -195,14 +204,6 @@ long sbx_http_body_feed(sbx_http_body *b, const char *buf, size_t len) {
       b->count = 0;
       b->state = b->left ? B_DATA : B_TRAILER;
       break;
-    case B_DATA_CR:
-      if (ch != '\r') return -1;
-      b->state = B_DATA_LF;
-      break;
-    case B_DATA_LF:
-      if (ch != '\n') return -1;
-      b->state = B_SIZE;
-      break;
     case B_TRAILER: /* at the start of a trailer line; an empty one ends the body */
       if (ch == '\r') b->state = B_END_LF;
       else b->state = B_TRAILER_LINE;
@@ -213,16 +214,9 @@ long sbx_http_body_feed(sbx_http_body *b, const char *buf, size_t len) {
       if (ch == '\r') b->state = B_TRAILER_LF;
       else if (ch == '\n') return -1;
       break;
-    case B_TRAILER_LF:
-      if (ch != '\n') return -1;
-      b->state = B_TRAILER;
-      break;
-    case B_END_LF:
-      if (ch != '\n') return -1;
-      b->state = B_DONE;
-      break;
-    default:
-      return -1;
+    default: /* a CR or LF that must come, and the state after it */
+      if (b->state >= (int)SBX_ARRAY_SIZE(expect) || !expect[b->state].want || ch != expect[b->state].want) return -1;
+      b->state = expect[b->state].next;
     }
     i++;
   }

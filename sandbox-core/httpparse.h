@@ -15,6 +15,16 @@ typedef struct sbx_http_head {
 /* 0 while the head is incomplete, its length once it is there, -1 when its
  * request line is malformed. */
 long sbx_http_parse_head(const char *buf, size_t len, sbx_http_head *h);
+/* One header line: the whole of it with its CRLF, its name (the bytes
+ * before the first colon; NULL when it has none) and its value (after the
+ * colon, leading blanks skipped, up to the CRLF). */
+typedef struct sbx_http_field {
+  const char *line, *name, *value;
+  size_t line_len, name_len, value_len;
+} sbx_http_field;
+/* The header line at *p, among lines ending with "\r\n" before `end` (or
+ * a NUL): false past the last; *p moves past it. */
+bool sbx_http_next_field(const char **p, const char *end, sbx_http_field *f);
 /* The value of header `name` (case-insensitive) among header lines ending
  * with "\r\n" up to `end` (or a NUL), without leading blanks; NULL if absent. */
 const char *sbx_http_header(const char *headers, const char *end, const char *name, size_t *len);

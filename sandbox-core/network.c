@@ -107,7 +107,13 @@ static int default_gateway(char out[INET_ADDRSTRLEN]) {
   return -ENETUNREACH;
 }
 
-pid_t sbx_netns_spawn(sbx_sandbox *sb, char *const argv[], const char *input, int *pidfd) {
+/* Starts nft -f - with the sandbox's user and network namespaces joined
+ * (as its root, and no other namespace), `input` on its stdin: its pid
+ * (and pidfd), or -1 with errno. */
+static pid_t nft_spawn(sbx_sandbox *sb, const char *input, int *pidfd) {
+  char nft[64];
+  snprintf(nft, sizeof nft, "%s", find_tool("nft"));
+  char *argv[] = {nft, "-f", "-", NULL};
   int p[2];
   if (pipe2(p, O_CLOEXEC) < 0) return -1;
   pid_t pid = sbx_fork_child(0, pidfd);
@@ -138,15 +144,32 @@ pid_t sbx_netns_spawn(sbx_sandbox *sb, char *const argv[], const char *input, in
   return pid;
 }
 
-/* Runs argv with the sandbox's user and network namespaces joined (and no
- * other), stdin fed from `input`; returns its exit status or -errno. */
-static int run_in_netns(sbx_sandbox *sb, char *const argv[], const char *input) {
-  pid_t pid = sbx_netns_spawn(sb, argv, input, NULL);
+/* nft -f - in the sandbox's namespace: its exit status, or -errno. */
+static int nft_run(sbx_sandbox *sb, const char *input) {
+  pid_t pid = nft_spawn(sb, input, NULL);
   if (pid < 0) return -errno;
   int st;
   while (waitpid(pid, &st, 0) < 0)
     if (errno != EINTR) return -errno;
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+pid_t sbx_net_open_named(sbx_sandbox *sb, const sbx_dns_addr *a, int n, int *pidfd) {
+  size_t cap = (size_t)n * (INET6_ADDRSTRLEN + 2) + 128, o4 = 0, o6 = 0;
+  _cleanup_free_ char *v4 = calloc(1, cap), *v6 = calloc(1, cap), *input = calloc(2, cap);
+  if (!v4 || !v6 || !input) {
+    errno = ENOMEM;
+    return -1;
+  }
+  for (int i = 0; i < n; i++) {
+    char addr[INET6_ADDRSTRLEN];
+    inet_ntop(a[i].family, a[i].addr, addr, sizeof addr);
+    if (a[i].family == AF_INET) o4 += (size_t)snprintf(v4 + o4, cap - o4, "%s%s", o4 ? ", " : "", addr);
+    else o6 += (size_t)snprintf(v6 + o6, cap - o6, "%s%s", o6 ? ", " : "", addr);
+  }
+  snprintf(input, 2 * cap, "%s%s%s%s%s%s", o4 ? "add element inet sbx named4 { " : "", v4, o4 ? " }\n" : "",
+           o6 ? "add element inet sbx named6 { " : "", v6, o6 ? " }\n" : "");
+  return nft_spawn(sb, input, pidfd);
 }
 
 int sbx_netns_socket(sbx_sandbox *sb, int type, const struct sockaddr *addr, socklen_t alen) {
@@ -194,10 +217,7 @@ int sbx_net_egress_start(sbx_sandbox *sb, sbx_error *err) {
   char rules[16384];
   if (nft_rules(&sb->opts.allowed_hosts, gw, rules, sizeof rules) < 0)
     return sbx_err(err, "INTERNAL", "the egress filter does not fit");
-  char nft[64];
-  snprintf(nft, sizeof nft, "%s", find_tool("nft"));
-  char *nft_argv[] = {nft, "-f", "-", NULL};
-  r = run_in_netns(sb, nft_argv, rules);
+  r = nft_run(sb, rules);
   if (r != 0) return sbx_err(err, "INTERNAL", "installing the egress filter of sandbox '%s' failed (%d)", sb->id, r);
 
   char path[64];

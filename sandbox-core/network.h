@@ -1,6 +1,7 @@
 /* Network "egress" for a sandbox: pasta plus an nftables filter (see
  * network.c). "none" needs nothing: the sandbox's own namespace has only lo. */
 #pragma once
+#include "netpolicy.h"
 #include "sandbox.h"
 
 /* Whether the tools egress needs are installed; *why says what is missing. */
@@ -10,9 +11,9 @@ int sbx_net_egress_start(sbx_sandbox *sb, sbx_error *err);
 /* Stops pasta (a no-op for "none"). */
 void sbx_net_stop(sbx_sandbox *sb);
 
-/* Starts argv with the sandbox's user and network namespaces joined (as
- * its root), stdin fed from `input`: its pid (and pidfd), -1 with errno. */
-pid_t sbx_netns_spawn(sbx_sandbox *sb, char *const argv[], const char *input, int *pidfd);
+/* Starts the nft run that lets the sandbox reach these addresses (given in
+ * answers for its allowed names): its pid and pidfd, or -1 with errno. */
+pid_t sbx_net_open_named(sbx_sandbox *sb, const sbx_dns_addr *a, int n, int *pidfd);
 /* A socket of `type` made in the sandbox's network namespace and bound to
  * addr there (nonblocking, close-on-exec): the fd, or -errno. */
 int sbx_netns_socket(sbx_sandbox *sb, int type, const struct sockaddr *addr, socklen_t alen);

@@ -389,6 +389,7 @@ static void on_idle(uv_timer_t *t) { conn_close(t->data); }
 static void client_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b);
 static void up_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b);
 static void drain(pconn *c);
+static void client_go_on(pconn *c);
 static void refuse_more(pconn *c);
 static void upgrade_answer(pconn *c, const char *data, size_t n);
 
@@ -405,12 +406,7 @@ static void written(uv_write_t *req, int status) {
   /* below the high water again: the paused side reads on */
   if (to_client && c->to_client < HIGH_WATER && c->up_open && !c->up_eof)
     uv_read_start((uv_stream_t *)&c->upstream, alloc_cb, up_read);
-  if (!to_client && c->to_up < HIGH_WATER && !c->client_eof && !c->waiting && c->mode != M_DONE &&
-      c->mode != M_UPGRADING) {
-    drain(c); /* pipelined requests left waiting */
-    if (!c->closing && c->mode != M_DONE && c->mode != M_UPGRADING && c->to_up < HIGH_WATER)
-      uv_read_start((uv_stream_t *)&c->client, alloc_cb, client_read);
-  }
+  if (!to_client && c->to_up < HIGH_WATER) client_go_on(c); /* pipelined requests left waiting first */
 }
 
 /* Queues data toward one side; owned (malloc'd, taken) or copied. */
@@ -520,24 +516,19 @@ static void forward_head(pconn *c, const char *p, size_t hl, const char *headers
   const char *end = p + hl - 2; /* the blank line */
   size_t hlen = 0;
   const char *host = sbx_http_header(headers, end, "Host", &hlen);
-  char extra[600];
-  int n = snprintf(extra, sizeof extra, "X-Forwarded-Host: %.*s\r\nX-Forwarded-Proto: http\r\nX-Forwarded-For: %s\r\n",
-                   hlen > 300 ? 300 : (int)hlen, host ? host : "", ip);
-  sbx_buf out = {0};
-  sbx_buf_append(&out, p, (size_t)(headers - p));
-  sbx_buf_append(&out, extra, (size_t)n);
-  for (const char *l = headers; l < end;) {
-    const char *eol = memmem(l, end + 2 - l, "\r\n", 2);
-    if (!eol) break;
-    if (!client_ip_header(l)) sbx_buf_append(&out, l, (size_t)(eol + 2 - l));
-    l = eol + 2;
-  }
-  if (sbx_buf_append(&out, "\r\n", 2) < 0) {
-    sbx_buf_free(&out);
-    return conn_close(c);
-  }
-  send_to(c, false, out.data, out.len); /* owned buffers are the read pool's */
-  sbx_buf_free(&out);
+  char out[MAX_HEAD + 640]; /* the head (at most MAX_HEAD) with the proxy's lines instead of the client's */
+  size_t o = (size_t)(headers - p);
+  memcpy(out, p, o);
+  o += (size_t)snprintf(out + o, sizeof out - o, "X-Forwarded-Host: %.*s\r\nX-Forwarded-Proto: http\r\nX-Forwarded-For: %s\r\n",
+                        hlen > 300 ? 300 : (int)hlen, host ? host : "", ip);
+  sbx_http_field f;
+  for (const char *l = headers; sbx_http_next_field(&l, end, &f);)
+    if (!client_ip_header(f.line)) {
+      memcpy(out + o, f.line, f.line_len);
+      o += f.line_len;
+    }
+  memcpy(out + o, "\r\n", 2);
+  send_to(c, false, out, o + 2);
 }
 
 /* A later request on the connection that cannot be passed on (another
@@ -613,9 +604,7 @@ static void relay_start(pconn *c, int fd) {
   }
   activity(c);
   uv_read_start((uv_stream_t *)&c->upstream, alloc_cb, up_read);
-  drain(c); /* the first head, and whatever followed it */
-  if (!c->closing && c->mode != M_DONE && c->to_up < HIGH_WATER)
-    uv_read_start((uv_stream_t *)&c->client, alloc_cb, client_read);
+  client_go_on(c); /* the first head, and whatever followed it */
 }
 
 static bool revoked(const char *token) {
@@ -664,6 +653,12 @@ static void route(pconn *c, const char *headers, const char *end) {
   }
 }
 
+/* What the client's next bytes are once a request's head or some of its
+ * body went on: more body, the wait for a 101, or the next head. */
+static void next_mode(pconn *c) {
+  c->mode = !sbx_http_body_done(&c->body) ? M_BODY : c->upgrade ? M_UPGRADING : M_HEAD;
+}
+
 /* The client's bytes are read request by request: each head is checked
  * (the first one routes the connection) and passed on with X-Forwarded-*,
  * each body counted through to where the next head starts. A request
@@ -684,7 +679,7 @@ static void drain(pconn *c) {
       if (k < 0) return conn_close(c); /* the server has part of it: nothing sensible to answer */
       send_to(c, false, p, (size_t)k);
       off += (size_t)k;
-      if (sbx_http_body_done(&c->body)) c->mode = c->upgrade ? M_UPGRADING : M_HEAD;
+      next_mode(c);
       continue;
     }
     sbx_http_head h;
@@ -713,7 +708,7 @@ static void drain(pconn *c) {
     if (!host || hlen != strlen(c->host) || strncasecmp(host, c->host, hlen)) return refuse_more(c);
     forward_head(c, p, (size_t)hl, h.headers);
     off += (size_t)hl;
-    c->mode = !sbx_http_body_done(&c->body) ? M_BODY : c->upgrade ? M_UPGRADING : M_HEAD;
+    next_mode(c);
   }
   if (off) {
     memmove(c->head.data, c->head.data + off, c->head.len - off);
@@ -721,6 +716,15 @@ static void drain(pconn *c) {
   }
   /* an upgrade asked: nothing more is read until the server says 101 */
   if (c->mode == M_UPGRADING && !c->closing) uv_read_stop((uv_stream_t *)&c->client);
+}
+
+/* The client's side goes on: what waits in c->head first, then reading
+ * more while the server keeps up and nothing is awaited. */
+static void client_go_on(pconn *c) {
+  if (c->closing || c->client_eof) return;
+  drain(c);
+  if (!c->closing && !c->waiting && c->mode != M_DONE && c->mode != M_UPGRADING && c->to_up < HIGH_WATER)
+    uv_read_start((uv_stream_t *)&c->client, alloc_cb, client_read);
 }
 
 /* The start of the server's answer to an upgrade request: a 101 turns the
@@ -734,9 +738,7 @@ static void upgrade_answer(pconn *c, const char *data, size_t n) {
   c->status_len = 0;
   if (!memcmp(c->status, "HTTP/1.1 101", 12) || !memcmp(c->status, "HTTP/1.0 101", 12)) {
     c->mode = M_TUNNEL;
-    drain(c);
-    if (!c->closing && !c->client_eof && c->to_up < HIGH_WATER)
-      uv_read_start((uv_stream_t *)&c->client, alloc_cb, client_read);
+    client_go_on(c);
   } else {
     refuse_more(c);
   }
@@ -755,7 +757,7 @@ static void client_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
         buf_put(b->base);
         return conn_close(c);
       }
-      if (sbx_http_body_done(&c->body)) c->mode = c->upgrade ? M_UPGRADING : M_HEAD;
+      next_mode(c);
       sbx_buf_append(&c->head, b->base + k, (size_t)n - (size_t)k); /* the next request's */
       send_read(c, false, b->base, (size_t)k);
       b = NULL;
