@@ -130,9 +130,10 @@ static int connect_daemon(char *err, size_t errlen) {
 
 static bool from_agent(void *ud, const char *msg, size_t len) {
   (void)ud;
-  if (!msg) { /* too large to frame: the daemon would say the same */
-    send_agent(json_pack("{s:s, s:n, s:{s:i, s:s}}", "jsonrpc", "2.0", "id", "error", "code", -32700, "message",
-                         "message exceeds the 64 MiB limit"));
+  if (!msg) { /* too large to frame: answered here, by its id when it has one */
+    json_t *id = mcp_peek_id(r.from_agent.head, r.from_agent.head_len);
+    send_agent(json_pack("{s:s, s:o, s:{s:i, s:s}}", "jsonrpc", "2.0", "id", id ? id : json_null(), "error", "code",
+                         MCP_OVERSIZE_CODE, "message", MCP_OVERSIZE_MESSAGE));
     return true;
   }
   json_t *m = json_loadb(msg, len, 0, NULL);

@@ -325,8 +325,11 @@ static bool on_message(void *ud, const char *msg, size_t len) {
     json_decref(m);
     if (ours) return !c->closing;
   }
-  if (!msg) mcp_conn_send_error(c->conn, NULL, -32700, "message exceeds the 64 MiB limit");
-  else mcp_conn_handle(c->conn, msg, len);
+  if (!msg) {
+    json_t *id = mcp_peek_id(c->framer.head, c->framer.head_len);
+    mcp_conn_send_error(c->conn, id, MCP_OVERSIZE_CODE, MCP_OVERSIZE_MESSAGE);
+    json_decref(id);
+  } else mcp_conn_handle(c->conn, msg, len);
   return !c->closing;
 }
 

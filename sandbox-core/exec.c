@@ -846,7 +846,9 @@ int sbx_exec_start(uv_loop_t *loop, sbx_sandbox *sb, const sbx_exec_opts *o, sbx
     cwd = "/workspace"; /* the session's directory was removed */
     if (sbx_fs_check_dir(sb, cwd, err) < 0) cwd = "/";
   }
-  if (o->stdin_len > SBX_MAX_STDIN) return sbx_err(err, "VALIDATION_FAILED", "stdin is limited to %d bytes", SBX_MAX_STDIN);
+  if (o->stdin_len > SBX_MAX_STDIN)
+    return sbx_err(err, "VALIDATION_FAILED", "stdin is limited to %d bytes; put larger input in files (writeFile) and redirect it",
+                   SBX_MAX_STDIN);
   if (sb->running >= SBX_MAX_RUNNING)
     return sbx_err(err, "RESOURCE_LIMIT", "sandbox '%s' already runs %d commands and processes", sb->id, sb->running);
 

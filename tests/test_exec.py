@@ -186,6 +186,12 @@ def test_output_bound(t, x):
     t.ok(r.get('error', {}).get('code') == -32603 and '64 MiB' in r['error'].get('message', ''),
          'an answer over the message limit comes back as an error, not silence', str(r)[:300])
     t.eq(x.c.sh('echo still')['stdout'], 'still\n', 'and the connection goes on')
+    # 100 MB of stdin is over the limit on the way in: the request is answered by its id
+    r = x.c.request('tools/call', {'name': 'exec', 'arguments': {'command': 'wc -c', 'stdin': 'y' * 100_000_000}}, 120)
+    t.ok(r.get('error', {}).get('code') == -32600 and '64 MiB' in r['error'].get('message', ''),
+         'a request over the message limit gets an error that says so', str(r)[:300])
+    r = x.c.sh('wc -c', stdin='y' * 16_000_000)
+    t.eq(r.get('stdout'), '16000000\n', 'and 16 MB of stdin (the stdin limit) reaches the command whole')
 
 
 def test_utf8(t, x):

@@ -17,11 +17,22 @@ static void check_reply(void *ud, const char *data, size_t len) {
 }
 
 static mcp_conn *conn;
+static mcp_framer f;
 
 static bool on_message(void *ud, const char *msg, size_t len) {
   (void)ud;
-  if (msg) mcp_conn_handle(conn, msg, len);
-  else mcp_conn_send_error(conn, NULL, -32700, "message too large");
+  if (msg) {
+    mcp_conn_handle(conn, msg, len);
+    json_t *id = mcp_peek_id(msg, len); /* what is found in a prefix must be the id */
+    json_t *whole = json_loadb(msg, len, JSON_REJECT_DUPLICATES, NULL);
+    if (id && whole && !json_equal(id, json_object_get(whole, "id"))) abort();
+    json_decref(whole);
+    json_decref(id);
+  } else {
+    json_t *id = mcp_peek_id(f.head, f.head_len);
+    mcp_conn_send_error(conn, id, MCP_OVERSIZE_CODE, MCP_OVERSIZE_MESSAGE);
+    json_decref(id);
+  }
   return true;
 }
 
@@ -33,7 +44,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     ready = true;
   }
   conn = mcp_conn_new(uv_default_loop(), check_reply, NULL);
-  mcp_framer f;
   mcp_framer_init(&f, 1 << 20); /* a small cap, so the fuzzer reaches it */
   /* feed in two pieces to exercise messages split across reads */
   size_t half = size / 2;

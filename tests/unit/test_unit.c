@@ -1,5 +1,6 @@
 /* Unit tests of the side-effect-free helpers, as TAP. */
 #define _GNU_SOURCE
+#include "../../mcp-server/framing.h"
 #include "../../mcp-server/schema.h"
 #include "../../sandbox-core/cgroup.h"
 #include "../../sandbox-core/config.h"
@@ -376,6 +377,47 @@ static void test_config(void) {
   sbx_config_free(&c);
 }
 
+static bool peeked_buf(const char *prefix, size_t len, const char *want) {
+  json_t *id = mcp_peek_id(prefix, len);
+  char *s = id ? json_dumps(id, JSON_ENCODE_ANY) : NULL;
+  bool ok = want ? s && !strcmp(s, want) : !s;
+  free(s);
+  json_decref(id);
+  return ok;
+}
+
+static bool peeked(const char *prefix, const char *want) { return peeked_buf(prefix, strlen(prefix), want); }
+
+static bool framed_count(void *ud, const char *msg, size_t len) {
+  (void)msg, (void)len;
+  ++*(int *)ud;
+  return true;
+}
+
+static void test_peek_id(void) {
+  OK(peeked("{\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"tools/call\",\"params\":{\"x\":\"aaa", "5"),
+     "peek id: an integer before a cut-off params");
+  OK(peeked(" { \"id\" : \"a\\\"b\" ,", "\"a\\\"b\""), "peek id: a string with an escaped quote, spaces around");
+  OK(peeked("{\"params\":{\"id\":7,\"s\":\"}\"},\"id\":8,", "8"), "peek id: an id nested in params is not the message's");
+  OK(peeked("{\"jsonrpc\":\"2.0\",\"method\":\"x\",\"params\":{\"s\":\"aaa", NULL), "peek id: none before the cut");
+  OK(peeked("{\"id\":12", NULL), "peek id: a number cut off may be longer");
+  OK(peeked("{\"id\":{\"a\":1},", NULL) && peeked("{\"id\":null,", NULL) && peeked("{\"id\":1.5,", NULL),
+     "peek id: only a string or an integer is an id");
+  OK(peeked("[{\"id\":1},", NULL) && peeked("", NULL) && peeked("{\"id\" 1,", NULL), "peek id: not an object, empty, no colon");
+  mcp_framer f;
+  mcp_framer_init(&f, 64);
+  int calls = 0;
+  char big[200];
+  memset(big, 'x', sizeof big);
+  memcpy(big, "{\"id\":\"q\",\"p\":\"", 14);
+  mcp_framer_feed(&f, big, 40, framed_count, &calls);
+  mcp_framer_feed(&f, big + 40, sizeof big - 40, framed_count, &calls);
+  mcp_framer_feed(&f, "\n{}\n", 4, framed_count, &calls);
+  OK(calls == 2 && f.head_len >= 14 && peeked_buf(f.head, f.head_len, "\"q\""),
+     "framer: an oversized message split across reads keeps its head, and the next message is read");
+  mcp_framer_free(&f);
+}
+
 int main(void) {
   test_headtail();
   test_utf8();
@@ -388,6 +430,7 @@ int main(void) {
   test_schema();
   test_special_ranges();
   test_config();
+  test_peek_id();
   printf("1..%d\n", n);
   return failed ? 1 : 0;
 }
