@@ -275,6 +275,44 @@ def lat(f, n):
     return xs
 
 
+def proc_cpu_s(pid):
+    with open('/proc/%d/stat' % pid) as f:
+        v = f.read().rsplit(')', 1)[1].split()
+    return (int(v[11]) + int(v[12])) / os.sysconf('SC_CLK_TCK')
+
+
+def proc_rchar(pid):
+    with open('/proc/%d/io' % pid) as f:
+        return int(next(l for l in f if l.startswith('rchar:')).split()[1])
+
+
+def bench_flood(env, n, floods=30, seconds=5):
+    """exec latency while one sandbox runs `floods` background processes
+    printing forever, against the same with none; the daemon's CPU and how
+    much output it reads meanwhile."""
+    c = env.socket_client()
+    c.initialize()
+    call = lambda sb: c.ok('exec', {'sandboxId': sb, 'command': 'true'})  # noqa: E731
+    for sb in ('flood', 'neighbour'):
+        call(sb)
+    idle = {sb: lat(lambda: call(sb), n) for sb in ('flood', 'neighbour')}
+    for i in range(floods):
+        c.ok('startProcess', {'sandboxId': 'flood', 'processId': 'yes-%d' % i, 'command': 'yes'})
+    pid = env.daemon_pid()
+    time.sleep(1)  # past the start: the steady state is measured
+    cpu0, rd0, t0 = proc_cpu_s(pid), proc_rchar(pid), time.monotonic()
+    time.sleep(seconds)
+    cpu1, rd1, t1 = proc_cpu_s(pid), proc_rchar(pid), time.monotonic()
+    busy = {sb: lat(lambda: call(sb), n) for sb in ('flood', 'neighbour')}
+    print('== exec true while %d background processes print forever in one sandbox (n=%d) ==' % (floods, n))
+    for sb in ('neighbour', 'flood'):
+        report('sbx exec in %s, flooding' % sb, busy[sb], 'sbx exec in %s, no flood' % sb, idle[sb])
+    print('%-34s %8.0f %% of a core, reading %.0f MiB/s of their output' %
+          ('daemon while they print', 100 * (cpu1 - cpu0) / (t1 - t0), (rd1 - rd0) / (t1 - t0) / 2**20))
+    print()
+    c.ok('destroySandbox', {'sandboxId': 'flood'})
+
+
 def bench_transports(env, n):
     import http.client
     import json as _json
@@ -792,6 +830,8 @@ def main():
             bench_preview()
         if a.what in ('exec', 'all'):
             bench_exec(env, a.n or 1000)
+        if a.what in ('flood', 'all'):
+            bench_flood(env, a.n or 200)
         if a.what in ('parallel', 'all'):
             bench_parallel(env, 8, 5)
         if a.what in ('transports', 'all'):

@@ -76,7 +76,7 @@ struct sbx_exec {
   sbx_sandbox *sb;
   sbx_shell *sh; /* run by the session's shell, not a process of its own */
   char session_id[64];
-  bool keep_session, discard, background;
+  bool keep_session, discard, background, unattended;
   char *call_cwd; /* a cwd given for this call only */
   sbx_env call_env;
   sbx_cgroup cg;
@@ -85,6 +85,7 @@ struct sbx_exec {
   uv_poll_t pidpoll;
   uv_pipe_t pipes[3]; /* stdout, stderr, state */
   bool pipe_open[3];
+  unsigned paused; /* output pipes not read until the next window (bits) */
   uv_pipe_t in;
   bool in_open;
   uv_write_t in_req;
@@ -102,6 +103,27 @@ struct sbx_exec {
   sbx_exec_done_cb on_done;
   void *ud;
   struct sbx_exec *next;
+};
+
+struct sbx_shell {
+  uv_loop_t *loop;
+  sbx_sandbox *sb;       /* NULL once the sandbox or session is gone */
+  sbx_session *session;
+  uint64_t gen;          /* the session state the shell holds */
+  pid_t pid;             /* its supervisor, our child */
+  pid_t bash;            /* bash's host pid, learnt when it first answers */
+  int pidfd, cmdfd;
+  uv_poll_t pidpoll;
+  uv_pipe_t pipes[3]; /* stdout, stderr, status */
+  uv_pipe_t wake;
+  uv_timer_t idle;
+  sbx_cgroup cg;
+  sbx_buf ctl;
+  sbx_exec *cur;
+  unsigned paused; /* as sbx_exec's */
+  bool dead, retired;
+  int handles;
+  sbx_shell *next;
 };
 
 static sbx_exec *all_execs;
@@ -377,22 +399,93 @@ static void on_chunk(sbx_exec *x, int i, const char *p, size_t n) {
   free(buf);
 }
 
+/* ---- the output budget ---------------------------------------------------
+ * The daemon reads what a sandbox's commands print at most OUT_BUDGET bytes
+ * per OUT_WINDOW_MS, once for the calls a caller waits on and once for
+ * unattended commands (background processes). Past it, those pipes are not
+ * read until the next window: their writers block on full pipes (asleep, on
+ * their own CPU share) instead of the daemon spending its loop on them. A
+ * sandbox printing forever from many processes costs the daemon a bounded
+ * share, its own calls are not slowed by its background logs, and every
+ * other sandbox's calls still answer. */
+#define OUT_WINDOW_MS 50
+#define OUT_BUDGET (2u << 20) /* 40 MiB/s per sandbox for calls, as much for unattended commands */
+
+static sbx_shell *all_shells;
+static uv_timer_t out_timer;
+static bool out_timer_ready;
+static void read_cb(uv_stream_t *s, ssize_t n, const uv_buf_t *b);
+static void shell_read_cb(uv_stream_t *st, ssize_t n, const uv_buf_t *b);
+static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *b);
+
+/* Stops the reading pipes among the first two of p; returns which. */
+static unsigned pause_pipes(uv_pipe_t *p) {
+  unsigned bits = 0;
+  for (int i = 0; i < 2; i++)
+    if (uv_is_active((uv_handle_t *)&p[i]) && !uv_is_closing((uv_handle_t *)&p[i])) {
+      uv_read_stop((uv_stream_t *)&p[i]);
+      bits |= 1u << i;
+    }
+  return bits;
+}
+
+static void resume_pipes(uv_pipe_t *p, unsigned bits, uv_read_cb cb) {
+  for (int i = 0; i < 2; i++)
+    if ((bits & (1u << i)) && !uv_is_closing((uv_handle_t *)&p[i])) uv_read_start((uv_stream_t *)&p[i], alloc_cb, cb);
+}
+
+static void out_window_cb(uv_timer_t *t) {
+  (void)t;
+  for (sbx_exec *x = all_execs; x; x = x->next) {
+    unsigned bits = x->paused;
+    x->paused = 0;
+    for (int i = 0; i < 2; i++)
+      if (!x->pipe_open[i]) bits &= ~(1u << i);
+    resume_pipes(x->pipes, bits, read_cb);
+  }
+  for (sbx_shell *sh = all_shells; sh; sh = sh->next) {
+    resume_pipes(sh->pipes, sh->paused, shell_read_cb);
+    sh->paused = 0;
+  }
+}
+
+/* Counts n bytes read for sb, for calls or unattended commands; past that
+ * budget, their output waits. */
+static void out_spend(uv_loop_t *loop, sbx_sandbox *sb, bool unattended, size_t n) {
+  if (!sb) return;
+  uint64_t window = uv_now(loop) / OUT_WINDOW_MS;
+  if (sb->out_window != window) sb->out_window = window, sb->out_used[0] = sb->out_used[1] = 0;
+  sb->out_used[unattended] += n;
+  if (sb->out_used[unattended] < OUT_BUDGET) return;
+  for (sbx_exec *x = all_execs; x; x = x->next)
+    if (x->sb == sb && !x->sh && x->unattended == unattended) x->paused |= pause_pipes(x->pipes);
+  for (sbx_shell *sh = all_shells; sh; sh = sh->next)
+    if (sh->sb == sb && !unattended) sh->paused |= pause_pipes(sh->pipes);
+  if (!out_timer_ready) {
+    uv_timer_init(loop, &out_timer);
+    uv_unref((uv_handle_t *)&out_timer);
+    out_timer_ready = true;
+  }
+  if (!uv_is_active((uv_handle_t *)&out_timer))
+    uv_timer_start(&out_timer, out_window_cb, OUT_WINDOW_MS - uv_now(loop) % OUT_WINDOW_MS, 0);
+}
+
+/* One buffer serves every read: each is consumed before the callback returns. */
 static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *b) {
+  static char buf[65536];
   (void)h;
   (void)suggested;
-  b->base = malloc(65536);
-  b->len = b->base ? 65536 : 0;
+  *b = uv_buf_init(buf, sizeof buf);
 }
 
 static void read_cb(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
   sbx_exec *x = s->data;
   int i = (int)((uv_pipe_t *)s - x->pipes);
   if (n > 0) {
-    if (i < 2) on_chunk(x, i, b->base, n);
+    if (i < 2) on_chunk(x, i, b->base, n), out_spend(x->loop, x->sb, x->unattended, n);
     else if (x->state.len + n <= STATE_MAX) sbx_buf_append(&x->state, b->base, n);
     else x->state_overflow = true;
   }
-  free(b->base);
   if (n < 0) close_pipe(x, i);
 }
 
@@ -566,27 +659,6 @@ static const char shell_loop[] =
 #define SHELL_END "\1sbx-end\1\n"
 #define SHELL_IDLE_MS (60 * 1000) /* an idle shell goes; the next command starts one */
 
-struct sbx_shell {
-  uv_loop_t *loop;
-  sbx_sandbox *sb;       /* NULL once the sandbox or session is gone */
-  sbx_session *session;
-  uint64_t gen;          /* the session state the shell holds */
-  pid_t pid;             /* its supervisor, our child */
-  pid_t bash;            /* bash's host pid, learnt when it first answers */
-  int pidfd, cmdfd;
-  uv_poll_t pidpoll;
-  uv_pipe_t pipes[3]; /* stdout, stderr, status */
-  uv_pipe_t wake;
-  uv_timer_t idle;
-  sbx_cgroup cg;
-  sbx_buf ctl;
-  sbx_exec *cur;
-  bool dead, retired;
-  int handles;
-  sbx_shell *next;
-};
-
-static sbx_shell *all_shells;
 
 static void shell_synced(sbx_shell *sh, const sbx_session *s) {
   if (sh->session == s) sh->gen = s->gen;
@@ -670,6 +742,7 @@ static void shell_read_cb(uv_stream_t *st, ssize_t n, const uv_buf_t *b) {
   if (n > 0) {
     if (i < 2) {
       if (sh->cur) on_chunk(sh->cur, i, b->base, n);
+      out_spend(sh->loop, sh->sb, false, n);
     } else if (sh->ctl.len + n > STATE_MAX + 64) {
       shell_kill(sh); /* not a report of ours */
     } else {
@@ -677,7 +750,6 @@ static void shell_read_cb(uv_stream_t *st, ssize_t n, const uv_buf_t *b) {
       shell_reports(sh);
     }
   }
-  free(b->base);
   if (n < 0) uv_read_stop(st);
 }
 
@@ -862,6 +934,7 @@ int sbx_exec_start(uv_loop_t *loop, sbx_sandbox *sb, const sbx_exec_opts *o, sbx
   x->keep_session = o->keep_session;
   x->discard = o->discard;
   x->background = o->background;
+  x->unattended = o->unattended;
   if (o->cwd) x->call_cwd = strdup(cwd);
   x->limit = o->max_output ? o->max_output : SBX_DEFAULT_MAX_OUTPUT;
   sbx_headtail_init(&x->s[0].ht, x->limit);

@@ -23,6 +23,8 @@ typedef struct sbx_exec_opts {
   bool stdin_stream; /* stdin stays open for sbx_exec_write (stdin_data unused) */
   bool discard;      /* output only goes to the chunk callback: nothing kept or spilled */
   bool background;   /* not activity: the sandbox may still go idle (a code context) */
+  bool unattended;   /* no caller waits (startProcess): its output shares a read budget with
+                      * the sandbox's other such commands, apart from the calls' */
   bool stdio;        /* stdio_fd (the caller's; dup'ed) is its stdin, or its stdout with stdio_out */
   bool stdio_out;
   int stdio_fd;

@@ -135,6 +135,7 @@ int sbx_process_start(uv_loop_t *loop, sbx_sandbox *sb, const char *id, const sb
   sbx_exec_opts opts = *o;
   opts.keep_session = false;
   opts.max_output = SBX_PROCESS_LOG;
+  opts.unattended = true;
   if (sbx_exec_start(loop, sb, &opts, NULL, on_done, p, &p->x, err) < 0) {
     free(p->command);
     free(p);

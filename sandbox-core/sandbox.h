@@ -72,6 +72,8 @@ typedef struct sbx_sandbox {
   sbx_session *sessions;
   uint64_t created_wall_ms, last_activity_wall_ms;
   uint64_t exec_seq;
+  uint64_t out_window;  /* exec.c's output budget: the window, and bytes read in it */
+  size_t out_used[2];   /* for calls, and for unattended commands */
   int running; /* execs in flight */
   bool reset_pending;     /* the next result tells the caller its files are gone */
   bool restart_pending;   /* ...that its processes ended with an earlier daemon */

@@ -137,6 +137,46 @@ def test_stream_logs(t, x):
     c.ok('killProcess', {'processId': 'long'})
 
 
+def rss_kib(pid):
+    with open('/proc/%d/status' % pid) as f:
+        return int(next(l for l in f if l.startswith('VmRSS:')).split()[1])
+
+
+def test_output_flood(t, x):
+    # sixteen processes printing forever: the daemon reads a sandbox's output
+    # at a bounded rate (the writers wait on full pipes), so it keeps serving
+    # that sandbox and its neighbours, and loses none of what it reads
+    c = x.c
+    n = 16
+    for i in range(n):
+        c.ok('startProcess', {'sandboxId': 'flood', 'processId': 'yes-%d' % i, 'command': 'yes flood'})
+    pid = x.env.daemon_pid()
+    t.ok(wait_until(lambda: all(len(c.ok('getProcessLogs', {'sandboxId': 'flood', 'processId': 'yes-%d' % i})
+                                    ['stdout']) > 0 for i in range(n)), 20, 'every flood to print'),
+         'sixteen background processes print forever')
+    rss0 = rss_kib(pid)
+    for i in range(5):
+        t.eq(c.sh('echo neighbour %d' % i, sandbox='flood-neighbour')['stdout'], 'neighbour %d\n' % i,
+             'a neighbour sandbox answers meanwhile (%d)' % i)
+        t.eq(c.sh('echo same %d' % i, sandbox='flood')['stdout'], 'same %d\n' % i,
+             'the flooding sandbox answers too (%d)' % i)
+    r = c.sh("head -c 8388608 /dev/zero | tr '\\0' a", sandbox='flood')
+    t.ok(r['truncated'] and r.get('outputPath'), 'a command printing 8 MiB there meanwhile spills its output', r.keys())
+    w = c.sh('wc -c < %s && tr -d a < %s | wc -c' % (r['outputPath'], r['outputPath']), sandbox='flood')
+    t.eq(w['stdout'], '8388608\n0\n', 'every byte of it, in order of arrival, none lost while output waited')
+    c.ok('writeFile', {'sandboxId': 'flood', 'path': '/workspace/f.txt', 'content': 'kept'})
+    t.eq(c.ok('readFile', {'sandboxId': 'flood', 'path': '/workspace/f.txt'})['content'], 'kept', 'files API too')
+    logs = c.ok('getProcessLogs', {'sandboxId': 'flood', 'processId': 'yes-7', 'tail': 2})
+    t.eq(logs['stdout'], 'flood\nflood\n', "a flood's log tail is whole lines of what it prints")
+    grown = rss_kib(pid) - rss0
+    t.ok(grown < 64 * 1024, "the daemon's memory stays bounded while they print", '%d KiB more' % grown)
+    for i in range(n):
+        c.ok('killProcess', {'sandboxId': 'flood', 'processId': 'yes-%d' % i})
+    t.ok(wait_until(lambda: all(q['status'] == 'killed' for q in
+                                c.ok('listProcesses', {'sandboxId': 'flood'})['processes']), 20, 'the floods to end'),
+         'and they are killed')
+
+
 if __name__ == '__main__':
     sys.exit(run_tests([test_server, test_exit_and_logs, test_tree_and_kill_all, test_with_sandbox, test_early_signals,
-                        test_wait_for_log_and_exit, test_stream_logs], lambda: Ctx('procs')))
+                        test_wait_for_log_and_exit, test_stream_logs, test_output_flood], lambda: Ctx('procs')))
