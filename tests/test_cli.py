@@ -165,6 +165,50 @@ sys.stdout.buffer.write(b.getvalue())
     t.ok(not os.path.exists(os.path.join(dest, 'hard')), 'no hard link to a file outside')
 
 
+def test_cp_symlink_race(t, x):
+    """A sandbox swapping a symlink in the path while `sbx cp` runs, both
+    ways: tar runs inside the sandbox, so the swap only moves it around the
+    sandbox's own files; the host's files at the same absolute path are
+    neither read nor written."""
+    outside = os.path.join(x.env.root, 'race-outside')
+    os.makedirs(outside)
+    with open(os.path.join(outside, 'f.txt'), 'w') as f:
+        f.write('host-secret')
+    t.eq(open(os.path.join(outside, 'f.txt')).read(), 'host-secret', 'the host target exists')
+    c = x.env.socket_client()
+    c.initialize()
+    c.sh('mkdir -p /workspace/real %s && echo inside > /workspace/real/f.txt && echo own > %s/f.txt'
+         % (outside, outside), sandbox='race')
+    swapper = ('while :; do ln -sfn %s /workspace/swap; ln -sfn / /workspace/swap; ln -sfn /etc /workspace/swap; '
+               'ln -sfn /workspace/real /workspace/swap; ln -sfn ../../proc/1/root /workspace/swap; done' % outside)
+    c.ok('startProcess', {'sandboxId': 'race', 'processId': 'swapper', 'command': swapper})
+    up = os.path.join(x.env.root, 'race-up.txt')
+    with open(up, 'w') as f:
+        f.write('uploaded')
+    got, failed = set(), []
+    for i in range(15):
+        dest = os.path.join(x.env.root, 'race-down-%d' % i)
+        x.env.run(['cp', 'race:swap/f.txt', dest])
+        if os.path.isfile(dest) and not os.path.islink(dest):
+            got.add(open(dest).read())
+        r = x.env.run(['cp', up, 'race:swap/up-%d.txt' % i])
+        if r.returncode:
+            failed.append(r.stderr.decode(errors='replace'))
+    c.ok('killProcess', {'sandboxId': 'race', 'processId': 'swapper'})
+    t.ok(got and got <= {'inside\n', 'own\n'}, "downloads give the sandbox's own files, never the host's", got)
+    t.eq(sorted(os.listdir(outside)), ['f.txt'], 'uploads land nowhere on the host')
+    t.eq(open(os.path.join(outside, 'f.txt')).read(), 'host-secret', 'and the host file is untouched')
+    t.ok(all(f.startswith('sbx cp: swap/') for f in failed), 'an upload the swap broke says why', failed[:3])
+    r = c.sh("find / \\( -path /proc -o -path /sys \\) -prune -o -name 'up-*.txt' -type f -print0 | xargs -0 -r cat | sort -u",
+             sandbox='race')
+    t.ok(r['stdout'] in ('', 'uploaded\n'), 'the others land inside the sandbox, wherever the link pointed then', r)
+    c.sh('ln -sfn /workspace/real /workspace/swap', sandbox='race')
+    r = x.env.run(['cp', up, 'race:swap/after.txt'])
+    t.eq((r.returncode, c.sh('cat /workspace/real/after.txt', sandbox='race')['stdout']), (0, 'uploaded'),
+         'once the link holds still, cp through it works', r.stderr)
+    t.eq(c.sh('echo alive', sandbox='race')['stdout'], 'alive\n', 'and the sandbox still answers')
+
+
 def test_doctor(t, x):
     r = x.env.run(['doctor'])
     out = r.stdout.decode()
@@ -326,5 +370,5 @@ def test_daemon_http_while_running(t, x):
 
 
 if __name__ == '__main__':
-    sys.exit(run_tests([test_exec, test_stdin, test_never_guesses, test_default_id, test_ls_destroy, test_cp, test_cp_hostile_sandbox, test_doctor, test_autostart_and_stop,
+    sys.exit(run_tests([test_exec, test_stdin, test_never_guesses, test_default_id, test_ls_destroy, test_cp, test_cp_hostile_sandbox, test_cp_symlink_race, test_doctor, test_autostart_and_stop,
                         test_racing_starters, test_help, test_session, test_daemon_http_while_running], Ctx))
