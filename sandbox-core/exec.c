@@ -489,8 +489,24 @@ static void read_cb(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
   if (n < 0) close_pipe(x, i);
 }
 
+/* What is left in a command's output pipes, read now (even while its output
+ * waits for the budget), for x (NULL: dropped). */
+static void read_left(uv_pipe_t *pipes, sbx_exec *x) {
+  char buf[65536];
+  for (int i = 0; i < 2; i++) {
+    int fd;
+    if (uv_fileno((uv_handle_t *)&pipes[i], &fd) < 0) continue;
+    for (int k = 0; k < 64; k++) {
+      ssize_t n = read(fd, buf, sizeof buf);
+      if (n <= 0) break;
+      if (x) on_chunk(x, i, buf, n);
+    }
+  }
+}
+
 static void drain_cb(uv_timer_t *t) {
   sbx_exec *x = t->data;
+  read_left(x->pipes, x);
   /* no cgroup to kill leftovers (rootless): stop waiting for pipes that a
    * background process keeps open */
   for (int i = 0; i < 3; i++) close_pipe(x, i);
@@ -695,18 +711,7 @@ static void shell_idle_cb(uv_timer_t *t) { shell_kill(t->data); }
 
 /* What the command wrote is all in the pipes by the time bash reports its
  * end: read it before the report is handled. */
-static void shell_drain(sbx_shell *sh) {
-  char buf[65536];
-  for (int i = 0; i < 2; i++) {
-    int fd;
-    if (uv_fileno((uv_handle_t *)&sh->pipes[i], &fd) < 0) continue;
-    for (int k = 0; k < 64; k++) {
-      ssize_t n = read(fd, buf, sizeof buf);
-      if (n <= 0) break;
-      if (sh->cur) on_chunk(sh->cur, i, buf, n);
-    }
-  }
-}
+static void shell_drain(sbx_shell *sh) { read_left(sh->pipes, sh->cur); }
 
 
 /* Reports end with SHELL_END: "<status>[x]\n" then the state as the
