@@ -273,6 +273,12 @@ void mcp_call_ok(mcp_call *call, json_t *structured, const char *text) {
     json_t *res = json_pack("{s:[{s:s, s:s}], s:O, s:b}", "content", "type", "text", "text", note ? note : text ? text : "",
                             "structuredContent", structured, "isError", call->result_is_error);
     free(note);
+    if (!res) { /* text that is not UTF-8 got this far: an answer all the same */
+      json_decref(structured);
+      sbx_error err;
+      sbx_err(&err, "INTERNAL", "the result could not be encoded as JSON (text that is not UTF-8?)");
+      return mcp_call_fail(call, &err);
+    }
     if (call->extra_content) json_array_extend(json_object_get(res, "content"), call->extra_content);
     send_result(call->conn, call->id, call->modern, res);
   }
@@ -283,9 +289,13 @@ void mcp_call_ok(mcp_call *call, json_t *structured, const char *text) {
 void mcp_call_fail(mcp_call *call, const sbx_error *err) {
   if (call->conn && !call->cancelled) {
     char text[600];
-    snprintf(text, sizeof text, "%s: %s", err->code, err->message);
+    size_t mlen;
+    char *message = sbx_utf8_repair(err->message, strlen(err->message), &mlen); /* it may quote a sandbox's names */
+    snprintf(text, sizeof text, "%s: %s", err->code, message ? message : "");
     json_t *res = json_pack("{s:[{s:s, s:s}], s:{s:{s:s, s:s}}, s:b}", "content", "type", "text", "text", text,
-                            "structuredContent", "error", "code", err->code, "message", err->message, "isError", 1);
+                            "structuredContent", "error", "code", err->code, "message", message ? message : "",
+                            "isError", 1);
+    free(message);
     if (call->reset) json_object_set_new(json_object_get(res, "structuredContent"), "reset", json_true());
     if (call->restarted) json_object_set_new(json_object_get(res, "structuredContent"), "restarted", json_true());
     send_result(call->conn, call->id, call->modern, res);

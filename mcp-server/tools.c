@@ -971,20 +971,49 @@ static void h_read(mcp_call *call, json_t *args, sbx_sandbox *sb) {
 struct list_ctx {
   json_t *arr;
   sbx_buf text;
+  size_t in_text;
 };
+
+#define LIST_TEXT_MAX 16384
+
+/* A name as JSON can carry it: bytes that are not UTF-8 become U+FFFD (the
+ * entry says so; such a file is reached with exec). */
+static json_t *list_string(const char *s, bool *repaired) {
+  size_t n = strlen(s), len;
+  if (sbx_utf8_valid(s, n)) return json_string(s);
+  *repaired = true;
+  char *fixed = sbx_utf8_repair(s, n, &len);
+  json_t *j = fixed ? json_stringn(fixed, len) : NULL;
+  free(fixed);
+  return j;
+}
 
 static void list_cb(void *ud, const sbx_fs_entry *e) {
   struct list_ctx *l = ud;
   char when[32], mode[8];
   sbx_iso_time(e->mtime_ms, when);
   snprintf(mode, sizeof mode, "%04o", (unsigned)e->mode);
-  json_array_append_new(l->arr, json_pack("{s:s, s:s, s:s, s:I, s:s, s:s}", "name", e->name, "path", e->path, "type",
-                                          e->type, "size", (json_int_t)e->size, "modifiedAt", when, "mode", mode));
-  if (l->text.len < 16384) {
-    sbx_buf_append(&l->text, e->path, strlen(e->path));
-    if (!strcmp(e->type, "directory")) sbx_buf_append(&l->text, "/", 1);
-    sbx_buf_append(&l->text, "\n", 1);
-  }
+  bool repaired = false;
+  json_t *name = list_string(e->name, &repaired), *path = list_string(e->path, &repaired);
+  json_t *o = json_pack("{s:o, s:o, s:s, s:I, s:s, s:s}", "name", name, "path", path, "type", e->type, "size",
+                        (json_int_t)e->size, "modifiedAt", when, "mode", mode);
+  if (!o) return;
+  if (repaired) json_object_set_new(o, "notUtf8", json_true());
+  json_array_append_new(l->arr, o);
+  if (l->text.len >= LIST_TEXT_MAX) return;
+  /* one line per entry: a name with a newline, a control character, a quote
+   * or a backslash is written as a JSON string, so no name reads as two */
+  const char *p = json_string_value(path);
+  bool plain = true;
+  for (const unsigned char *c = (const unsigned char *)p; *c && plain; c++)
+    plain = *c >= 0x20 && *c != 0x7f && *c != '"' && *c != '\\';
+  char *quoted = plain ? NULL : json_dumps(path, JSON_ENCODE_ANY);
+  const char *line = quoted ? quoted : p;
+  sbx_buf_append(&l->text, line, strlen(line));
+  free(quoted);
+  if (!strcmp(e->type, "directory")) sbx_buf_append(&l->text, "/", 1);
+  sbx_buf_append(&l->text, "\n", 1);
+  l->in_text++;
 }
 
 static void h_list_files(mcp_call *call, json_t *args, sbx_sandbox *sb) {
@@ -1001,6 +1030,15 @@ static void h_list_files(mcp_call *call, json_t *args, sbx_sandbox *sb) {
     return mcp_call_fail(call, &err);
   }
   if (!l.text.data) sbx_buf_append(&l.text, "(empty)", 7);
+  if (truncated || l.in_text < (size_t)n) {
+    char more[240];
+    int k = truncated ? snprintf(more, sizeof more, "[%zu entries shown here, %d in structuredContent.files, where the "
+                                                   "listing stops: list a subdirectory, or use exec with find for the rest]",
+                                 l.in_text, n)
+                      : snprintf(more, sizeof more, "[%zu of %d entries shown here; all of them are in "
+                                                   "structuredContent.files]", l.in_text, n);
+    sbx_buf_append(&l.text, more, (size_t)k);
+  }
   json_t *o = json_pack("{s:s, s:o, s:i}", "path", abs, "files", l.arr, "count", n);
   if (truncated) json_object_set_new(o, "truncated", json_true());
   mcp_call_ok(call, o, l.text.data);

@@ -64,6 +64,33 @@ def test_list(t, x):
     t.eq(x.c.err('listFiles', {'path': '/nope'}), 'FILE_NOT_FOUND', 'listing nothing')
 
 
+def test_list_hostile_names(t, x):
+    # what a sandbox names its files cannot hang a listing or forge entries in it
+    x.c.sh('mkdir -p /workspace/hn && cd /workspace/hn && touch "$(printf \'evil\\nfake\')" plain '
+           '"$(printf \'bad\\377name\')"')
+    r, _ = x.c.call('listFiles', {'path': '/workspace/hn'}, timeout=30)
+    t.ok(not r.get('isError'), 'a name that is not UTF-8 gets an answer, not silence', r)
+    files = {f['name']: f for f in r['structuredContent']['files']}
+    t.ok('evil\nfake' in files and 'plain' in files, 'a name with a newline is one entry, exact', sorted(files))
+    bad = [f for n, f in files.items() if n.startswith('bad')]
+    t.ok(len(bad) == 1 and bad[0]['name'] == 'bad\ufffdname' and bad[0].get('notUtf8'),
+         'a name that is not UTF-8 is shown repaired and says so', bad)
+    lines = r['content'][0]['text'].split('\n')
+    t.ok('"/workspace/hn/evil\\nfake"' in lines and 'fake' not in lines and '/workspace/hn/plain' in lines,
+         'in the text, a name with a newline is quoted: no line reads as an entry of its own', lines)
+
+
+def test_list_100000(t, x):
+    x.c.sh('mkdir -p /workspace/many && cd /workspace/many && seq 1 100000 | xargs touch', wait=120)
+    r = x.c.ok('listFiles', {'path': '/workspace/many'}, timeout=60)
+    t.ok(r.get('truncated') and r['count'] == 10000 and len(r['files']) == 10000,
+         'a listing of 100,000 entries stops at 10,000 and says it was cut', {k: r[k] for k in r if k != 'files'})
+    res, _ = x.c.call('listFiles', {'path': '/workspace/many'}, timeout=60)
+    t.ok('use exec with find for the rest]' in res['content'][0]['text'][-200:], 'its text says how to see the rest',
+         res['content'][0]['text'][-200:])
+    x.c.sh('rm -rf /workspace/many', wait=120)
+
+
 def test_mkdir_delete_rename(t, x):
     t.eq(x.c.err('mkdir', {'path': '/workspace/m/n'}), 'FILE_NOT_FOUND', 'mkdir without recursive needs the parent')
     x.c.ok('mkdir', {'path': '/workspace/m/n', 'recursive': True})
@@ -99,5 +126,5 @@ def test_confinement(t, x):
 
 
 if __name__ == '__main__':
-    sys.exit(run_tests([test_write_read, test_binary, test_agent_sees_images, test_limits, test_list, test_mkdir_delete_rename,
+    sys.exit(run_tests([test_write_read, test_binary, test_agent_sees_images, test_limits, test_list, test_list_hostile_names, test_list_100000, test_mkdir_delete_rename,
                         test_confinement], lambda: Ctx('fs')))
