@@ -108,6 +108,35 @@ def test_running_cap(t, x):
     x.c.ok('destroySandbox', {'sandboxId': 'many'})
 
 
+def test_sessions_cap(t, x):
+    # 1,000 sessions asked of one sandbox: a bounded number each with its
+    # own shell, the rest refused with a clear error, a freed slot reusable
+    c = x.env.socket_client()
+    c.initialize()
+    codes = {}
+    made = []
+    for i in range(1000):
+        res, _ = c.call('createSession', {'sandboxId': 'sess', 'id': 's%d' % i})
+        if res.get('isError'):
+            err = res['structuredContent']['error']
+            codes[err['code']] = err['message']
+        else:
+            made.append('s%d' % i)
+    t.ok(0 < len(made) <= 64 and list(codes) == ['RESOURCE_LIMIT'],
+         '1,000 sessions: at most 64 made, the rest RESOURCE_LIMIT', (len(made), codes))
+    outs = set()
+    for sid in made:
+        c.ok('exec', {'sandboxId': 'sess', 'sessionId': sid, 'command': 'cd /tmp && X=%s' % sid})
+    for sid in made[:5] + made[-5:]:
+        outs.add(c.ok('exec', {'sandboxId': 'sess', 'sessionId': sid, 'command': 'echo $X $PWD'})['stdout'] == '%s /tmp\n' % sid)
+    t.eq(outs, {True}, 'each made session keeps its own state, all shells alive at once')
+    c.ok('deleteSession', {'sandboxId': 'sess', 'id': made[0]})
+    t.ok(not c.call('createSession', {'sandboxId': 'sess', 'id': 'again'})[0].get('isError'), 'a deleted one frees its slot')
+    t.eq(x.other.ok('exec', {'command': 'echo pong'})['stdout'], 'pong\n', 'other sandboxes are unaffected')
+    c.ok('destroySandbox', {'sandboxId': 'sess'})
+    c.close()
+
+
 def test_flood(t, x):
     r = x.c.sh('yes flood | head -c 50000000; echo', timeout=60000)
     t.ok(r['truncated'] and len(r['stdout']) < 70000, 'a 50 MB flood is cut at the bound')
@@ -139,4 +168,4 @@ def test_sees_its_size(t, x):
 
 
 if __name__ == '__main__':
-    sys.exit(run_tests([test_fork_bomb, test_memory_hog, test_disk, test_running_cap, test_flood, test_sees_its_size], Ctx))
+    sys.exit(run_tests([test_fork_bomb, test_memory_hog, test_disk, test_running_cap, test_sessions_cap, test_flood, test_sees_its_size], Ctx))
