@@ -184,7 +184,7 @@ def test_cp_symlink_race(t, x):
     c.ok('startProcess', {'sandboxId': 'race', 'processId': 'swapper', 'command': swapper})
     up = os.path.join(x.env.root, 'race-up.txt')
     with open(up, 'w') as f:
-        f.write('uploaded')
+        f.write('uploaded\n')
     got, failed = set(), []
     for i in range(15):
         dest = os.path.join(x.env.root, 'race-down-%d' % i)
@@ -204,7 +204,7 @@ def test_cp_symlink_race(t, x):
     t.ok(r['stdout'] in ('', 'uploaded\n'), 'the others land inside the sandbox, wherever the link pointed then', r)
     c.sh('ln -sfn /workspace/real /workspace/swap', sandbox='race')
     r = x.env.run(['cp', up, 'race:swap/after.txt'])
-    t.eq((r.returncode, c.sh('cat /workspace/real/after.txt', sandbox='race')['stdout']), (0, 'uploaded'),
+    t.eq((r.returncode, c.sh('cat /workspace/real/after.txt', sandbox='race')['stdout']), (0, 'uploaded\n'),
          'once the link holds still, cp through it works', r.stderr)
     t.eq(c.sh('echo alive', sandbox='race')['stdout'], 'alive\n', 'and the sandbox still answers')
 
