@@ -97,6 +97,7 @@ static struct {
   gid_t gid;
   bool rootless;
   double timeout; /* attribute and entry cache */
+  bool stateless_dirs; /* no opendir (v_opendir) */
   int fan;        /* fanotify (root), or -1 */
   /* invalidations are sent from a thread of their own: never from one that
    * the kernel may be waiting for */
@@ -899,25 +900,40 @@ static void v_statfs(fuse_req_t req, fuse_ino_t ino) {
 
 /* ---- directories -------------------------------------------------------- */
 
-static void v_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
-  vnode *v = node_of(ino);
-  vfile *f;
-  if (v == &V.root) {
-    f = file_new(NULL, -1);
-  } else {
-    int fd = node_fd(v);
-    if (fd < 0) return (void)fuse_reply_err(req, -fd);
-    act_as(v->sb);
-    int dfd = openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0) return (void)fuse_reply_err(req, errno);
-    f = file_new(v, dfd);
-    if (f && !(f->dir = fdopendir(dfd))) {
-      int e = errno;
-      file_free(f);
-      return (void)fuse_reply_err(req, e);
-    }
+/* A directory stream of a node: 0 or an errno. */
+static int dir_open(vnode *v, vfile **out) {
+  int fd = node_fd(v);
+  if (fd < 0) return -fd;
+  act_as(v->sb);
+  int dfd = openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return errno;
+  vfile *f = file_new(v, dfd);
+  if (!f) return close(dfd), ENOMEM;
+  if (!(f->dir = fdopendir(dfd))) {
+    int e = errno;
+    file_free(f);
+    return e;
   }
-  if (!f) return (void)fuse_reply_err(req, ENOMEM);
+  *out = f;
+  return 0;
+}
+
+/* With invalidations pushed (as root), directories are not opened at all:
+ * opendir answers ENOSYS once, and from then on the kernel sends neither
+ * opendir nor releasedir and keeps every listing cached until a change
+ * (ours or an invalidation) drops it; each readdir opens the directory at
+ * the offset asked. That takes two round trips of three off every
+ * directory a program walks (git status: one per directory). */
+static void v_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
+  if (V.stateless_dirs) return (void)fuse_reply_err(req, ENOSYS);
+  vnode *v = node_of(ino);
+  vfile *f = NULL;
+  if (v == &V.root) {
+    if (!(f = file_new(NULL, -1))) return (void)fuse_reply_err(req, ENOMEM);
+  } else {
+    int e = dir_open(v, &f);
+    if (e) return (void)fuse_reply_err(req, e);
+  }
   fi->fh = (uintptr_t)f;
   /* listings stay cached between opens (as root: a change inside pushes
    * an invalidation of the directory) */
@@ -963,8 +979,20 @@ full:
   free(buf);
 }
 
+static void readdir_from(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, vfile *f, bool plus);
+
 static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi, bool plus) {
   vfile *f = file_of(fi);
+  if (f) return readdir_from(req, ino, size, off, f, plus);
+  vnode *v = node_of(ino); /* no opendir: a stream for this request alone */
+  if (v == &V.root) return root_readdir(req, size, off, plus);
+  int e = dir_open(v, &f);
+  if (e) return (void)fuse_reply_err(req, e);
+  readdir_from(req, ino, size, off, f, plus);
+  file_free(f);
+}
+
+static void readdir_from(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, vfile *f, bool plus) {
   if (!f->vn) return root_readdir(req, size, off, plus);
   if (!file_live(f)) return (void)fuse_reply_err(req, EIO);
   act_as(f->vn->sb);
@@ -1033,12 +1061,16 @@ static void v_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 }
 
 static void v_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi) {
-  (void)ino;
-  vfile *f = file_of(fi);
-  if (!f->vn) return (void)fuse_reply_err(req, 0);
-  if (!file_live(f)) return (void)fuse_reply_err(req, EIO);
-  int r = datasync ? fdatasync(f->fd) : fsync(f->fd);
+  vfile *f = file_of(fi), *tmp = NULL;
+  if (!f && node_of(ino) != &V.root) {
+    int e = dir_open(node_of(ino), &tmp);
+    if (e) return (void)fuse_reply_err(req, e);
+    f = tmp;
+  }
+  if (!f || !f->vn) return (void)fuse_reply_err(req, 0);
+  int r = !file_live(f) ? (errno = EIO, -1) : datasync ? fdatasync(f->fd) : fsync(f->fd);
   fuse_reply_err(req, r < 0 ? errno : 0);
+  if (tmp) file_free(tmp);
 }
 
 /* ---- extended attributes ------------------------------------------------- */
@@ -1126,6 +1158,8 @@ static void v_init(void *ud, struct fuse_conn_info *conn) {
     conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;
   }
   if (conn->capable & FUSE_CAP_CACHE_SYMLINKS) conn->want |= FUSE_CAP_CACHE_SYMLINKS;
+  /* only where invalidations keep cached listings right (see v_opendir) */
+  V.stateless_dirs = !V.rootless && V.fan >= 0 && (conn->capable & FUSE_CAP_NO_OPENDIR_SUPPORT);
   /* as root the kernel checks permissions itself (root passes them) and
    * caches ACLs, instead of asking for them file by file */
   if (!V.rootless && (conn->capable & FUSE_CAP_POSIX_ACL)) conn->want |= FUSE_CAP_POSIX_ACL;
