@@ -1904,7 +1904,7 @@ int sbx_bucketfs_main(int argc, char **argv) {
   int rc = 0;
   if (!flush_only) {
     sbx_fuse_args fa;
-    sbx_fuse_args_init(&fa, "bucket", mountpoint != NULL, false);
+    sbx_fuse_args_init(&fa, "bucket", mountpoint != NULL, geteuid() == 0, false);
     struct fuse_args args = fa.args;
     B.se = fuse_session_new(&args, &ops, sizeof ops, NULL);
     char merr[600] = "cannot serve the mount";

@@ -9,14 +9,15 @@
 #include <sys/vfs.h>
 #include <sys/wait.h>
 
-void sbx_fuse_args_init(sbx_fuse_args *a, const char *subtype, bool allow_other, bool debug) {
+void sbx_fuse_args_init(sbx_fuse_args *a, const char *subtype, bool allow_other, bool kernel_perms, bool debug) {
   a->args = (struct fuse_args)FUSE_ARGS_INIT(0, NULL);
   fuse_opt_add_arg(&a->args, "sbx");
   char opt[256];
-  /* as root the kernel checks mode bits and ACLs (root passes; with
-   * allow_other, other users meet them as everywhere) */
+  /* kernel_perms: the kernel checks mode bits and ACLs as everywhere
+   * (with allow_other it must: others would otherwise get whatever the
+   * server may do) */
   snprintf(opt, sizeof opt, "fsname=sbx,subtype=%s,nosuid,nodev%s%s", subtype, allow_other ? ",allow_other" : "",
-           geteuid() == 0 ? ",default_permissions" : "");
+           kernel_perms || allow_other ? ",default_permissions" : "");
   fuse_opt_add_arg(&a->args, "-o");
   fuse_opt_add_arg(&a->args, opt);
   if (debug) fuse_opt_add_arg(&a->args, "-d");

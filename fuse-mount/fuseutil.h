@@ -12,7 +12,7 @@ typedef struct sbx_fuse_args {
 } sbx_fuse_args;
 
 /* nosuid, nodev, the filesystem's name, allow_other when asked. */
-void sbx_fuse_args_init(sbx_fuse_args *a, const char *subtype, bool allow_other, bool debug);
+void sbx_fuse_args_init(sbx_fuse_args *a, const char *subtype, bool allow_other, bool kernel_perms, bool debug);
 /* Mounts the session, first detaching what a killed server left there
  * ("Transport endpoint is not connected"); refuses a live mount. */
 int sbx_fuse_mount(struct fuse_session *se, const char *mountpoint, char *err, size_t errlen);

@@ -96,6 +96,7 @@ static struct {
   uid_t uid;     /* the mounting user */
   gid_t gid;
   bool rootless;
+  bool allow_other;
   double timeout; /* attribute and entry cache */
   bool stateless_dirs; /* no opendir (v_opendir) */
   int fan;        /* fanotify (root), or -1 */
@@ -564,6 +565,20 @@ static void v_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int val
   }
   if (r < 0) return (void)fuse_reply_err(req, errno);
   v_getattr(req, ino, fi);
+}
+
+/* access(2) and chdir, which the kernel leaves to the server (no
+ * default_permissions, see v_init): answered as the server would act, as
+ * the sandbox's root, so X_OK of a file without an x bit is EACCES. */
+static void v_access(fuse_req_t req, fuse_ino_t ino, int mask) {
+  vnode *v = node_of(ino);
+  if (v == &V.root || (v->lazy && !v->dead)) return (void)fuse_reply_err(req, 0); /* wakes nothing */
+  int fd = node_fd(v);
+  if (fd < 0) return (void)fuse_reply_err(req, -fd);
+  char pp[64];
+  proc_path(fd, pp);
+  act_as(v->sb);
+  fuse_reply_err(req, faccessat(AT_FDCWD, pp, mask, AT_EACCESS) < 0 ? errno : 0);
 }
 
 /* ---- symlinks ---------------------------------------------------------- */
@@ -1160,9 +1175,15 @@ static void v_init(void *ud, struct fuse_conn_info *conn) {
   if (conn->capable & FUSE_CAP_CACHE_SYMLINKS) conn->want |= FUSE_CAP_CACHE_SYMLINKS;
   /* only where invalidations keep cached listings right (see v_opendir) */
   V.stateless_dirs = !V.rootless && V.fan >= 0 && (conn->capable & FUSE_CAP_NO_OPENDIR_SUPPORT);
-  /* as root the kernel checks permissions itself (root passes them) and
-   * caches ACLs, instead of asking for them file by file */
-  if (!V.rootless && (conn->capable & FUSE_CAP_POSIX_ACL)) conn->want |= FUSE_CAP_POSIX_ACL;
+  /* Permissions: the mounting user may do whatever the sandbox's root may,
+   * and the server acts as that root, so the kernel has nothing to check:
+   * with its checks on (default_permissions) it fetches every new file's
+   * ACL and, after each change in a directory, the directory's attributes
+   * and ACL again: three round trips of a create's six. Only with
+   * allow_other, where other users meet mode bits and ACLs as anywhere,
+   * does the kernel check (and cache ACLs). */
+  if (V.allow_other && (conn->capable & FUSE_CAP_POSIX_ACL)) conn->want |= FUSE_CAP_POSIX_ACL;
+  else conn->want &= ~FUSE_CAP_POSIX_ACL;
   conn->max_write = 1024 * 1024;
   conn->max_readahead = 1024 * 1024;
   conn->time_gran = 1;
@@ -1175,6 +1196,7 @@ static const struct fuse_lowlevel_ops ops = {
     .forget_multi = v_forget_multi,
     .getattr = v_getattr,
     .setattr = v_setattr,
+    .access = v_access,
     .readlink = v_readlink,
     .mknod = v_mknod,
     .mkdir = v_mkdir,
@@ -1229,7 +1251,8 @@ int sbx_view_main(const char *mountpoint, const sbx_view_opts *o) {
     return 1;
   }
   sbx_fuse_args fa;
-  sbx_fuse_args_init(&fa, "sbx-view", o->allow_other, o->debug);
+  V.allow_other = o->allow_other;
+  sbx_fuse_args_init(&fa, "sbx-view", o->allow_other, false, o->debug);
   V.se = fuse_session_new(&fa.args, &ops, sizeof ops, NULL);
   if (!V.se) {
     fprintf(stderr, "sbx mount: cannot start a FUSE session\n");
@@ -1245,6 +1268,7 @@ int sbx_view_main(const char *mountpoint, const sbx_view_opts *o) {
   pthread_create(&V.notifier, NULL, notifier_main, NULL);
   pthread_t fant;
   if (V.fan >= 0) pthread_create(&fant, NULL, fanotify_main, NULL);
+  viewlink_wait_listed(10000);
   int r = sbx_fuse_loop(V.se, o->ready_fd);
   pthread_mutex_lock(&V.lock);
   V.stopping = true;

@@ -34,6 +34,7 @@ static struct {
   int fdq[MAX_FDS]; /* fds received, in the order of the replies that carry them */
   int nfdq;
   mcp_framer framer;
+  bool listed; /* the first list has been handed to reset_all */
   bool stopping;
 } L = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER, .fd = -1};
 
@@ -77,6 +78,10 @@ static bool on_line(void *ud, const char *msg, size_t len) {
     }
     if (ids) L.cb.reset_all(L.cb.ud, ids, k);
     free(ids);
+    pthread_mutex_lock(&L.lock);
+    L.listed = true;
+    pthread_cond_broadcast(&L.cond);
+    pthread_mutex_unlock(&L.lock);
   } else if (json_is_integer(id)) {
     pthread_mutex_lock(&L.lock);
     for (pending *p = L.pending; p; p = p->next) {
@@ -208,6 +213,18 @@ int viewlink_connect(const viewlink_cb *cb, char *err, size_t errlen) {
 }
 
 int viewlink_run(void) { return pthread_create(&L.thread, NULL, link_main, NULL) == 0 ? 0 : -1; }
+
+void viewlink_wait_listed(int timeout_ms) {
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += timeout_ms / 1000;
+  until.tv_nsec += (timeout_ms % 1000) * 1000000L;
+  if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+  pthread_mutex_lock(&L.lock);
+  while (!L.listed && L.fd >= 0)
+    if (pthread_cond_timedwait(&L.cond, &L.lock, &until) == ETIMEDOUT) break;
+  pthread_mutex_unlock(&L.lock);
+}
 
 int viewlink_open(const char *id, uid_t *uid, gid_t *gid) {
   pthread_mutex_lock(&L.lock);

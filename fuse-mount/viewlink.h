@@ -21,6 +21,9 @@ typedef struct viewlink_cb {
  * fork to the background), on which the callbacks run. */
 int viewlink_connect(const viewlink_cb *cb, char *err, size_t errlen);
 int viewlink_run(void);
+/* Until the daemon's first list has arrived (or the daemon went, or
+ * timeout_ms passed): a view that says it is ready shows every sandbox. */
+void viewlink_wait_listed(int timeout_ms);
 /* The O_PATH fd of a sandbox's /workspace (the daemon wakes it when it is
  * stopped or asleep) and its root's host uid; -errno. */
 int viewlink_open(const char *id, uid_t *uid, gid_t *gid);

@@ -67,6 +67,12 @@ def test_listing(t, x):
     t.ok(wait_until(lambda: 'v-new' in os.listdir(x.mnt), 10, 'the new sandbox to appear'), 'a new sandbox appears')
     x.c.ok('destroySandbox', {'sandboxId': 'v-new'})
     t.ok(wait_until(lambda: 'v-new' not in os.listdir(x.mnt), 10, 'it to go'), 'a destroyed one goes')
+    shown = 0
+    for _ in range(5):  # sbx mount returns once the view knows the daemon's list
+        x.env.run(['umount', x.mnt])
+        r = x.env.run(['mount', x.mnt])
+        shown += r.returncode == 0 and os.path.isdir(os.path.join(x.mnt, 'v1'))
+    t.eq(shown, 5, 'right after sbx mount returns, every sandbox is there (5 mounts)')
     st = os.stat(os.path.join(x.mnt, 'v1'))
     t.ok(stat.S_ISDIR(st.st_mode), 'MOUNT/<id> is a directory')
     x.c.ok('writeFile', {'path': '/workspace/hello.txt', 'content': 'hi\n'})

@@ -230,6 +230,13 @@ int main(int argc, char **argv) {
   res("chmod", "ok", chmod("a", 0600));
   stat("a", &st);
   answer("mode after chmod", "0600", "%04o", st.st_mode & 07777);
+  /* access(2) and its X_OK: for root, any x bit */
+  res("access R_OK|W_OK", "ok", access("a", R_OK | W_OK));
+  res("access X_OK without an x bit", "errno EACCES", access("a", X_OK));
+  chmod("a", 0700);
+  res("access X_OK with one", "ok", access("a", X_OK));
+  chmod("a", 0600);
+  res("access X_OK of a directory", "ok", access("d", X_OK));
   res("chown to its own owner", "ok", chown("a", st.st_uid, st.st_gid));
   res("chown leaving both", "ok", chown("a", -1, -1));
   struct timespec ts[2] = {{1000000000, 123456789}, {1200000000, 987654321}};
