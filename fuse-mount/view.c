@@ -133,17 +133,25 @@ static size_t hash_of(dev_t dev, ino_t ino) { return (size_t)((dev * 0x9e3779b97
 
 static vnode *node_of(fuse_ino_t ino) { return ino == FUSE_ROOT_ID ? &V.root : (vnode *)(uintptr_t)ino; }
 
+/* The live node of (dev, ino), with a reference for the kernel taken, or
+ * NULL. Lock held. */
+static vnode *node_find(sbox *sb, const struct stat *st) {
+  for (vnode *v = V.hash[hash_of(st->st_dev, st->st_ino)]; v; v = v->hnext)
+    if (!v->dead && v->dev == st->st_dev && v->ino == st->st_ino && v->sb == sb) {
+      v->nlookup++;
+      return v;
+    }
+  return NULL;
+}
+
 /* Finds the live node of (dev, ino) or adopts fd as a new one; a reference
  * for the kernel is taken. Lock held. */
 static vnode *node_get(sbox *sb, int fd, const struct stat *st, bool *used_fd) {
   size_t h = hash_of(st->st_dev, st->st_ino);
-  for (vnode *v = V.hash[h]; v; v = v->hnext)
-    if (!v->dead && v->dev == st->st_dev && v->ino == st->st_ino && v->sb == sb) {
-      v->nlookup++;
-      *used_fd = false;
-      return v;
-    }
-  vnode *v = calloc(1, sizeof *v);
+  vnode *v = node_find(sb, st);
+  *used_fd = false;
+  if (v) return v;
+  v = calloc(1, sizeof *v);
   if (!v) return NULL;
   *v = (vnode){.nlookup = 1, .fd = fd, .dev = st->st_dev, .ino = st->st_ino, .sb = sb, .gen = sb->gen};
   v->hnext = V.hash[h];
@@ -454,25 +462,35 @@ static int do_lookup(fuse_req_t req, vnode *parent, const char *name, struct fus
   int pfd = node_fd(parent);
   if (pfd < 0) return -pfd;
   act_as(parent->sb);
-  int fd = openat(pfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) return errno;
   struct stat st;
-  if (fstatat(fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0) {
-    int err = errno;
-    close(fd);
-    return err;
+  /* a file that already has a node (the kernel forgot the name, or a
+   * listing names it again) is found by what it is, with no fd opened:
+   * the node's fd holds that very inode, so its number is not reused */
+  if (fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) return errno;
+  pthread_mutex_lock(&V.lock);
+  vnode *v = parent->dead || parent->gen != parent->sb->gen ? NULL : node_find(parent->sb, &st);
+  pthread_mutex_unlock(&V.lock);
+  int fd = -1;
+  bool used = false;
+  if (!v) {
+    if ((fd = openat(pfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC)) < 0) return errno;
+    if (fstatat(fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0) { /* what the fd is, raced or not */
+      int err = errno;
+      close(fd);
+      return err;
+    }
   }
   pthread_mutex_lock(&V.lock);
   if (parent->dead || parent->gen != parent->sb->gen) {
     pthread_mutex_unlock(&V.lock);
-    close(fd);
+    if (v) node_forget(v, 1); /* the reference taken above */
+    if (fd >= 0) close(fd);
     return ENOENT;
   }
-  bool used = false;
-  vnode *v = node_get(parent->sb, fd, &st, &used);
+  if (!v) v = node_get(parent->sb, fd, &st, &used);
   if (v && S_ISLNK(st.st_mode)) v->parent = parent;
   pthread_mutex_unlock(&V.lock);
-  if (!used) close(fd);
+  if (!used && fd >= 0) close(fd);
   if (!v) return ENOMEM;
   e->ino = (uintptr_t)v;
   e->attr = st;
