@@ -20,8 +20,11 @@
 #include <sys/statvfs.h>
 #include <time.h>
 
-#define CHUNK (1u << 20)     /* reads fetch and cache whole MiBs */
-#define READAHEAD 8          /* chunks fetched ahead of a sequential reader */
+/* Reads fetch and cache 4 MiB chunks: against 1 MiB ones, sequential reads
+ * of a 1 GiB object went from 170 to 275 MiB/s (each GET costs the server
+ * about as much as a MiB of data; bench/bench.py buckets). */
+#define CHUNK (4u << 20)
+#define READAHEAD 4          /* chunks fetched ahead of a sequential reader */
 #define HASH_SIZE 16384
 #define UPLOADERS 8
 #define FETCHERS 4
@@ -545,11 +548,15 @@ static int ensure_range(bnode *n, uint64_t off, uint64_t len, bool ahead) {
   if (ahead && r == 0)
     for (size_t i = last + 1; i <= last + READAHEAD && i < n->nchunks; i++) {
       if (bit(n->present, i) || bit(n->inflight, i)) continue;
+      /* in the order the reader will want them, each once */
+      fitem **tail = &B.fetchq;
+      while (*tail && ((*tail)->n != n || (*tail)->chunk != i)) tail = &(*tail)->next;
+      if (*tail) continue;
       fitem *f = calloc(1, sizeof *f);
       if (!f) break;
-      *f = (fitem){.n = n, .chunk = i, .next = B.fetchq};
+      *f = (fitem){.n = n, .chunk = i};
       n->busy++;
-      B.fetchq = f;
+      *tail = f;
       pthread_cond_signal(&B.fetch_work);
     }
   return r;

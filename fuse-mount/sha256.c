@@ -2,6 +2,8 @@
  * the bucket checks what it stored is what was sent. */
 #include "sha256.h"
 
+#include <pthread.h>
+#include <stdbool.h>
 #include <string.h>
 
 static const uint32_t K[64] = {
@@ -16,7 +18,7 @@ static const uint32_t K[64] = {
 
 #define ROR(x, n) (((x) >> (n)) | ((x) << (32 - (n))))
 
-static void block(sha256_ctx *c, const uint8_t *p) {
+static void block_c(sha256_ctx *c, const uint8_t *p) {
   uint32_t w[64];
   for (int i = 0; i < 16; i++) w[i] = (uint32_t)p[4 * i] << 24 | p[4 * i + 1] << 16 | p[4 * i + 2] << 8 | p[4 * i + 3];
   for (int i = 16; i < 64; i++) {
@@ -33,7 +35,76 @@ static void block(sha256_ctx *c, const uint8_t *p) {
   c->h[0] += a, c->h[1] += b, c->h[2] += cc, c->h[3] += d, c->h[4] += e, c->h[5] += f, c->h[6] += g, c->h[7] += h;
 }
 
+static void blocks_c(sha256_ctx *c, const uint8_t *p, size_t n) {
+  for (; n; n--, p += 64) block_c(c, p);
+}
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <immintrin.h>
+
+/* The same rounds with the CPU's SHA extensions (SHA-NI: Intel since Ice
+ * Lake and Goldmont, AMD since Zen), about three times the speed of the C
+ * above: every byte a bucket mount uploads is hashed for its signature.
+ * The state lives as ABEF and CDGH, the order sha256rnds2 works on. */
+__attribute__((target("sha,sse4.1,ssse3"))) static void blocks_ni(sha256_ctx *c, const uint8_t *p, size_t n) {
+  const __m128i bswap = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);
+  __m128i dcba = _mm_loadu_si128((const __m128i *)&c->h[0]), hgfe = _mm_loadu_si128((const __m128i *)&c->h[4]);
+  __m128i cdab = _mm_shuffle_epi32(dcba, 0xB1), efgh = _mm_shuffle_epi32(hgfe, 0x1B);
+  __m128i abef = _mm_alignr_epi8(cdab, efgh, 8), cdgh = _mm_blend_epi16(efgh, cdab, 0xF0);
+  for (; n; n--, p += 64) {
+    __m128i abef0 = abef, cdgh0 = cdgh, w[4];
+    for (int i = 0; i < 16; i++) { /* four rounds a turn; w[i % 4] holds W[4i .. 4i+3] */
+      __m128i x;
+      if (i < 4) {
+        x = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(p + 16 * i)), bswap);
+      } else { /* from W[t-16], W[t-15], W[t-7], W[t-2] */
+        __m128i t16 = w[i & 3], t12 = w[(i + 1) & 3], t8 = w[(i + 2) & 3], t4 = w[(i + 3) & 3];
+        x = _mm_sha256msg1_epu32(t16, t12);
+        x = _mm_add_epi32(x, _mm_alignr_epi8(t4, t8, 4));
+        x = _mm_sha256msg2_epu32(x, t4);
+      }
+      w[i & 3] = x;
+      __m128i k = _mm_add_epi32(x, _mm_loadu_si128((const __m128i *)&K[4 * i]));
+      cdgh = _mm_sha256rnds2_epu32(cdgh, abef, k);
+      abef = _mm_sha256rnds2_epu32(abef, cdgh, _mm_shuffle_epi32(k, 0x0E));
+    }
+    abef = _mm_add_epi32(abef, abef0);
+    cdgh = _mm_add_epi32(cdgh, cdgh0);
+  }
+  __m128i feba = _mm_shuffle_epi32(abef, 0x1B), dchg = _mm_shuffle_epi32(cdgh, 0xB1);
+  _mm_storeu_si128((__m128i *)&c->h[0], _mm_blend_epi16(feba, dchg, 0xF0));
+  _mm_storeu_si128((__m128i *)&c->h[4], _mm_alignr_epi8(dchg, feba, 8));
+}
+
+static bool has_sha_ni(void) {
+  unsigned a, b, cx, d;
+  if (!__get_cpuid(1, &a, &b, &cx, &d) || !(cx & bit_SSE4_1) || !(cx & bit_SSSE3)) return false;
+  return __get_cpuid_count(7, 0, &a, &b, &cx, &d) && (b & (1u << 29)); /* CPUID.7.0:EBX.SHA */
+}
+#endif
+
+/* The CPU's own rounds where it has them. */
+static void (*blocks)(sha256_ctx *, const uint8_t *, size_t);
+
+static void pick(void) {
+  blocks = blocks_c;
+#if defined(__x86_64__)
+  if (has_sha_ni()) blocks = blocks_ni;
+#endif
+}
+
+static pthread_once_t picked = PTHREAD_ONCE_INIT;
+
+bool sha256_force_portable(bool on) {
+  pthread_once(&picked, pick);
+  if (on) blocks = blocks_c;
+  else pick();
+  return blocks != blocks_c;
+}
+
 void sha256_init(sha256_ctx *c) {
+  pthread_once(&picked, pick);
   static const uint32_t h0[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
                                  0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
   memcpy(c->h, h0, sizeof h0);
@@ -49,10 +120,14 @@ void sha256_update(sha256_ctx *c, const void *data, size_t len) {
     memcpy(c->buf + c->n, p, take);
     c->n += take, p += take, len -= take;
     if (c->n < 64) return;
-    block(c, c->buf);
+    blocks(c, c->buf, 1);
     c->n = 0;
   }
-  for (; len >= 64; p += 64, len -= 64) block(c, p);
+  if (len >= 64) {
+    blocks(c, p, len / 64);
+    p += len / 64 * 64;
+    len %= 64;
+  }
   memcpy(c->buf, p, len);
   c->n = len;
 }

@@ -1,5 +1,6 @@
 /* Unit tests of the side-effect-free helpers, as TAP. */
 #define _GNU_SOURCE
+#include "../../fuse-mount/sha256.h"
 #include "../../mcp-server/framing.h"
 #include "../../mcp-server/schema.h"
 #include "../../sandbox-core/cgroup.h"
@@ -418,7 +419,49 @@ static void test_peek_id(void) {
   mcp_framer_free(&f);
 }
 
+static void digest(const void *p, size_t len, size_t step, char out[65]) {
+  sha256_ctx c;
+  uint8_t d[32];
+  sha256_init(&c);
+  for (size_t o = 0; o < len; o += step) sha256_update(&c, (const char *)p + o, len - o < step ? len - o : step);
+  sha256_final(&c, d);
+  sha256_tohex(d, out);
+}
+
+static void test_sha256(void) {
+  static char a[1000000], r[70000];
+  memset(a, 'a', sizeof a);
+  uint64_t x = 88172645463325252ULL;
+  for (size_t i = 0; i < sizeof r; i++) x ^= x << 13, x ^= x >> 7, x ^= x << 17, r[i] = (char)x;
+  for (int portable = 1; portable >= 0; portable--) {
+    bool ni = sha256_force_portable(portable);
+    const char *which = portable ? "portable" : ni ? "SHA-NI" : "portable (no SHA-NI here)";
+    char h[65];
+    digest("", 0, 1, h);
+    OK(!strcmp(h, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"), "sha256 %s: empty", which);
+    digest("abc", 3, 3, h);
+    OK(!strcmp(h, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"), "sha256 %s: abc", which);
+    digest(a, sizeof a, 4097, h);
+    OK(!strcmp(h, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0"), "sha256 %s: a million a",
+       which);
+  }
+  /* the CPU's rounds against the portable ones, every length to 300 and
+   * larger ones fed in odd pieces */
+  int same = 0, total = 0;
+  for (size_t len = 0; len < sizeof r; len = len < 300 ? len + 1 : len * 2 + 13) {
+    char h1[65], h2[65];
+    sha256_force_portable(true);
+    digest(r, len, len % 7 + 61, h1);
+    sha256_force_portable(false);
+    digest(r, len, len % 7 + 61, h2);
+    same += !strcmp(h1, h2);
+    total++;
+  }
+  OK(same == total, "sha256: the CPU's rounds and the portable ones agree on %d of %d inputs", same, total);
+}
+
 int main(void) {
+  test_sha256();
   test_headtail();
   test_utf8();
   test_misc();
