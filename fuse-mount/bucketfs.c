@@ -27,7 +27,14 @@
 #define READAHEAD 4          /* chunks fetched ahead of a sequential reader */
 #define HASH_SIZE 16384
 #define UPLOADERS 8
-#define FETCHERS 4
+#define FETCHERS 8
+/* Small files are fetched ahead, metadata and content in one GET, a few
+ * names past the one being looked up in its directory's listing: tar, cp
+ * -r, grep -r and ls -l go through a directory in that order, and each
+ * file would otherwise cost a HEAD and a GET one after the other. */
+#define PREFETCH_MAX (512u * 1024)
+#define PREFETCH_AHEAD 32
+#define PREFETCH_KEPT 4096 /* fetched ahead and not looked up yet, at most */
 #define LIST_TTL_MS 5000     /* a directory's listing is trusted this long */
 #define MAX_LIST 200000      /* entries of one directory */
 #define ATTR_TIMEOUT 1.0
@@ -53,6 +60,8 @@ typedef struct bnode {
   int busy;      /* a request about it is under way (the lock dropped) */
   int fetching;  /* chunk fetches writing into its cache file */
   bool remote;   /* the bucket has it, as far as we know */
+  bool kept;     /* fetched ahead: kept (with no reference) for a lookup to come */
+  bool meta_pending; /* made ahead of its lookup: mode, owner, mtime not known yet */
   bool unlinked; /* removed: only the kernel's references and open files keep it */
   uint64_t size;
   int64_t mtime_ns;
@@ -101,6 +110,7 @@ typedef struct qitem {
 typedef struct fitem {
   bnode *n;
   size_t chunk;
+  bool whole;    /* a small object fetched ahead with its metadata */
   struct fitem *next;
 } fitem;
 
@@ -118,7 +128,9 @@ static struct {
   bnode root;
   qitem *queue;
   char *busy_paths[UPLOADERS]; /* one operation per path at a time, in order */
-  fitem *fetchq;
+  fitem *fetchq;   /* chunks a reader wants soon: first */
+  fitem *aheadq;   /* small files fetched ahead */
+  size_t nkept;
   int inflight;
   bool stopping, fetch_stop;
   struct fuse_session *se;
@@ -295,7 +307,7 @@ static void cache_drop(bnode *n, bool unlink_file) {
 /* Freed once nothing refers to it: the kernel, an open file, an upload,
  * a fetch. Its clean cached data goes with it. */
 static void node_maybe_free(bnode *n) {
-  if (n == &B.root || n->nlookup || n->opens || n->busy || n->dirty || n->queued) return;
+  if (n == &B.root || n->nlookup || n->opens || n->busy || n->dirty || n->queued || n->kept) return;
   bool hashed_here = node_find(n->path) == n;
   if (hashed_here) node_unhash(n);
   cache_drop(n, hashed_here);
@@ -480,6 +492,12 @@ static void set_bit(uint8_t *m, size_t i, bool v) {
   else m[i / 8] &= (uint8_t)~(1u << (i % 8));
 }
 
+/* A node fetched ahead is no longer kept for a lookup: it lives on as any
+ * other (node_maybe_free frees it once nothing refers to it). Lock held. */
+static void unkeep(bnode *n) {
+  if (n->kept) n->kept = false, B.nkept--;
+}
+
 /* Least recently used clean data goes when the cache is past its cap. */
 static void evict(uint64_t want) {
   while (B.cache_used + want > B.cache_max) {
@@ -489,6 +507,10 @@ static void evict(uint64_t want) {
         if (n->cached && !n->dirty && !n->opens && !n->busy && (!victim || n->lru < victim->lru)) victim = n;
     if (!victim) return;
     cache_drop(victim, true);
+    if (victim->kept) { /* fetched ahead and never looked up: goes whole */
+      unkeep(victim);
+      node_maybe_free(victim);
+    }
   }
 }
 
@@ -562,15 +584,87 @@ static int ensure_range(bnode *n, uint64_t off, uint64_t len, bool ahead) {
   return r;
 }
 
+/* A small object, whole, with its metadata, into a node made ahead of its
+ * lookup (lock held, dropped meanwhile). */
+static void fetch_ahead(bnode *n) {
+  if (n->unlinked || n->dirty || n->opens || n->cfd >= 0 || !n->meta_pending) return; /* in use already */
+  if (cache_open(n) < 0 || n->full) return;
+  for (size_t i = 0; i < n->nchunks; i++) set_bit(n->inflight, i, true);
+  n->fetching++;
+  int fd = n->cfd;
+  char key[PBUF];
+  key_of(n->path, key, sizeof key);
+  pthread_mutex_unlock(&B.lock);
+  s3_stat st = {0};
+  s3_err e = {0};
+  uint64_t got = 0;
+  int r = s3_get_object(&B.s3, key, fd, &st, &got, &e);
+  pthread_mutex_lock(&B.lock);
+  n->fetching--;
+  for (size_t i = 0; i < n->nchunks; i++) set_bit(n->inflight, i, false);
+  /* what the listing said, still: the data and metadata are the file's */
+  if (r == 0 && got == st.size && st.size == n->size && n->cfd == fd && n->meta_pending && !n->dirty) {
+    n->remote_modified_ns = st.modified_ns;
+    n->mtime_ns = st.mtime_ns;
+    apply_meta(n, &st.meta);
+    n->meta_pending = false;
+    if (st.meta.valid && S_ISLNK(st.meta.mode)) { /* a symlink: its content is the target */
+      char target[PATH_MAX];
+      ssize_t k = st.size < sizeof target ? pread(fd, target, st.size, 0) : -1;
+      target[k > 0 ? k : 0] = 0;
+      n->type = T_LINK;
+      free(n->target);
+      n->target = strdup(target);
+      n->size = strlen(target);
+      cache_drop(n, true);
+    } else {
+      for (size_t i = 0; i < n->nchunks; i++) set_bit(n->present, i, true);
+      account(n, n->size);
+    }
+  }
+  pthread_cond_broadcast(&B.fetched);
+}
+
+/* Queues the small files listed after position i of directory d to be
+ * fetched ahead (lock held). Never evicts for it. */
+static void fetch_after(bnode *d, size_t i) {
+  for (size_t j = i + 1; j <= i + PREFETCH_AHEAD && j < d->nlist && B.nkept < PREFETCH_KEPT && !B.fetch_stop; j++) {
+    lentry *e = &d->list[j];
+    if (e->dir || e->size > PREFETCH_MAX || B.cache_used + e->size > B.cache_max / 2) continue;
+    char *path = join(d->path, e->name);
+    if (!path) return;
+    bnode *n = node_find(path) || gone_find(path) ? NULL : node_new(path, T_FILE);
+    free(path);
+    fitem *f = n ? calloc(1, sizeof *f) : NULL;
+    if (!f) {
+      if (n) node_unhash(n), node_maybe_free(n);
+      continue;
+    }
+    n->remote = n->kept = n->meta_pending = true;
+    n->size = e->size;
+    n->remote_modified_ns = e->modified_ns;
+    if (e->modified_ns > 0) n->mtime_ns = e->modified_ns;
+    B.nkept++;
+    n->busy++;
+    *f = (fitem){.n = n, .whole = true};
+    fitem **tail = &B.aheadq;
+    while (*tail) tail = &(*tail)->next;
+    *tail = f;
+    pthread_cond_signal(&B.fetch_work);
+  }
+}
+
 static void *fetcher(void *arg) {
   (void)arg;
   pthread_mutex_lock(&B.lock);
   for (;;) {
-    while (!B.fetchq && !B.fetch_stop) pthread_cond_wait(&B.fetch_work, &B.lock);
-    if (!B.fetchq) break;
-    fitem *f = B.fetchq;
-    B.fetchq = f->next;
-    if (!f->n->unlinked && f->n->cfd >= 0) fetch_chunk(f->n, f->chunk);
+    while (!B.fetchq && !B.aheadq && !B.fetch_stop) pthread_cond_wait(&B.fetch_work, &B.lock);
+    fitem **q = B.fetchq ? &B.fetchq : &B.aheadq;
+    if (!*q) break;
+    fitem *f = *q;
+    *q = f->next;
+    if (f->whole && !B.fetch_stop) fetch_ahead(f->n);
+    else if (!f->whole && !f->n->unlinked && f->n->cfd >= 0) fetch_chunk(f->n, f->chunk);
     f->n->busy--;
     node_maybe_free(f->n);
     free(f);
@@ -931,8 +1025,18 @@ static int lookup_node(bnode *parent, const char *name, bnode **out) {
   r = refresh_listing(parent);
   if (r < 0) goto out;
   n = node_find(path); /* may have come meanwhile */
+  if (n && n->meta_pending && n->fetching) { /* fetched ahead right now: its metadata comes with it */
+    n->busy++;
+    while (n->fetching) pthread_cond_wait(&B.fetched, &B.lock);
+    n->busy--;
+    n = node_find(path);
+  }
   if (n && n->unlinked) n = NULL;
   lentry *e = list_find(parent, name);
+  if (e) fetch_after(parent, (size_t)(e - parent->list));
+  /* what the listing says (the listing may be replaced while the lock is
+   * dropped below) */
+  lentry le = e ? (lentry){.dir = e->dir, .size = e->size, .modified_ns = e->modified_ns} : (lentry){0};
   if (n && newer_than_listing(n, parent)) {
     if (!e) list_add(parent, name, n->type == T_DIR);
     goto found;
@@ -941,36 +1045,41 @@ static int lookup_node(bnode *parent, const char *name, bnode **out) {
     if (n) { /* deleted in the bucket by someone else */
       n->unlinked = true;
       node_unhash(n);
+      unkeep(n);
       node_maybe_free(n);
     }
     r = -ENOENT;
     goto out;
   }
   bool fresh = !n;
-  if (!n && !(n = node_new(path, e->dir ? T_DIR : T_FILE))) {
+  if (!n && !(n = node_new(path, le.dir ? T_DIR : T_FILE))) {
     r = -ENOMEM;
     goto out;
   }
-  if (e->dir && n->type != T_DIR) n->type = T_DIR;
+  if (le.dir && n->type != T_DIR) n->type = T_DIR;
   n->remote = true;
   /* a file whose listing entry disagrees with what we know is looked at again */
-  bool stale = !e->dir && (e->size != n->size || (e->modified_ns > 0 && e->modified_ns / 1000000000 !=
+  bool stale = !le.dir && (le.size != n->size || (le.modified_ns > 0 && le.modified_ns / 1000000000 !=
                                                                             n->remote_modified_ns / 1000000000));
-  if (fresh || stale) {
-    r = head_into(n, e->dir);
-    if (r == -ENOENT && e->dir) r = 0; /* a directory without a marker */
-    if (r < 0 && r != -ENOENT && !e->dir && fresh) { /* the bucket is away: what the listing says */
-      n->size = e->size;
-      n->remote_modified_ns = e->modified_ns;
-      if (e->modified_ns > 0) n->mtime_ns = e->modified_ns;
+  bool unknown = fresh || n->meta_pending; /* a fetch ahead that has not come (or failed) */
+  if (unknown || stale) {
+    r = head_into(n, le.dir);
+    if (r == -ENOENT && le.dir) r = 0; /* a directory without a marker */
+    if (r < 0 && r != -ENOENT && !le.dir && unknown) { /* the bucket is away: what the listing says */
+      n->size = le.size;
+      n->remote_modified_ns = le.modified_ns;
+      if (le.modified_ns > 0) n->mtime_ns = le.modified_ns;
       r = 0;
     }
+    if (r == 0) n->meta_pending = false;
     if (r < 0) {
+      unkeep(n);
       node_maybe_free(n);
       goto out;
     }
   }
 found:
+  unkeep(n); /* the caller takes a reference now */
   *out = n;
 out:
   free(path);

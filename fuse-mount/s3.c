@@ -418,14 +418,22 @@ int s3_check(const s3_conf *c, s3_err *e) {
   return rc;
 }
 
-int s3_head(const s3_conf *c, const char *key, s3_stat *st, s3_err *e) {
-  resp r = {.fd = -1, .st = st};
-  req q = {.method = "HEAD", .key = key};
+/* HEAD, or GET of the whole object into fd (fd >= 0). */
+static int head_or_get(const s3_conf *c, const char *key, int fd, s3_stat *st, uint64_t *got, s3_err *e) {
+  resp r = {.fd = fd, .st = st};
+  req q = {.method = fd >= 0 ? "GET" : "HEAD", .key = key};
   int rc = perform(c, &q, &r, e);
   if (rc == 0 && st->meta.valid && st->meta.mtime_ns) st->mtime_ns = st->meta.mtime_ns;
   if (rc == 0 && st->meta.valid && (st->meta.mode & S_IFMT) != S_IFLNK) st->meta.mode &= 07777;
+  if (got) *got = r.got;
   sbx_buf_free(&r.body);
   return rc;
+}
+
+int s3_head(const s3_conf *c, const char *key, s3_stat *st, s3_err *e) { return head_or_get(c, key, -1, st, NULL, e); }
+
+int s3_get_object(const s3_conf *c, const char *key, int fd, s3_stat *st, uint64_t *got, s3_err *e) {
+  return head_or_get(c, key, fd, st, got, e);
 }
 
 int s3_get(const s3_conf *c, const char *key, uint64_t off, uint64_t len, int fd, uint64_t fd_off, uint64_t *got,

@@ -56,6 +56,9 @@ int s3_head(const s3_conf *c, const char *key, s3_stat *st, s3_err *e);
 /* Reads [off, off+len) of key into fd at fd_off; *got is what came. */
 int s3_get(const s3_conf *c, const char *key, uint64_t off, uint64_t len, int fd, uint64_t fd_off, uint64_t *got,
            s3_err *e);
+/* Reads the whole of key into fd from offset 0, and its metadata into st
+ * (what a HEAD gives): one request where a HEAD and a GET would be two. */
+int s3_get_object(const s3_conf *c, const char *key, int fd, s3_stat *st, uint64_t *got, s3_err *e);
 /* Uploads the first size bytes of fd as key (multipart when larger than a
  * part, S3_PARALLEL parts at a time). */
 int s3_put_fd(const s3_conf *c, const char *key, int fd, uint64_t size, const s3_meta *m, s3_err *e);

@@ -399,6 +399,33 @@ def test_unmount(t, x):
     t.eq(res['structuredContent'].get('error', {}).get('code'), 'VALIDATION_FAILED', 'unmounting twice says nothing is there')
 
 
+def test_cold_directory(t, x):
+    """A fresh mount (empty cache) going through a directory in order, as
+    tar, cp -r and grep -r do: small files come ahead of their lookups,
+    each with its data and metadata, big ones as before."""
+    c = x.c
+    x.mount('/cold', prefix='cold')
+    c.sh('cd /cold && for i in $(seq 40); do head -c $((i * 997)) /dev/urandom > f$i; chmod 6$((i % 8))0 f$i; '
+         'touch -d @$((1000000000 + i)) f$i; done && head -c 3000000 /dev/urandom > f20 && ln -s f1 link && '
+         'chown 1000:1000 f7 && mkdir sub && echo in > sub/x && sync')
+    listing = 'cd /cold && stat -c "%n %a %s %Y %u" f* sub/x && readlink link && sha256sum f* sub/x'
+    want = c.sh(listing)['stdout']
+    r, _ = c.call('unmountBucket', {'mountPath': '/cold'})
+    t.ok('every change is in the bucket' in r['content'][0]['text'], 'written, then unmounted', r)
+    x.mount('/cold', prefix='cold')
+    got = c.sh(listing)['stdout']
+    t.eq(got, want, 'mounted again, every file reads back with its content, mode, size, mtime and owner, '
+         'and the symlink with its target')
+    # fetched ahead, then deleted in the bucket by someone else: gone once the listing says so
+    x.mount('/cold2', prefix='cold')
+    c.sh('cat /cold2/f1 >/dev/null')
+    x.s3.delete('test', 'cold/f3')
+    t.ok(wait_until(lambda: c.sh('[ -e /cold2/f3 ] || echo gone')['stdout'] == 'gone\n', 30, 'f3 to go'),
+         'a file fetched ahead and then deleted in the bucket goes from the mount')
+    t.eq(c.sh('cat /cold2/f2 | sha256sum | cut -d" " -f1')['stdout'].strip(),
+         [l.split()[0] for l in want.splitlines() if l.endswith(' f2')][0], 'its neighbours stay readable')
+
+
 def test_destroy_cleans_up(t, x):
     c = x.c
     c.ok('createSandbox', {'sandboxId': 'gone'})
@@ -416,4 +443,4 @@ if __name__ == '__main__':
     sys.exit(run_tests([test_mount_write_read, test_signatures, test_fsync_means_in_bucket, test_secrets_never_shown,
                         test_errors, test_read_only, test_local_bucket, test_reset_keeps_bucket, test_restart_kill9,
                         test_crash_of_bucket_server, test_daemon_killed_during_writes, test_outage, test_syscall_suite,
-                        test_view_shows_bucket, test_unmount, test_destroy_cleans_up], Ctx))
+                        test_view_shows_bucket, test_unmount, test_cold_directory, test_destroy_cleans_up], Ctx))

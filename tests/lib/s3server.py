@@ -135,6 +135,9 @@ class S3:
     def put(self, bucket, key, data):
         self.aws('s3', 'cp', '-', 's3://%s/%s' % (bucket, key), input=data)
 
+    def delete(self, bucket, key):
+        self.aws('s3', 'rm', 's3://%s/%s' % (bucket, key))
+
     def checks(self):
         """The proxy's verdicts, one per request sbx sent."""
         try:
