@@ -4,7 +4,7 @@ import sys
 import threading
 import time
 
-from sbxtest import Env, run_tests
+from sbxtest import Env, run_tests, wait_until
 
 
 class Ctx:
@@ -167,5 +167,35 @@ def test_sees_its_size(t, x):
     c.ok('destroySandbox', {'sandboxId': 'sized'})
 
 
+def test_limits_after_destroy(t, x):
+    """A sandbox made after others were destroyed has its own limits, its
+    own memory count and its own OOM record, whichever memory cgroup it gets
+    (the daemon keeps emptied ones for the next sandboxes)."""
+    import glob
+    import re
+    c = x.c
+    spares = '/sys/fs/cgroup/memory/**/sbx-%d/spare-*' % x.env.daemon_pid()
+    for i, mb in enumerate((64, 512, 64, 512)):
+        sid = 'again%d' % i
+        c.ok('createSandbox', {'sandboxId': sid, 'limits': {'memoryMB': mb}})
+        r = c.sh('grep MemTotal /proc/meminfo; free -m | awk \'/^Mem:/ {print $3}\'', sandbox=sid)
+        t.ok(re.search(r'MemTotal: +%d kB' % (mb * 1024), r['stdout']), '%s sees %d MB' % (sid, mb), r['stdout'])
+        used = int(r['stdout'].split('\n')[1])
+        t.ok(used < 48, '%s starts with little memory used (%d MB)' % (sid, used))
+        r = c.call('exec', {'sandboxId': sid, 'command': 'python3 -c "a = bytearray(200 << 20); print(len(a))"'})[0]
+        s = r['structuredContent']
+        if mb == 64:
+            t.ok(s['exitCode'] == 137 and s.get('oomKilled') is True, '200 MB is killed in %s (64 MB)' % sid, s)
+        else:
+            t.ok(s['exitCode'] == 0 and s.get('oomKilled') is not True, '200 MB fits in %s (512 MB)' % sid, s)
+        r = c.sh('true', sandbox=sid)
+        t.ok(r['exitCode'] == 0 and r.get('oomKilled') is not True, 'the next command of %s is not called OOM-killed' % sid)
+        c.ok('destroySandbox', {'sandboxId': sid})
+        if i == 0 and glob.glob('/sys/fs/cgroup/memory'):
+            # with cgroup v1 the next sandbox gets the emptied cgroup of this one
+            wait_until(lambda: glob.glob(spares, recursive=True), what='an emptied memory cgroup kept')
+
+
 if __name__ == '__main__':
-    sys.exit(run_tests([test_fork_bomb, test_memory_hog, test_disk, test_running_cap, test_sessions_cap, test_flood, test_sees_its_size], Ctx))
+    sys.exit(run_tests([test_fork_bomb, test_memory_hog, test_disk, test_running_cap, test_sessions_cap, test_flood, test_sees_its_size,
+                        test_limits_after_destroy], Ctx))
