@@ -583,6 +583,11 @@ def bench_buckets(size_mb=1024, files=2000):
         t0 = time.perf_counter()
         s3.aws('s3', 'sync', '--only-show-errors', src, 's3://bench/aws-tree/', check=False)
         ceiling = time.perf_counter() - t0
+        # and getting it back, 10 requests at a time
+        back = os.path.join(env.root, 'back')
+        t0 = time.perf_counter()
+        s3.aws('s3', 'sync', '--only-show-errors', 's3://bench/aws-tree/', back, check=False)
+        ceiling_read = time.perf_counter() - t0
         print('== bucket mounts: sbx-bucketfs against s3fs, same s3rver on loopback ==')
         print('(%d files of /usr/include, %.1f MB; %d MiB sequential)' % (files, tar_mb, size_mb))
         print('%-6s %22s %22s %18s %18s' % ('', 'untar until stored', 'read back (cold)', 'write 1 GiB+fsync',
@@ -592,7 +597,8 @@ def bench_buckets(size_mb=1024, files=2000):
         (_, a, b, c, d), (_, a2, b2, c2, d2) = rows
         print('%-6s %21.1fx %21.1fx %17.2fx %17.2fx' % ('ratio', a2 / a, b2 / b, c2 / c, d2 / d))
         print('(ratio: how many times faster sbx is than s3fs)')
-        print('the server\'s ceiling: aws s3 sync of the same tree, 10 at a time: %.2f s' % ceiling)
+        print('the server\'s ceiling: aws s3 sync of the same tree, 10 at a time: %.2f s up, %.2f s back' %
+              (ceiling, ceiling_read))
         print()
         bench_bucket_wake(env, s3)
     finally:
