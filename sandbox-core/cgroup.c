@@ -4,7 +4,6 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
@@ -16,25 +15,13 @@ static int rm_tree(const char *dir, int depth);
 
 static const char *const v1_ctrls[SBX_CG_MAX] = {"memory", "pids", "cpu", "freezer"};
 
-#define SPARE_MAX 8
-
 static struct {
   bool ready, v2;
   int n;
   const char *ctrl[SBX_CG_MAX];
   char *base[SBX_CG_MAX]; /* the daemon's sbx subtree per hierarchy */
   char desc[256];
-  /* Emptied memory cgroups of sandboxes that are gone, kept for the next
-   * ones (v1, where a cgroup can be renamed). Removing a memory cgroup
-   * makes the kernel walk the LRU lists of every superblock on the host
-   * (memcg_reparent_list_lrus), a dozen per sandbox: with a thousand
-   * sandboxes alive that walk, and the mounts waiting for its lock, made
-   * each create + destroy 1.7-2x slower than with none (bench.py many). */
-  char *spare[SPARE_MAX];
-  int nspare, emptying; /* under spare_lock */
-  unsigned spare_seq;
 } cg;
-static pthread_mutex_t spare_lock = PTHREAD_MUTEX_INITIALIZER;
 
 int sbx_cg_limit_settings(bool v2, const sbx_limits *l, sbx_cg_setting *out, int max) {
   int n = 0;
@@ -194,92 +181,6 @@ bool sbx_cg_available(void) { return cg.ready; }
 bool sbx_cg_is_v2(void) { return cg.v2; }
 const char *sbx_cg_describe(void) { return cg.ready ? cg.desc : "unavailable"; }
 
-/* A top-level v1 memory cgroup: what the spares are made of. */
-static bool spare_kind(int i, const char *dir) {
-  if (cg.v2 || strcmp(cg.ctrl[i], "memory")) return false;
-  size_t b = strlen(cg.base[i]);
-  return !strncmp(dir, cg.base[i], b) && dir[b] == '/' && !strchr(dir + b + 1, '/');
-}
-
-/* A spare memory cgroup renamed to dir, with no limit and nothing of its
- * last sandbox's counters that a reader could take for the new one's. */
-static bool spare_take(const char *dir) {
-  for (;;) {
-    pthread_mutex_lock(&spare_lock);
-    char *sp = cg.nspare > 0 ? cg.spare[--cg.nspare] : NULL;
-    pthread_mutex_unlock(&spare_lock);
-    if (!sp) return false;
-    bool ok = rename(sp, dir) == 0;
-    if (!ok) rm_tree(sp, 0);
-    free(sp);
-    if (!ok) continue;
-    static const char *const reset[][2] = {{"memory.memsw.limit_in_bytes", "-1"}, {"memory.limit_in_bytes", "-1"},
-                                           {"memory.max_usage_in_bytes", "0"}, {"memory.memsw.max_usage_in_bytes", "0"},
-                                           {"memory.failcnt", "0"}};
-    for (size_t k = 0; k < sizeof reset / sizeof reset[0]; k++) {
-      char path[4096];
-      snprintf(path, sizeof path, "%s/%s", dir, reset[k][0]);
-      sbx_write_string(path, reset[k][1]);
-    }
-    return true;
-  }
-}
-
-/* The pages still charged to a spare (the host files its sandbox read) go
- * before it is kept, so the next sandbox starts at zero. On a thread of its
- * own: the kernel drains every CPU's page lists for it, milliseconds that
- * the daemon's loop does not wait for. At normal priority: at idle
- * priority, creates and bucket mounts timed out on a busy host in 3 of 5
- * runs of `bench.py buckets` (none in 3 at normal priority), as if the
- * reclaim held, starved, a lock that mounts also take. */
-static void *empty_spare(void *arg) {
-  char *dir = arg, path[4096];
-  snprintf(path, sizeof path, "%s/memory.force_empty", dir);
-  bool ok = sbx_write_string(path, "0") == 0;
-  pthread_mutex_lock(&spare_lock);
-  if (ok && cg.ready && cg.nspare < SPARE_MAX) cg.spare[cg.nspare++] = dir, dir = NULL;
-  cg.emptying--;
-  pthread_mutex_unlock(&spare_lock);
-  if (dir) rmdir(dir), free(dir);
-  return NULL;
-}
-
-/* Keeps the memory cgroup of a sandbox that is gone as a spare (renamed
- * at once: its name is never seen again). false: remove it as usual. */
-static bool spare_keep(int i, const char *dir) {
-  pthread_mutex_lock(&spare_lock);
-  bool room = cg.nspare + cg.emptying < SPARE_MAX;
-  pthread_mutex_unlock(&spare_lock);
-  if (!room || for_each_pid(dir, 0, NULL, NULL) != 0) return false;
-  DIR *d = opendir(dir);
-  if (!d) return false;
-  bool children = false;
-  for (struct dirent *e; !children && (e = readdir(d));) children = e->d_type == DT_DIR && e->d_name[0] != '.';
-  closedir(d);
-  if (children) return false;
-  char *to = sbx_strdup_printf("%s/spare-%u", cg.base[i], ++cg.spare_seq);
-  if (rename(dir, to) < 0) {
-    free(to);
-    return false;
-  }
-  pthread_mutex_lock(&spare_lock);
-  cg.emptying++;
-  pthread_mutex_unlock(&spare_lock);
-  pthread_t t;
-  pthread_attr_t a;
-  pthread_attr_init(&a);
-  pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-  if (pthread_create(&t, &a, empty_spare, to) != 0) {
-    pthread_mutex_lock(&spare_lock);
-    cg.emptying--;
-    pthread_mutex_unlock(&spare_lock);
-    rmdir(to);
-    free(to);
-  }
-  pthread_attr_destroy(&a);
-  return true;
-}
-
 int sbx_cg_create(const sbx_cgroup *parent, const char *name, bool memory, sbx_cgroup *out) {
   if (!cg.ready) return -ENOTSUP;
   *out = (sbx_cgroup){.n = cg.n};
@@ -292,7 +193,6 @@ int sbx_cg_create(const sbx_cgroup *parent, const char *name, bool memory, sbx_c
       continue;
     }
     out->dirs[i] = sbx_strdup_printf("%s/%s", parent ? parent->dirs[i] : cg.base[i], name);
-    if (spare_kind(i, out->dirs[i]) && spare_take(out->dirs[i])) continue;
     if (mkdir(out->dirs[i], 0755) < 0 && errno != EEXIST) {
       int r = -errno;
       sbx_cg_remove(out);
@@ -518,7 +418,6 @@ int sbx_cg_remove(sbx_cgroup *c) {
   int r = 0;
   for (int i = 0; i < c->n; i++)
     if (c->dirs[i] && !(c->joined & (1u << i))) {
-      if (spare_kind(i, c->dirs[i]) && spare_keep(i, c->dirs[i])) continue;
       int q = rm_tree(c->dirs[i], 0);
       if (q < 0) r = q;
     }
@@ -532,11 +431,6 @@ void sbx_cg_free(sbx_cgroup *c) {
 
 void sbx_cg_shutdown(void) {
   if (!cg.ready) return;
-  pthread_mutex_lock(&spare_lock);
-  for (int i = 0; i < cg.nspare; i++) free(cg.spare[i]);
-  cg.nspare = 0;
-  cg.ready = false; /* spares still being emptied are removed, not kept */
-  pthread_mutex_unlock(&spare_lock);
   for (int i = 0; i < cg.n; i++) {
     rm_tree(cg.base[i], 0);
     free(cg.base[i]);
