@@ -128,7 +128,12 @@ void sbx_default_id(const char *dir, char out[64]);
  * with every signal at its default
  * disposition and still blocked: no signal can run a handler inherited from
  * the daemon in between (libuv's would report it to the daemon's own loop).
- * The child unblocks with sbx_child_unblock() once it is ready. */
+ * The child unblocks with sbx_child_unblock() once it is ready.
+ * A raw clone: glibc's fork bookkeeping does not run, so the daemon must
+ * not start threads of its own. With one, a child that calls setresuid or
+ * setresgid (commands, bucket helpers, a rootless init) goes through
+ * glibc's all-threads path and can wait forever for a thread it does not
+ * have; clone_init also relies on the daemon being single-threaded. */
 pid_t sbx_fork_child(unsigned long flags, int *pidfd);
 void sbx_child_unblock(void);
 int sbx_pidfd_open(pid_t pid);
