@@ -143,8 +143,9 @@ def bench_many(n):
         def probe():
             """After the same warm-up each time (the memory figure drops
             the caches just before)."""
-            pair = lambda i: (c.ok('createSandbox', {'sandboxId': 'p%d' % i}),  # noqa: E731
-                              c.ok('destroySandbox', {'sandboxId': 'p%d' % i}))
+            def pair(i):
+                c.ok('createSandbox', {'sandboxId': 'p%d' % i})
+                c.ok('destroySandbox', {'sandboxId': 'p%d' % i})
             lat_each(pair, 5)
             cr = lat_each(pair, 60)
             ex = lat_each(lambda i: c.ok('exec', {'sandboxId': 'probe', 'command': 'true'}), 200)
@@ -580,14 +581,12 @@ def bench_buckets(size_mb=1024, files=2000):
         src = os.path.join(env.root, 'src')
         os.makedirs(src)
         subprocess.run(['tar', 'xf', tarball, '-C', src], check=True)
-        t0 = time.perf_counter()
-        s3.aws('s3', 'sync', '--only-show-errors', src, 's3://bench/aws-tree/', check=False)
-        ceiling = time.perf_counter() - t0
-        # and getting it back, 10 requests at a time
-        back = os.path.join(env.root, 'back')
-        t0 = time.perf_counter()
-        s3.aws('s3', 'sync', '--only-show-errors', 's3://bench/aws-tree/', back, check=False)
-        ceiling_read = time.perf_counter() - t0
+        def aws_sync(frm, to):
+            t0 = time.perf_counter()
+            s3.aws('s3', 'sync', '--only-show-errors', frm, to, check=False)
+            return time.perf_counter() - t0
+        ceiling = aws_sync(src, 's3://bench/aws-tree/')
+        ceiling_read = aws_sync('s3://bench/aws-tree/', os.path.join(env.root, 'back'))  # and getting it back
         print('== bucket mounts: sbx-bucketfs against s3fs, same s3rver on loopback ==')
         print('(%d files of /usr/include, %.1f MB; %d MiB sequential)' % (files, tar_mb, size_mb))
         print('%-6s %22s %22s %18s %18s' % ('', 'untar until stored', 'read back (cold)', 'write 1 GiB+fsync',
