@@ -1,10 +1,11 @@
 """Limits: a fork bomb stops at pids, a memory hog is killed in its cgroup,
 dd stops at diskMB; the daemon and other sandboxes keep answering."""
+import os
 import sys
 import threading
 import time
 
-from sbxtest import Env, run_tests
+from sbxtest import Env, run_tests, wait_until
 
 
 class Ctx:
@@ -169,12 +170,41 @@ def test_sees_its_size(t, x):
 
 def test_limits_after_destroy(t, x):
     """A sandbox made after others were destroyed has its own limits, its
-    own memory count and its own OOM record."""
+    own memory count and its own OOM record, whichever memory cgroup it gets
+    (with cgroup v1 the daemon empties those of destroyed sandboxes and
+    keeps a few for the next ones)."""
+    import glob
     import re
     c = x.c
+    v1 = os.path.isdir('/sys/fs/cgroup/memory')
+    spares = '/sys/fs/cgroup/memory/**/sbx-%d/spare-*' % x.env.daemon_pid()
+
+    def emptying():
+        """Emptying children of the daemon still running (zombies are done)."""
+        n = 0
+        for st in glob.glob('/proc/[0-9]*/stat'):
+            try:
+                with open(st) as f:
+                    f = f.read()
+            except OSError:
+                continue
+            comm, rest = f[f.index('(') + 1:f.rindex(')')], f[f.rindex(')') + 2:].split()
+            n += comm == 'sbx-cg-empty' and rest[0] != 'Z' and int(rest[1]) == x.env.daemon_pid()
+        return n
+
+    def usage(d):
+        try:
+            with open(d + '/memory.usage_in_bytes') as f:
+                return int(f.read())
+        except OSError:
+            return None
+
     for i, mb in enumerate((64, 512, 64, 512)):
         sid = 'again%d' % i
+        before = set(glob.glob(spares, recursive=True))
         c.ok('createSandbox', {'sandboxId': sid, 'limits': {'memoryMB': mb}})
+        if v1 and i:
+            t.ok(before - set(glob.glob(spares, recursive=True)), '%s got the emptied memory cgroup of a destroyed sandbox' % sid)
         r = c.sh('grep MemTotal /proc/meminfo; free -m | awk \'/^Mem:/ {print $3}\'', sandbox=sid)
         t.ok(re.search(r'MemTotal: +%d kB' % (mb * 1024), r['stdout']), '%s sees %d MB' % (sid, mb), r['stdout'])
         used = int(r['stdout'].split('\n')[1])
@@ -188,6 +218,9 @@ def test_limits_after_destroy(t, x):
         r = c.sh('true', sandbox=sid)
         t.ok(r['exitCode'] == 0 and r.get('oomKilled') is not True, 'the next command of %s is not called OOM-killed' % sid)
         c.ok('destroySandbox', {'sandboxId': sid})
+        if v1:
+            wait_until(lambda: not emptying() and any((usage(d) or 1 << 30) < 1 << 20 for d in glob.glob(spares, recursive=True)),
+                       what='the memory cgroup of %s emptied and kept' % sid)
 
 
 if __name__ == '__main__':
