@@ -214,8 +214,9 @@ static bool spare_kind(int i, const char *dir) {
   return !strncmp(dir, cg.base[i], b) && dir[b] == '/' && !strchr(dir + b + 1, '/');
 }
 
-static void spare_drop(int k) {
-  rmdir(cg.spare[k].dir);
+/* Forgets spare k; remove: its cgroup too (not when it was taken). */
+static void spare_drop(int k, bool remove) {
+  if (remove) rmdir(cg.spare[k].dir);
   free(cg.spare[k].dir);
   cg.spare[k] = cg.spare[--cg.nspare];
 }
@@ -240,7 +241,8 @@ static void spare_reap(bool hang) {
     }
     if (r == 0) continue;
     cg.spare[k].pid = 0;
-    if (r < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0 || spare_usage(cg.spare[k].dir) > SPARE_LEFT_MAX) spare_drop(k);
+    if (r < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0 || spare_usage(cg.spare[k].dir) > SPARE_LEFT_MAX)
+      spare_drop(k, true);
   }
 }
 
@@ -252,7 +254,7 @@ static bool spare_take(const char *dir) {
   for (int k = cg.nspare - 1; k >= 0; k--) {
     if (cg.spare[k].pid) continue;
     bool ok = rename(cg.spare[k].dir, dir) == 0;
-    spare_drop(k);
+    spare_drop(k, !ok);
     if (!ok) continue;
     const char *const reset[][2] = {{"memory.memsw.limit_in_bytes", "-1"}, {"memory.limit_in_bytes", "-1"},
                                     {"memory.max_usage_in_bytes", "0"},    {"memory.memsw.max_usage_in_bytes", "0"},
@@ -560,7 +562,7 @@ void sbx_cg_free(sbx_cgroup *c) {
 void sbx_cg_shutdown(void) {
   if (!cg.ready) return;
   spare_reap(true);
-  while (cg.nspare) spare_drop(0);
+  while (cg.nspare) spare_drop(0, true);
   for (int i = 0; i < cg.n; i++) {
     rm_tree(cg.base[i], 0);
     free(cg.base[i]);
