@@ -341,6 +341,34 @@ def test_outage(t, x):
     t.ok(True, 'once the server is back every one of them is uploaded')
 
 
+def test_crash_during_outage(t, x):
+    """What waits for an unreachable bucket survives kill -9 of its server,
+    including entries rewritten shorter than before (a file grown, then
+    truncated and rewritten; a mode changed)."""
+    c = x.c
+    c.ok('createSandbox', {'sandboxId': 'jo'})
+    x.mount('/data', sandbox='jo', prefix='jo')
+    c.sh('echo up > /data/up', sandbox='jo')
+    x.s3.wait_object('test', 'jo/up', b'up\n')
+    x.s3.stop()
+    try:
+        r = c.sh('head -c 12345678 /dev/zero > /data/shrunk && echo ok > /data/shrunk && chmod 600 /data/shrunk && '
+                 'echo small > /data/grown && head -c 2345678 /dev/urandom > /data/grown && sha256sum < /data/grown && '
+                 'stat -c "%s %a" /data/shrunk /data/grown', sandbox='jo', wait=120)
+        t.eq(r['exitCode'], 0, 'writes go on with the S3 server down', r)
+        digest, sizes = r['stdout'].split()[0], r['stdout'].split('\n')[1:3]
+        for pid in bucketfs_pids(x):
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        x.s3.start()
+    x.s3.wait_object('test', 'jo/shrunk', b'ok\n', 60)
+    wait_until(lambda: len(x.s3.stored('test', 'jo/grown') or b'') == 2345678, 60, 'the grown file uploaded')
+    t.eq(sha(x.s3.stored('test', 'jo/grown')), digest, 'a file grown while the bucket was away is uploaded whole '
+         'by the server that takes over after kill -9')
+    r = c.sh('stat -c "%s %a" /data/shrunk /data/grown', sandbox='jo', wait=60)
+    t.eq(r['stdout'].split('\n')[:2], sizes, 'sizes and modes as they were before the crash', r)
+
+
 def test_syscall_suite(t, x):
     c = x.c
     c.ok('createSandbox', {'sandboxId': 'fs', 'limits': {'diskMB': 1024}})
@@ -442,5 +470,5 @@ def test_destroy_cleans_up(t, x):
 if __name__ == '__main__':
     sys.exit(run_tests([test_mount_write_read, test_signatures, test_fsync_means_in_bucket, test_secrets_never_shown,
                         test_errors, test_read_only, test_local_bucket, test_reset_keeps_bucket, test_restart_kill9,
-                        test_crash_of_bucket_server, test_daemon_killed_during_writes, test_outage, test_syscall_suite,
+                        test_crash_of_bucket_server, test_daemon_killed_during_writes, test_outage, test_crash_during_outage, test_syscall_suite,
                         test_view_shows_bucket, test_unmount, test_cold_directory, test_destroy_cleans_up], Ctx))
