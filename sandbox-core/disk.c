@@ -108,7 +108,7 @@ int sbx_disk_init(const char *state_dir, bool rootless, sbx_error *err) {
   sbx_mkdir_p(path, 0700);
   d = opendir(path);
   for (struct dirent *e; d && (e = readdir(d));)
-    if (e->d_name[0] != '.') unlinkat(dirfd(d), e->d_name, 0);
+    if (e->d_name[0] != '.') sbx_remove_tree_at(dirfd(d), e->d_name, true);
   if (d) closedir(d);
   d = opendir("/sys/block");
   size_t pl = snprintf(path, sizeof path, "%s/", state_dir);
@@ -402,16 +402,31 @@ int sbx_disk_mount(const char *id, sbx_error *err) {
 
 /* ---- disks made ahead -------------------------------------------------- */
 
+/* A directory of the pool and what it holds. */
+static void pool_entry_remove(const char *dir) { sbx_remove_tree_at(AT_FDCWD, dir, true); }
+
 /* A fresh disk in the helper: a copy of the template, bound to a loop
- * device and mounted detached; the mount fd goes to the daemon. */
+ * device and mounted detached; the mount fd goes to the daemon. It is made
+ * in a directory that becomes the new sandbox's, with the other files that
+ * directory gets at create already there: a new inode can take a
+ * millisecond on a host's filesystem (an ext4 without a journal, after
+ * many deletions), four of them a create's time. */
 static int pool_make(int sock, uint64_t mb, unsigned long long seq) {
-  char tpl[1200], path[1200];
+  char tpl[1200], dir[1200], path[1300];
   template_path(mb, tpl, sizeof tpl);
-  snprintf(path, sizeof path, "%s/pool/%llu.img", dk.state, seq);
+  snprintf(dir, sizeof dir, "%s/pool/%llu", dk.state, seq);
+  if (mkdir(dir, 0700) < 0) return -errno;
+  static const char *const files[] = {SBX_FILE_MEMINFO, SBX_FILE_CPU_ONLINE, SBX_FILE_RECORD ".tmp"};
+  for (size_t i = 0; i < SBX_ARRAY_SIZE(files); i++) {
+    snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+    int f = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, i < 2 ? 0644 : 0600);
+    if (f >= 0) close(f);
+  }
+  snprintf(path, sizeof path, "%s/disk.img", dir);
   int r = sparse_copy(tpl, path);
   if (r == 0) r = new_uuid(path);
   if (r < 0) {
-    unlink(path);
+    pool_entry_remove(dir);
     return r;
   }
   _cleanup_close_ int img = open(path, O_RDWR | O_CLOEXEC | O_DIRECT);
@@ -420,12 +435,12 @@ static int pool_make(int sock, uint64_t mb, unsigned long long seq) {
   char dev[64];
   _cleanup_close_ int loop = attach_loop(img, dev, sizeof dev);
   if (loop < 0) {
-    unlink(path);
+    pool_entry_remove(dir);
     return loop;
   }
   int m = fsmount_ext4(dev);
   if (m < 0) {
-    unlink(path);
+    pool_entry_remove(dir);
     return m;
   }
   /* reads the layout in and writes once (the journal and the allocation
@@ -433,9 +448,9 @@ static int pool_make(int sock, uint64_t mb, unsigned long long seq) {
   sbx_rootfs_layout(m);
   int t = openat(m, "work", O_RDWR | O_TMPFILE | O_CLOEXEC, 0600);
   if (t >= 0) close(t);
-  r = sbx_send_fds(sock, path, strlen(path), &m, 1, 0) < 0 ? -errno : 0;
+  r = sbx_send_fds(sock, dir, strlen(dir), &m, 1, 0) < 0 ? -errno : 0;
   close(m);
-  if (r < 0) unlink(path);
+  if (r < 0) pool_entry_remove(dir);
   return r;
 }
 
@@ -475,7 +490,7 @@ static void pool_readable(uv_poll_t *p, int status, int events) {
   path[n] = 0;
   if (dk.pool.n >= POOL_SIZE) { /* never asked for: cannot happen, but do not leak it */
     close(fd);
-    unlink(path);
+    pool_entry_remove(path);
     return;
   }
   dk.pool.ready[dk.pool.n].fd = fd;
@@ -515,7 +530,7 @@ void sbx_disk_pool_stop(void) {
   dk.pool.sock = -1;
   for (int i = 0; i < dk.pool.n; i++) {
     close(dk.pool.ready[i].fd);
-    unlink(dk.pool.ready[i].path);
+    pool_entry_remove(dk.pool.ready[i].path);
   }
   dk.pool.n = 0;
   if (dk.pool.pid > 0) {
@@ -527,18 +542,23 @@ void sbx_disk_pool_stop(void) {
 
 int sbx_disk_take_fresh(const char *id, uint64_t mb) {
   if (dk.pool.sock < 0 || dk.pool.mb != mb || dk.pool.n == 0) return -1;
-  char dir[1200], path[1300];
+  char dir[1200], path[1300], img[1300];
   sbx_disk_dir(id, dir, sizeof dir);
-  if (mkdir(dir, 0700) < 0 && errno != EEXIST) return -1;
   image_path(id, path, sizeof path);
   int i = --dk.pool.n;
-  /* the loop device keeps the inode: a rename does not disturb it */
-  if (rename(dk.pool.ready[i].path, path) < 0) {
+  const char *from = dk.pool.ready[i].path;
+  (void)!send(dk.pool.sock, "n", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+  /* a new sandbox: the whole directory (the loop device keeps the image's
+   * inode: a rename does not disturb it); one woken after a reset has its
+   * directory: the image alone */
+  if (rename(from, dir) == 0) return dk.pool.ready[i].fd;
+  snprintf(img, sizeof img, "%s/disk.img", from);
+  if ((mkdir(dir, 0700) < 0 && errno != EEXIST) || rename(img, path) < 0) {
     close(dk.pool.ready[i].fd);
-    unlink(dk.pool.ready[i].path);
+    pool_entry_remove(from);
     return -1;
   }
-  (void)!send(dk.pool.sock, "n", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+  pool_entry_remove(from);
   return dk.pool.ready[i].fd;
 }
 

@@ -45,5 +45,11 @@ void sbx_disk_pool_stop(void);
 /* A fresh disk from the helper, its image moved into the sandbox's
  * directory: its mount fd, or -1 when none of that size is ready. */
 int sbx_disk_take_fresh(const char *id, uint64_t disk_mb);
+/* Files of a sandbox's directory (beside its disk image), made ahead with
+ * the disks of the pool for a new sandbox: its /proc files and the
+ * temporary name its record is written under. */
+#define SBX_FILE_MEMINFO "meminfo"
+#define SBX_FILE_CPU_ONLINE "cpu-online"
+#define SBX_FILE_RECORD "record.json"
 /* Whether diskMB is a hard quota here. */
 bool sbx_disk_quota_enforced(void);

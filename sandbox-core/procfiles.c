@@ -1,4 +1,5 @@
 #define _GNU_SOURCE
+#include "disk.h"
 #include "procfiles.h"
 
 #include <fcntl.h>
@@ -95,26 +96,26 @@ int sbx_procfiles_open(sbx_sandbox *sb, sbx_procfiles *out) {
   sbx_procfiles_close(sb);
   int r;
   if (sb->cg.n && sb->opts.limits.memory_mb > 0) {
-    if ((sb->meminfo_fd = file_at(sb, "meminfo", O_RDWR | O_CREAT)) < 0) {
+    if ((sb->meminfo_fd = file_at(sb, SBX_FILE_MEMINFO, O_RDWR | O_CREAT)) < 0) {
       r = sb->meminfo_fd;
       sb->meminfo_fd = -1;
       return r;
     }
     sbx_procfiles_refresh(sb);
-    out->meminfo = handout(sb, "meminfo");
+    out->meminfo = handout(sb, SBX_FILE_MEMINFO);
     if (out->meminfo < 0 && out->meminfo != -EAGAIN) return out->meminfo;
     out->has_meminfo = true;
   }
   cpu_set_t set;
   if (sbx_procfiles_cpuset(sb, &set)) {
-    int fd = file_at(sb, "cpu-online", O_RDWR | O_CREAT);
+    int fd = file_at(sb, SBX_FILE_CPU_ONLINE, O_RDWR | O_CREAT);
     if (fd < 0) return fd;
     char text[32];
     snprintf(text, sizeof text, CPU_COUNT(&set) == 1 ? "0\n" : "0-%d\n", CPU_COUNT(&set) - 1);
     r = rewrite(fd, text);
     close(fd);
     if (r < 0) return r;
-    out->online = handout(sb, "cpu-online");
+    out->online = handout(sb, SBX_FILE_CPU_ONLINE);
     if (out->online < 0 && out->online != -EAGAIN) {
       if (out->meminfo >= 0) close(out->meminfo);
       return out->online;

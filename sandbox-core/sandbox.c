@@ -262,7 +262,7 @@ static void load_records(void) {
   for (struct dirent *e; d && (e = readdir(d));) {
     if (!sbx_valid_id(e->d_name) || sbx_sandbox_find(e->d_name)) continue;
     char path[1500], why[256] = "";
-    snprintf(path, sizeof path, "%s/%s/record.json", dir, e->d_name);
+    snprintf(path, sizeof path, "%s/%s/" SBX_FILE_RECORD, dir, e->d_name);
     json_error_t je;
     json_t *rec = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
     sbx_sandbox *sb = rec ? sandbox_new(e->d_name) : NULL;
@@ -416,7 +416,7 @@ int sbx_sandbox_save(sbx_sandbox *sb) {
   char path[1300];
   sbx_disk_dir(sb->id, path, sizeof path);
   mkdir(path, 0700);
-  strcat(path, "/record.json");
+  strcat(path, "/" SBX_FILE_RECORD);
   int r = sbx_write_atomic(path, text, strlen(text));
   if (r == 0) {
     free(sb->saved_record);
