@@ -186,7 +186,7 @@ int sbx_rootfs_layers(const char *image_dir, const char *etc_template, sbx_layer
   return n;
 }
 
-void sbx_rootfs_links(const char *root, sbx_init_args *a) {
+void sbx_rootfs_scan(const char *root, sbx_init_args *a) {
   static const char *const names[] = {"bin", "sbin", "lib", "lib32", "lib64", "libx32"};
   a->nlinks = 0;
   for (size_t i = 0; i < SBX_ARRAY_SIZE(names); i++) {
@@ -199,6 +199,18 @@ void sbx_rootfs_links(const char *root, sbx_init_args *a) {
     snprintf(a->links[a->nlinks].target, sizeof a->links[0].target, "%s", target);
     a->nlinks++;
   }
+  a->npythons = 0;
+  char pat[1100];
+  snprintf(pat, sizeof pat, "%s/usr/lib/python3*/EXTERNALLY-MANAGED", root);
+  glob_t g;
+  if (glob(pat, GLOB_NOSORT, NULL, &g) != 0) return;
+  size_t skip = strlen(root) + strlen("/usr/lib/");
+  for (size_t i = 0; i < g.gl_pathc && a->npythons < (int)SBX_ARRAY_SIZE(a->pythons); i++) {
+    const char *name = g.gl_pathv[i] + skip;
+    size_t len = strcspn(name, "/");
+    if (len < sizeof a->pythons[0]) snprintf(a->pythons[a->npythons++], sizeof a->pythons[0], "%.*s", (int)len, name);
+  }
+  globfree(&g);
 }
 
 /* ---- inside the new namespaces ----------------------------------------- */
@@ -419,13 +431,11 @@ _Noreturn void sbx_rootfs_init_main(const sbx_init_args *a) {
   snprintf(opts, sizeof opts, "127.0.0.1\tlocalhost\n127.0.1.1\t%s\n::1\tlocalhost ip6-localhost ip6-loopback\n", a->id);
   TRY(sbx_write_string_create(NEWROOT "/etc/hosts", opts), "/etc/hosts");
   unlink(NEWROOT "/etc/resolv.conf");
-  if (a->idmapped) {
-    glob_t g;
-    if (glob(NEWROOT "/usr/lib/python3*/EXTERNALLY-MANAGED", 0, NULL, &g) == 0) {
-      for (size_t i = 0; i < g.gl_pathc; i++) unlink(g.gl_pathv[i]);
-      globfree(&g);
+  if (a->idmapped)
+    for (int i = 0; i < a->npythons; i++) {
+      snprintf(path, sizeof path, NEWROOT "/usr/lib/%s/EXTERNALLY-MANAGED", a->pythons[i]);
+      unlink(path);
     }
-  }
 
   TRY(chdir(NEWROOT), "chdir new root");
   TRY(syscall(SYS_pivot_root, ".", ".oldroot"), "pivot_root");

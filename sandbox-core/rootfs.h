@@ -33,6 +33,11 @@ typedef struct sbx_init_args {
     char name[16], target[64];
   } links[8]; /* the root's merged-usr symlinks (bin -> usr/bin...) */
   int nlinks;
+  /* usr/lib/NAME/EXTERNALLY-MANAGED of the root's Pythons (pip's marker),
+   * to white out: listed on the host, where it costs less than a listing
+   * of /usr/lib through the overlay */
+  char pythons[4][32];
+  int npythons;
   /* files to mount over /proc/meminfo and /sys/devices/system/cpu/online
    * (procfiles.h), when these are set: as root detached mounts after the
    * other mount fds, rootless procdir/meminfo and procdir/cpu-online */
@@ -40,9 +45,10 @@ typedef struct sbx_init_args {
   char procdir[1200];
 } sbx_init_args;
 
-/* Reads the merged-usr symlinks at the top of root (the host's / or an
- * image) into a->links. */
-void sbx_rootfs_links(const char *root, sbx_init_args *a);
+/* Reads what the sandbox's init needs to know of root (the host's / or an
+ * image): its merged-usr symlinks into a->links, its Pythons with pip's
+ * marker into a->pythons. */
+void sbx_rootfs_scan(const char *root, sbx_init_args *a);
 
 /* Runs in the cloned child: waits for the daemon's go, builds the root,
  * reports "ok" or an error on the socket, then becomes init. Never returns. */

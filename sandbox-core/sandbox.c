@@ -708,7 +708,7 @@ static int start(sbx_sandbox *sb, sbx_error *err) {
     args.image_dir = image_dir;
   }
   args.nlayers = sbx_rootfs_layers(args.image_dir, eng.etc_template, args.layers);
-  sbx_rootfs_links(args.image_dir ? args.image_dir : "", &args);
+  sbx_rootfs_scan(args.image_dir ? args.image_dir : "", &args);
   sbx_procfiles pf;
   int r0;
   if ((r0 = sbx_procfiles_open(sb, &pf)) < 0) {
