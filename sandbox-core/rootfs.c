@@ -152,22 +152,18 @@ int sbx_rootfs_prime(int stage) {
   if (r < 0) return r;
   /* pip's EXTERNALLY-MANAGED marker of the host's Pythons, whited out as
    * the sandbox's init would (a whiteout is a 0:0 character device) */
-  glob_t g;
-  if (glob("/usr/lib/python3*/EXTERNALLY-MANAGED", 0, NULL, &g) != 0) return 0;
-  for (size_t i = 0; i < g.gl_pathc && r == 0; i++) {
-    char dir[512];
-    snprintf(dir, sizeof dir, "%s", g.gl_pathv[i] + strlen("/usr/lib/")); /* python3.11/EXTERNALLY-MANAGED */
-    char *slash = strchr(dir, '/');
-    if (!slash) continue;
-    *slash = 0;
+  sbx_init_args *a = calloc(1, sizeof *a);
+  if (!a) return -ENOMEM;
+  sbx_rootfs_scan("", a);
+  for (int i = 0; i < a->npythons && r == 0; i++) {
     char up[640], wh[700];
-    snprintf(up, sizeof up, "upper/usr/lib/%s", dir);
+    snprintf(up, sizeof up, "upper/usr/lib/%s", a->pythons[i]);
     snprintf(wh, sizeof wh, "%s/EXTERNALLY-MANAGED", up);
     if ((r = mkdirat_ok(stage, "upper/usr/lib", 0755)) == 0 && (r = mkdirat_ok(stage, up, 0755)) == 0 &&
         mknodat(stage, wh, S_IFCHR | 0000, makedev(0, 0)) < 0 && errno != EEXIST)
       r = -errno;
   }
-  globfree(&g);
+  free(a);
   return r;
 }
 
