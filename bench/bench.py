@@ -15,7 +15,8 @@
   buckets  a bucket on a loopback S3 server (npm s3rver) mounted by
            sbx-bucketfs against Debian's s3fs on the same server: untar of
            2,000 source files and reading them back, 1 GiB sequential write
-           and read; the wake of a sandbox with a bucket mount
+           and read; the wake of a sandbox with a bucket mount (--s3-tmpfs:
+           s3rver keeps its objects on a tmpfs, off the host's disk)
   code     runCode "1+1" in a warm context against `exec true`; the first
            run in a new Python/Node context against `python3 -c pass` and
            `node -e 0` run by exec; gitCheckout of a 1,000-commit repository
@@ -30,7 +31,7 @@
            HTTP; the ping difference stdio - socket is what the relay adds
   clients  `exec true` latency and throughput with 1, 8 and 64 socket clients
 
-Usage: bench/bench.py [create|wake|many|disk|view|buckets|code|preview|exec|parallel|transports|clients|all] [--n N]. Needs root, a built
+Usage: bench/bench.py [create|wake|many|disk|view|buckets|code|preview|exec|parallel|transports|clients|all] [--n N] [--s3-tmpfs]. Needs root, a built
 build/sbx and bubblewrap (scripts/bootstrap installs it)."""
 import argparse
 import os
@@ -488,15 +489,21 @@ def bench_view(size_mb=1024):
         env.close()
 
 
-def bench_buckets(size_mb=1024, files=2000):
+def bench_buckets(size_mb=1024, files=2000, s3_tmpfs=False):
     """sbx-bucketfs (the server a mountBucket runs, here mounted on the
     host by `sbx bucketfs MOUNTPOINT`) against s3fs, both on one s3rver:
     each number is the time until the data is in the bucket (untar: every
     object stored; writes: dd's fsync), and reads start from an empty cache
-    (a fresh mount, caches dropped)."""
+    (a fresh mount, caches dropped). s3_tmpfs: s3rver keeps its objects on
+    a tmpfs, so that the host's disk (where each new file can cost most of a
+    millisecond, three per object stored) does not bound both clients."""
     import json
     from s3server import AK, SK, S3
     env = Env()
+    if s3_tmpfs:
+        os.makedirs(os.path.join(env.root, 's3data'))
+        subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=8g', 'sbx-bench-s3', os.path.join(env.root, 's3data')],
+                       check=True)
     s3 = S3(env.root, buckets=('bench',))
     procs = []
     mounts = []
@@ -587,7 +594,8 @@ def bench_buckets(size_mb=1024, files=2000):
             return time.perf_counter() - t0
         ceiling = aws_sync(src, 's3://bench/aws-tree/')
         ceiling_read = aws_sync('s3://bench/aws-tree/', os.path.join(env.root, 'back'))  # and getting it back
-        print('== bucket mounts: sbx-bucketfs against s3fs, same s3rver on loopback ==')
+        print('== bucket mounts: sbx-bucketfs against s3fs, same s3rver on loopback (its objects on %s) =='
+              % ('a tmpfs' if s3_tmpfs else 'the host\'s disk'))
         print('(%d files of /usr/include, %.1f MB; %d MiB sequential)' % (files, tar_mb, size_mb))
         print('%-6s %22s %22s %18s %18s' % ('', 'untar until stored', 'read back (cold)', 'write 1 GiB+fsync',
                                            'read 1 GiB (cold)'))
@@ -607,6 +615,8 @@ def bench_buckets(size_mb=1024, files=2000):
             if p.poll() is None:
                 p.kill()
         s3.close()
+        if s3_tmpfs:
+            subprocess.run(['umount', '-l', os.path.join(env.root, 's3data')], capture_output=True)
         env.close()
 
 
@@ -820,6 +830,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument('what', nargs='?', default='all')
     ap.add_argument('--n', type=int, default=0)
+    ap.add_argument('--s3-tmpfs', action='store_true', help='buckets: s3rver keeps its objects on a tmpfs')
     a = ap.parse_args()
     env = Env()
     try:
@@ -836,7 +847,7 @@ def main():
         if a.what in ('view', 'all'):
             bench_view()
         if a.what in ('buckets', 'all'):
-            bench_buckets()
+            bench_buckets(s3_tmpfs=a.s3_tmpfs)
         if a.what in ('code', 'all'):
             bench_code()
         if a.what in ('preview', 'all'):
