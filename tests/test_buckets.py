@@ -315,13 +315,19 @@ def test_daemon_killed_during_writes(t, x):
          'after kill -9 of the daemon mid-writes, all %d acknowledged writes are in the bucket' % len(acked), missing)
 
 
+def mounted_then_away(x, sid, **create):
+    """A sandbox with the bucket mounted at /data (prefix sid), shown to
+    work, then the S3 server stopped."""
+    x.c.ok('createSandbox', dict(sandboxId=sid, **create))
+    x.mount('/data', sandbox=sid, prefix=sid)
+    x.c.sh('echo up > /data/up', sandbox=sid)
+    x.s3.wait_object('test', sid + '/up', b'up\n')
+    x.s3.stop()
+
+
 def test_outage(t, x):
     c = x.c
-    c.ok('createSandbox', {'sandboxId': 'out', 'limits': {'diskMB': 256}})
-    x.mount('/data', sandbox='out', prefix='out')
-    c.sh('echo up > /data/up', sandbox='out')
-    x.s3.wait_object('test', 'out/up', b'up\n')
-    x.s3.stop()
+    mounted_then_away(x, 'out', limits={'diskMB': 256})
     try:
         r = c.sh('for i in $(seq 10); do echo w$i > /data/w$i || echo FAIL; done; cat /data/w7; '
                  'python3 -c "import os; fd = os.open(\'/data/w1\', os.O_WRONLY); os.fsync(fd)" 2>&1 | tail -1',
@@ -346,11 +352,7 @@ def test_crash_during_outage(t, x):
     including entries rewritten shorter than before (a file grown, then
     truncated and rewritten; a mode changed)."""
     c = x.c
-    c.ok('createSandbox', {'sandboxId': 'jo'})
-    x.mount('/data', sandbox='jo', prefix='jo')
-    c.sh('echo up > /data/up', sandbox='jo')
-    x.s3.wait_object('test', 'jo/up', b'up\n')
-    x.s3.stop()
+    mounted_then_away(x, 'jo')
     try:
         r = c.sh('head -c 12345678 /dev/zero > /data/shrunk && echo ok > /data/shrunk && chmod 600 /data/shrunk && '
                  'echo small > /data/grown && head -c 2345678 /dev/urandom > /data/grown && sha256sum < /data/grown && '
