@@ -4,7 +4,9 @@
  *
  * Objects map to paths (key = prefix + path); directories come from
  * ListObjectsV2 with a delimiter, plus "dir/" markers for empty ones.
- * Reads fetch 1 MiB chunks by ranged GET into a local cache; writes go to
+ * Reads fetch 4 MiB chunks by ranged GET into a local cache (4 ahead of a
+ * sequential reader; the next small files of a directory being read are
+ * fetched whole ahead); writes go to
  * the cache and are uploaded when the file is closed or fsync'd (in
  * parallel, in the background; multipart for large files). fsync returns
  * only once the object is in the bucket. Every change not yet uploaded is
@@ -12,7 +14,8 @@
  * daemon, or a bucket that is away loses nothing acknowledged: the next
  * run (or a flush-only run) uploads it. Clean cached data is evicted past
  * a size cap, least recently used first. Rename is copy then delete (not
- * atomic); symlinks and hard links are refused. */
+ * atomic); symlinks are objects holding their target; hard links are
+ * refused. */
 #pragma once
 
 /* `sbx bucketfs`: reads its configuration (JSON, with the credentials) on
