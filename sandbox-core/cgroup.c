@@ -246,6 +246,10 @@ static void spare_reap(bool hang) {
   }
 }
 
+void sbx_cg_reap(void) {
+  if (cg.ready) spare_reap(false);
+}
+
 /* An emptied spare renamed to dir, with no limit and nothing of its last
  * sandbox's settings or counters that a reader could take for the new
  * one's (the OOM kill count stays: readers take differences). */

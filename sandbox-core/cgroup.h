@@ -38,6 +38,11 @@ bool sbx_cg_available(void);
 bool sbx_cg_is_v2(void);
 const char *sbx_cg_describe(void); /* for doctor */
 
+/* Reaps the children that empty kept memory cgroups (see cgroup.c) and
+ * keeps what they emptied; the daemon calls it once a second, so none of
+ * them stays a zombie. */
+void sbx_cg_reap(void);
+
 /* Creates `parent`/`name` (parent NULL = the daemon's subtree). Without
  * `memory` it joins no memory cgroup of its own (its memory counts in the
  * parent's): commands' cgroups, which only need to be killed as a tree. */

@@ -883,6 +883,7 @@ bool sbx_sandbox_take_restart(sbx_sandbox *sb) {
 int sbx_sandbox_sweep_idle(char ids[][64], int max) {
   uint64_t now = wall_ms();
   int n = 0;
+  sbx_cg_reap();
   for (sbx_sandbox *sb = eng.list; sb; sb = sb->next) {
     if (sb->state == SBX_ASLEEP || sb->opts.keep_alive || sb->running > 0 || sb->opts.sleep_after_ms <= 0) continue;
     if (now - sb->last_activity_wall_ms < (uint64_t)sb->opts.sleep_after_ms) continue;

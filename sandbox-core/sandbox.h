@@ -133,7 +133,8 @@ sbx_enforced sbx_sandbox_enforced(sbx_sandbox *sb);
 const char *sbx_sandbox_status(sbx_sandbox *sb);
 int sbx_sandbox_count(void);
 /* Resets every sandbox idle past its sleepAfter (not keepAlive, nothing
- * running); fills ids with those reset; returns how many. */
+ * running); fills ids with those reset; returns how many. Called once a
+ * second: it also reaps what the cgroups left to reap (sbx_cg_reap). */
 int sbx_sandbox_sweep_idle(char ids[][64], int max);
 void sbx_sandbox_touch(sbx_sandbox *sb);
 /* True while the sandbox's init is alive (false while asleep or stopped). */

@@ -179,8 +179,9 @@ def test_limits_after_destroy(t, x):
     v1 = os.path.isdir('/sys/fs/cgroup/memory')
     spares = '/sys/fs/cgroup/memory/**/sbx-%d/spare-*' % x.env.daemon_pid()
 
-    def emptying():
-        """Emptying children of the daemon still running (zombies are done)."""
+    def emptying(zombies=False):
+        """Emptying children of the daemon still running (zombies are done,
+        unless asked for)."""
         n = 0
         for st in glob.glob('/proc/[0-9]*/stat'):
             try:
@@ -189,7 +190,7 @@ def test_limits_after_destroy(t, x):
             except OSError:
                 continue
             comm, rest = f[f.index('(') + 1:f.rindex(')')], f[f.rindex(')') + 2:].split()
-            n += comm == 'sbx-cg-empty' and rest[0] != 'Z' and int(rest[1]) == x.env.daemon_pid()
+            n += comm == 'sbx-cg-empty' and (zombies or rest[0] != 'Z') and int(rest[1]) == x.env.daemon_pid()
         return n
 
     def usage(d):
@@ -221,6 +222,9 @@ def test_limits_after_destroy(t, x):
         if v1:
             wait_until(lambda: not emptying() and any((usage(d) or 1 << 30) < 1 << 20 for d in glob.glob(spares, recursive=True)),
                        what='the memory cgroup of %s emptied and kept' % sid)
+    if v1:
+        wait_until(lambda: not emptying(zombies=True), what='the emptying children reaped (no zombie left)')
+        t.ok(True, 'the children that emptied memory cgroups are reaped, none left a zombie')
 
 
 if __name__ == '__main__':
