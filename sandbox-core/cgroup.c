@@ -221,12 +221,15 @@ static void spare_drop(int k, bool remove) {
   cg.spare[k] = cg.spare[--cg.nspare];
 }
 
-static uint64_t spare_usage(const char *dir) {
+/* The number a cgroup file dir/file starts with: 0 or -EIO. */
+static int read_u64(const char *dir, const char *file, uint64_t *out) {
   char path[4096];
-  snprintf(path, sizeof path, "%s/memory.usage_in_bytes", dir);
+  snprintf(path, sizeof path, "%s/%s", dir, file);
   _cleanup_fclose_ FILE *f = fopen(path, "re");
   unsigned long long v;
-  return f && fscanf(f, "%llu", &v) == 1 ? v : UINT64_MAX;
+  if (!f || fscanf(f, "%llu", &v) != 1) return -EIO;
+  *out = v;
+  return 0;
 }
 
 /* Spares whose emptying child has ended: kept if it emptied them. Never
@@ -241,7 +244,9 @@ static void spare_reap(bool hang) {
     }
     if (r == 0) continue;
     cg.spare[k].pid = 0;
-    if (r < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0 || spare_usage(cg.spare[k].dir) > SPARE_LEFT_MAX)
+    uint64_t left;
+    if (r < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0 || read_u64(cg.spare[k].dir, "memory.usage_in_bytes", &left) < 0 ||
+        left > SPARE_LEFT_MAX)
       spare_drop(k, true);
   }
 }
@@ -516,13 +521,10 @@ uint64_t sbx_cg_oom_kills(const sbx_cgroup *c) {
 int sbx_cg_memory(const sbx_cgroup *c, uint64_t *usage, uint64_t *cache) {
   int d = dir_for(c, "memory");
   if (d < 0) return -ENOENT;
-  char path[4096];
-  snprintf(path, sizeof path, "%s/%s", c->dirs[d], cg.v2 ? "memory.current" : "memory.usage_in_bytes");
-  _cleanup_fclose_ FILE *f = fopen(path, "re");
-  unsigned long long v;
-  if (!f || fscanf(f, "%llu", &v) != 1) return -EIO;
-  *usage = v;
+  if (read_u64(c->dirs[d], cg.v2 ? "memory.current" : "memory.usage_in_bytes", usage) < 0) return -EIO;
   *cache = 0;
+  char path[4096];
+  unsigned long long v;
   snprintf(path, sizeof path, "%s/memory.stat", c->dirs[d]);
   _cleanup_fclose_ FILE *st = fopen(path, "re");
   char key[64];

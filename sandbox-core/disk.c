@@ -416,10 +416,13 @@ static int pool_make(int sock, uint64_t mb, unsigned long long seq) {
   template_path(mb, tpl, sizeof tpl);
   snprintf(dir, sizeof dir, "%s/pool/%llu", dk.state, seq);
   if (mkdir(dir, 0700) < 0) return -errno;
-  static const char *const files[] = {SBX_FILE_MEMINFO, SBX_FILE_CPU_ONLINE, SBX_FILE_RECORD ".tmp"};
+  static const struct {
+    const char *name;
+    mode_t mode;
+  } files[] = {{SBX_FILE_MEMINFO, 0644}, {SBX_FILE_CPU_ONLINE, 0644}, {SBX_FILE_RECORD ".tmp", 0600}};
   for (size_t i = 0; i < SBX_ARRAY_SIZE(files); i++) {
-    snprintf(path, sizeof path, "%s/%s", dir, files[i]);
-    int f = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, i < 2 ? 0644 : 0600);
+    snprintf(path, sizeof path, "%s/%s", dir, files[i].name);
+    int f = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, files[i].mode);
     if (f >= 0) close(f);
   }
   snprintf(path, sizeof path, "%s/disk.img", dir);

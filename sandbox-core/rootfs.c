@@ -145,6 +145,24 @@ int sbx_rootfs_layout(int stage) {
   return 0;
 }
 
+/* The names NAME of root's usr/lib/NAME/EXTERNALLY-MANAGED (pip's marker
+ * of each Python), at most SBX_PYTHONS_MAX: how many. */
+static int find_pythons(const char *root, char out[SBX_PYTHONS_MAX][32]) {
+  char pat[1100];
+  snprintf(pat, sizeof pat, "%s/usr/lib/python3*/EXTERNALLY-MANAGED", root);
+  glob_t g;
+  if (glob(pat, GLOB_NOSORT, NULL, &g) != 0) return 0;
+  size_t skip = strlen(root) + strlen("/usr/lib/");
+  int n = 0;
+  for (size_t i = 0; i < g.gl_pathc && n < SBX_PYTHONS_MAX; i++) {
+    const char *name = g.gl_pathv[i] + skip;
+    size_t len = strcspn(name, "/");
+    if (len < sizeof out[0]) snprintf(out[n++], sizeof out[0], "%.*s", (int)len, name);
+  }
+  globfree(&g);
+  return n;
+}
+
 int sbx_rootfs_prime(int stage) {
   /* /etc is written at every start (hostname, hosts): its upper directory
    * is there from the first */
@@ -152,18 +170,16 @@ int sbx_rootfs_prime(int stage) {
   if (r < 0) return r;
   /* pip's EXTERNALLY-MANAGED marker of the host's Pythons, whited out as
    * the sandbox's init would (a whiteout is a 0:0 character device) */
-  sbx_init_args *a = calloc(1, sizeof *a);
-  if (!a) return -ENOMEM;
-  sbx_rootfs_scan("", a);
-  for (int i = 0; i < a->npythons && r == 0; i++) {
+  char pythons[SBX_PYTHONS_MAX][32];
+  int n = find_pythons("", pythons);
+  for (int i = 0; i < n && r == 0; i++) {
     char up[640], wh[700];
-    snprintf(up, sizeof up, "upper/usr/lib/%s", a->pythons[i]);
+    snprintf(up, sizeof up, "upper/usr/lib/%s", pythons[i]);
     snprintf(wh, sizeof wh, "%s/EXTERNALLY-MANAGED", up);
     if ((r = mkdirat_ok(stage, "upper/usr/lib", 0755)) == 0 && (r = mkdirat_ok(stage, up, 0755)) == 0 &&
         mknodat(stage, wh, S_IFCHR | 0000, makedev(0, 0)) < 0 && errno != EEXIST)
       r = -errno;
   }
-  free(a);
   return r;
 }
 
@@ -195,18 +211,7 @@ void sbx_rootfs_scan(const char *root, sbx_init_args *a) {
     snprintf(a->links[a->nlinks].target, sizeof a->links[0].target, "%s", target);
     a->nlinks++;
   }
-  a->npythons = 0;
-  char pat[1100];
-  snprintf(pat, sizeof pat, "%s/usr/lib/python3*/EXTERNALLY-MANAGED", root);
-  glob_t g;
-  if (glob(pat, GLOB_NOSORT, NULL, &g) != 0) return;
-  size_t skip = strlen(root) + strlen("/usr/lib/");
-  for (size_t i = 0; i < g.gl_pathc && a->npythons < (int)SBX_ARRAY_SIZE(a->pythons); i++) {
-    const char *name = g.gl_pathv[i] + skip;
-    size_t len = strcspn(name, "/");
-    if (len < sizeof a->pythons[0]) snprintf(a->pythons[a->npythons++], sizeof a->pythons[0], "%.*s", (int)len, name);
-  }
-  globfree(&g);
+  a->npythons = find_pythons(root, a->pythons);
 }
 
 /* ---- inside the new namespaces ----------------------------------------- */

@@ -36,7 +36,8 @@ typedef struct sbx_init_args {
   /* usr/lib/NAME/EXTERNALLY-MANAGED of the root's Pythons (pip's marker),
    * to white out: listed on the host, where it costs less than a listing
    * of /usr/lib through the overlay */
-  char pythons[4][32];
+#define SBX_PYTHONS_MAX 4
+  char pythons[SBX_PYTHONS_MAX][32];
   int npythons;
   /* files to mount over /proc/meminfo and /sys/devices/system/cpu/online
    * (procfiles.h), when these are set: as root detached mounts after the
