@@ -76,21 +76,36 @@ def bwrap_times(n):
     return [spawn_wait(argv) for _ in range(n)]
 
 
+CREATE_GAP = 0.05
+
+
 def bench_create(env, n):
+    """Creates one every 50 ms, as an agent makes them (the daemon has made
+    the next sandbox ahead meanwhile), and back to back (a burst: each
+    create waits for the one being made ahead). The yardstick runs the same
+    way."""
     c = env.socket_client()
     c.initialize()
     c.ok('createSandbox', {'sandboxId': 'warm'})  # daemon warm; not timed
+    paced = lat_each(lambda i: c.ok('createSandbox', {'sandboxId': 'p%d' % i}), n, CREATE_GAP)
+    argv = [shutil.which('bwrap')] + BWRAP_ARGV
+    yard_paced = lat_each(lambda i: spawn_wait(argv), n, CREATE_GAP)
+    for i in range(n):
+        c.ok('destroySandbox', {'sandboxId': 'p%d' % i})
     ours = lat_each(lambda i: c.ok('createSandbox', {'sandboxId': 'b%d' % i}), n)
     destroy = lat_each(lambda i: c.ok('destroySandbox', {'sandboxId': 'b%d' % i}), n)
     yard = bwrap_times(n)
+    print('== sandbox create (n=%d, one every %d ms) ==' % (n, CREATE_GAP * 1000))
+    report('sbx createSandbox', paced, 'bwrap --unshare-all ... true', yard_paced)
     print('== sandbox create (n=%d, one after another), then destroy ==' % n)
     report('sbx createSandbox', ours, 'bwrap --unshare-all ... true', yard)
     report('sbx destroySandbox', destroy, 'bwrap --unshare-all ... true', yard)
 
 
-def lat_each(f, n):
+def lat_each(f, n, gap=0):
     xs = []
     for i in range(n):
+        time.sleep(gap)  # pacing, not timed
         t0 = time.perf_counter()
         f(i)
         xs.append((time.perf_counter() - t0) * 1000)

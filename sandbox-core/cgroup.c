@@ -549,6 +549,22 @@ static int rm_tree(const char *dir, int depth) {
   return rmdir(dir) < 0 && errno != ENOENT ? -errno : 0;
 }
 
+int sbx_cg_rename(sbx_cgroup *c, const char *name) {
+  for (int i = 0; i < c->n; i++) {
+    if (!c->dirs[i] || (c->joined & (1u << i))) continue;
+    const char *slash = strrchr(c->dirs[i], '/');
+    char *to = sbx_strdup_printf("%.*s/%s", (int)(slash - c->dirs[i]), c->dirs[i], name);
+    if (rename(c->dirs[i], to) < 0) {
+      int r = -errno;
+      free(to);
+      return r;
+    }
+    free(c->dirs[i]);
+    c->dirs[i] = to;
+  }
+  return 0;
+}
+
 int sbx_cg_remove(sbx_cgroup *c) {
   int r = 0;
   for (int i = 0; i < c->n; i++)

@@ -64,6 +64,9 @@ uint64_t sbx_cg_oom_kills(const sbx_cgroup *cg);
 /* Memory charged to it (bytes) and how much of that is page cache. */
 int sbx_cg_memory(const sbx_cgroup *cg, uint64_t *usage, uint64_t *cache);
 /* Removes the directories (children first); keeps them when busy. */
+/* Renames the cgroup's own directories (not those it joined) to name,
+ * beside where they are; -errno (cgroup v2 refuses) leaves the rest. */
+int sbx_cg_rename(sbx_cgroup *c, const char *name);
 int sbx_cg_remove(sbx_cgroup *cg);
 void sbx_cg_free(sbx_cgroup *cg);
 /* Removes the daemon's own subtree at shutdown. */

@@ -40,6 +40,7 @@ static struct {
       char path[1200];
     } ready[POOL_SIZE];
     int n;
+    void (*on_fresh)(void);
   } pool;
 } dk;
 
@@ -499,9 +500,10 @@ static void pool_readable(uv_poll_t *p, int status, int events) {
   dk.pool.ready[dk.pool.n].fd = fd;
   snprintf(dk.pool.ready[dk.pool.n].path, sizeof dk.pool.ready[0].path, "%s", path);
   dk.pool.n++;
+  if (dk.pool.on_fresh) dk.pool.on_fresh();
 }
 
-int sbx_disk_pool_start(uv_loop_t *loop, uint64_t mb) {
+int sbx_disk_pool_start(uv_loop_t *loop, uint64_t mb, void (*on_fresh)(void)) {
   if (!dk.loop || dk.pool.sock >= 0) return 0;
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) return -errno;
@@ -519,6 +521,7 @@ int sbx_disk_pool_start(uv_loop_t *loop, uint64_t mb) {
   dk.pool.pid = pid;
   dk.pool.mb = mb;
   dk.pool.n = 0;
+  dk.pool.on_fresh = on_fresh;
   uv_poll_init(loop, &dk.pool.poll, sv[0]);
   uv_poll_start(&dk.pool.poll, UV_READABLE | UV_DISCONNECT, pool_readable);
   for (int i = 0; i < POOL_SIZE; i++) (void)!send(sv[0], "n", 1, MSG_NOSIGNAL);

@@ -39,8 +39,9 @@ void sbx_disk_discard(const char *id);
 /* Removes everything of the sandbox (destroy). */
 void sbx_disk_remove(const char *id);
 /* A helper process that keeps a few fresh disks of one size ready
- * (copied, bound, mounted), so a create does not wait for that. */
-int sbx_disk_pool_start(uv_loop_t *loop, uint64_t disk_mb);
+ * (copied, bound, mounted), so a create does not wait for that; on_fresh
+ * is called when one arrives. */
+int sbx_disk_pool_start(uv_loop_t *loop, uint64_t disk_mb, void (*on_fresh)(void));
 void sbx_disk_pool_stop(void);
 /* A fresh disk from the helper, its image moved into the sandbox's
  * directory: its mount fd, or -1 when none of that size is ready. */

@@ -1,9 +1,13 @@
 /* sbx-init: pid 1 of every sandbox. Statically linked, so it runs on any
- * image. It tells the daemon it is up (sending the sandbox's root directory
- * on fd 3, the socket it inherits), then reaps orphans forever. It is not
- * dumpable, so nothing inside the sandbox can ptrace or read it. */
+ * image. It names the sandbox (argv[1], or for a sandbox made ahead the
+ * first message on fd 3, the socket it inherits, once a create takes it),
+ * tells the daemon it is up (sending the sandbox's root directory on fd 3),
+ * then reaps orphans forever. It is not dumpable, so nothing inside the
+ * sandbox can ptrace or read it. */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -11,7 +15,28 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-int main(void) {
+static int write_file(const char *path, const char *text) {
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return -1;
+  size_t len = strlen(text);
+  int r = write(fd, text, len) == (ssize_t)len ? 0 : -1;
+  close(fd);
+  return r;
+}
+
+/* hostname, /etc/hostname, /etc/hosts; NULL or what failed */
+static const char *name_sandbox(const char *name) {
+  char text[256];
+  snprintf(text, sizeof text, "%s\n", name);
+  if (write_file("/etc/hostname", text) < 0) return "/etc/hostname";
+  snprintf(text, sizeof text, "127.0.0.1\tlocalhost\n127.0.1.1\t%s\n::1\tlocalhost ip6-localhost ip6-loopback\n", name);
+  if (write_file("/etc/hosts", text) < 0) return "/etc/hosts";
+  if (sethostname(name, strlen(name)) < 0) return "sethostname";
+  if (setdomainname("sbx", 3) < 0) return "setdomainname";
+  return NULL;
+}
+
+int main(int argc, char **argv) {
   prctl(PR_SET_DUMPABLE, 0);
   prctl(PR_SET_NAME, "sbx-init");
   sigset_t set;
@@ -19,6 +44,23 @@ int main(void) {
   sigprocmask(SIG_BLOCK, &set, NULL);
   close_range(1, 2, 0);
   close_range(4, ~0U, 0); /* fd 3: the daemon's socket, kept open */
+  char name[64];
+  if (argc > 1) {
+    snprintf(name, sizeof name, "%s", argv[1]);
+  } else { /* made ahead: a hang-up means it was discarded */
+    ssize_t n;
+    while ((n = recv(3, name, sizeof name - 1, 0)) < 0 && errno == EINTR) {
+    }
+    if (n <= 0) _exit(0);
+    name[n] = 0;
+  }
+  const char *failed = name_sandbox(name);
+  if (failed) {
+    char msg[256];
+    snprintf(msg, sizeof msg, "%s: %s", failed, strerror(errno));
+    (void)!send(3, msg, strlen(msg), MSG_NOSIGNAL);
+    _exit(1);
+  }
   /* the daemon gets the sandbox's root from the sandbox itself: reading
    * /proc/PID/root of a non-dumpable init needs privileges a rootless
    * daemon lacks */

@@ -289,6 +289,9 @@ static const char *const proc_masked_files[] = {"kcore", "keys", "timer_list", "
 static const char *const proc_masked_dirs[] = {"acpi", "scsi", "asound", "firmware", "driver"};
 static const char *const proc_ro[] = {"sys", "irq", "bus", "fs"};
 
+/* written by sbx-init with the sandbox's name */
+static const char *const named_files[] = {"/etc/hostname", "/etc/hosts"};
+
 static int symlink_ok(const char *target, const char *path) {
   return symlink(target, path) == 0 || errno == EEXIST ? 0 : -1;
 }
@@ -426,11 +429,7 @@ _Noreturn void sbx_rootfs_init_main(const sbx_init_args *a) {
   if (online >= 0 && access(NEWROOT "/sys/devices/system/cpu/online", F_OK) == 0)
     TRY(mount_over(online, a->idmapped, NEWROOT "/sys/devices/system/cpu/online"), "cpu/online");
 
-  /* identity files and pip's marker */
-  snprintf(path, sizeof path, "%s\n", a->id);
-  TRY(sbx_write_string_create(NEWROOT "/etc/hostname", path), "/etc/hostname");
-  snprintf(opts, sizeof opts, "127.0.0.1\tlocalhost\n127.0.1.1\t%s\n::1\tlocalhost ip6-localhost ip6-loopback\n", a->id);
-  TRY(sbx_write_string_create(NEWROOT "/etc/hosts", opts), "/etc/hosts");
+  /* pip's marker */
   unlink(NEWROOT "/etc/resolv.conf");
   if (a->idmapped)
     for (int i = 0; i < a->npythons; i++) {
@@ -443,8 +442,6 @@ _Noreturn void sbx_rootfs_init_main(const sbx_init_args *a) {
   TRY(chdir("/"), "chdir /");
   TRY(umount2("/.oldroot", MNT_DETACH), "detaching the host root");
   rmdir("/.oldroot");
-  TRY(sethostname(a->id, strlen(a->id)), "sethostname");
-  TRY(setdomainname("sbx", 3), "setdomainname");
 
   /* loopback up: the only interface of network "none" */
   int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
@@ -455,6 +452,16 @@ _Noreturn void sbx_rootfs_init_main(const sbx_init_args *a) {
   ifr.ifr_flags |= IFF_UP | IFF_RUNNING;
   TRY(ioctl(s, SIOCSIFFLAGS, &ifr), "bringing lo up");
   close(s);
+
+  /* sbx-init names the sandbox (hostname, /etc/hostname, /etc/hosts):
+   * made ahead, once a create has taken it; its files are copied up to
+   * the disk now, so that wait ends in two small writes */
+  if (a->ahead)
+    for (size_t i = 0; i < SBX_ARRAY_SIZE(named_files); i++) {
+      int fd = open(named_files[i], O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+      TRY(fd, named_files[i]);
+      close(fd);
+    }
 
   /* Become init by executing sbx-init (static: it runs on any image): an
    * exec makes the sandbox's user namespace own init's memory, so the
@@ -469,7 +476,7 @@ _Noreturn void sbx_rootfs_init_main(const sbx_init_args *a) {
   TRY(fcntl(3, F_SETFD, 0), "keeping the socket");
   int null = open("/dev/null", O_RDWR);
   if (null >= 0 && null != 0) dup2(null, 0);
-  char *argv[] = {"sbx-init", NULL}, *envp[] = {NULL};
+  char *argv[] = {"sbx-init", a->ahead ? NULL : (char *)a->id, NULL}, *envp[] = {NULL};
   syscall(SYS_execveat, exe, "", argv, envp, AT_EMPTY_PATH);
   report(a->sock, "executing init: %s", strerror(errno));
   _exit(1);

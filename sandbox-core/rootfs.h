@@ -19,6 +19,8 @@ int sbx_rootfs_layers(const char *image_dir, const char *etc_template, sbx_layer
 typedef struct sbx_init_args {
   int sock;           /* SOCK_SEQPACKET to the daemon */
   const char *id;     /* hostname */
+  bool ahead;         /* made ahead (sandbox.c): once built, wait on sock
+                         for the name a create gives it, then become init */
   bool idmapped;      /* root mode: the disk and the lower layers arrive as
                          idmapped mount fds, the disk first */
   char disk_dir[1200]; /* rootless: the directory that is the sandbox's disk */
@@ -52,7 +54,8 @@ typedef struct sbx_init_args {
 void sbx_rootfs_scan(const char *root, sbx_init_args *a);
 
 /* Runs in the cloned child: waits for the daemon's go, builds the root,
- * reports "ok" or an error on the socket, then becomes init. Never returns. */
+ * (made ahead: waits for its name), then becomes init, which reports "ok"
+ * with the root's fd; an error is reported on the socket. Never returns. */
 _Noreturn void sbx_rootfs_init_main(const sbx_init_args *a);
 
 /* The fixed layout of a sandbox's disk below its stage fd: root/ (the

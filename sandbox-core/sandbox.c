@@ -40,7 +40,18 @@ static struct {
   int cap_last;
 } eng;
 
+/* the sandbox made ahead (see "sandboxes made ahead") */
+static struct {
+  sbx_sandbox *sb;
+  int sock; /* its child waits on it for the name */
+  unsigned seq;
+  uv_timer_t timer;
+  bool timer_ready;
+} ahead = {.sock = -1};
+
 static void sandbox_free(sbx_sandbox *sb);
+static void ahead_discard(bool wait);
+static void ahead_soon(void);
 static void stop_running_async(sbx_sandbox *sb, bool wait);
 static void bury_all(void);
 static int session_new(sbx_sandbox *sb, const char *id, const char *cwd, const sbx_env *env, sbx_session **out,
@@ -332,7 +343,14 @@ int sbx_engine_init(const sbx_engine_config *cfg, sbx_error *err) {
   if (sbx_disk_init(cfg->state_dir, cfg->rootless, err) < 0) return -1;
   /* the default size is formatted now, not on the first create */
   if (sbx_disk_template(eng.cfg.default_limits.disk_mb, err) < 0) return -1;
-  if (eng.cfg.loop) sbx_disk_pool_start(eng.cfg.loop, eng.cfg.default_limits.disk_mb);
+  /* the directories of sandboxes made ahead by a daemon that died */
+  char dir[1200];
+  snprintf(dir, sizeof dir, "%s/sandboxes", cfg->state_dir);
+  d = opendir(dir);
+  for (struct dirent *e; d && (e = readdir(d));)
+    if (!strncmp(e->d_name, "_ahead-", 7)) sbx_disk_remove(e->d_name);
+  if (d) closedir(d);
+  if (eng.cfg.loop) sbx_disk_pool_start(eng.cfg.loop, eng.cfg.default_limits.disk_mb, ahead_soon);
   load_records();
   if (eng.cfg.loop) sbx_bucket_init();
   return 0;
@@ -344,6 +362,9 @@ void sbx_engine_shutdown(void) {
     sbx_sandbox_save(sb); /* sessions as they are now */
     stop_running_async(sb, false);
   }
+  ahead_discard(false);
+  if (ahead.timer_ready) uv_close((uv_handle_t *)&ahead.timer, NULL);
+  ahead.timer_ready = false;
   bury_all();
   sbx_disk_pool_stop();
   while (eng.list) {
@@ -628,7 +649,11 @@ static int take_slot(sbx_sandbox *sb, sbx_error *err) {
   }
   int slot = 0;
   while (slot < eng.cfg.max_sandboxes && eng.slots[slot]) slot++;
-  if (slot >= eng.cfg.max_sandboxes)
+  if (slot >= eng.cfg.max_sandboxes && ahead.sb && sb != ahead.sb) { /* its range is wanted now */
+    slot = ahead.sb->slot;
+    ahead_discard(true);
+  }
+  if (slot < 0 || slot >= eng.cfg.max_sandboxes || eng.slots[slot])
     return sbx_err(err, "RESOURCE_LIMIT", "at most %d sandboxes may run at once", eng.cfg.max_sandboxes);
   eng.slots[slot] = 1;
   sb->slot = slot;
@@ -636,9 +661,14 @@ static int take_slot(sbx_sandbox *sb, sbx_error *err) {
   return 0;
 }
 
+static int start_finish(sbx_sandbox *sb, int sock, sbx_error *err);
+
 /* Starts a sandbox from its record: uid range, cgroup, disk, namespaces,
- * root filesystem, init, sessions. */
-static int start(sbx_sandbox *sb, sbx_error *err) {
+ * root filesystem, init, sessions. Made ahead (ahead_sock set): only on a
+ * fresh disk of the pool, and it returns once the root is being built,
+ * with the socket its child waits on for a name (start_finish does the
+ * rest). */
+static int start(sbx_sandbox *sb, int *ahead_sock, sbx_error *err) {
   const char *id = sb->id;
   const sbx_sandbox_opts *opts = &sb->opts;
   int diskfd = -1;
@@ -667,6 +697,10 @@ static int start(sbx_sandbox *sb, sbx_error *err) {
                                     : "no loop devices (/dev/loop-control)");
   }
   if (!eng.cfg.rootless && !sbx_disk_exists(id)) diskfd = sbx_disk_take_fresh(id, opts->limits.disk_mb);
+  if (diskfd < 0 && ahead_sock) {
+    stop_running(sb);
+    return sbx_err(err, "RESOURCE_LIMIT", "no fresh disk ready");
+  }
   if (diskfd < 0 && sbx_disk_ensure(id, opts->limits.disk_mb, err) < 0) {
     stop_running(sb);
     return -1;
@@ -682,7 +716,7 @@ static int start(sbx_sandbox *sb, sbx_error *err) {
     stop_running(sb);
     return sbx_err_errno(err, "INTERNAL", errno, "socketpair");
   }
-  sbx_init_args args = {.sock = sv[1], .id = sb->id, .idmapped = !eng.cfg.rootless,
+  sbx_init_args args = {.sock = sv[1], .id = sb->id, .ahead = ahead_sock != NULL, .idmapped = !eng.cfg.rootless,
                         .etc_template = eng.etc_template, .init_exe_fd = eng.init_exe_fd};
   if (eng.cfg.rootless) sbx_disk_path(id, args.disk_dir, sizeof args.disk_dir);
   char image_dir[1100];
@@ -736,7 +770,6 @@ static int start(sbx_sandbox *sb, sbx_error *err) {
   sb->init_pid = pid;
   sb->init_pidfd = pidfd;
   int fds[SBX_LAYERS_MAX + 3], nfds = 0, r = 0;
-  char reply[512] = "";
   if ((r = write_maps(pid, sb->uid_base, eng.cfg.rootless)) < 0) {
     sbx_err_errno(err, "INTERNAL", -r, "writing the uid map of sandbox '%s'", id);
     goto fail;
@@ -772,18 +805,40 @@ static int start(sbx_sandbox *sb, sbx_error *err) {
     sbx_err_errno(err, "INTERNAL", -r, "starting sandbox '%s'", id);
     goto fail;
   }
-  struct pollfd p = {.fd = sv[0], .events = POLLIN};
+  if (ahead_sock) {
+    *ahead_sock = sv[0];
+    return 0;
+  }
+  return start_finish(sb, sv[0], err);
+fail:
+  for (int i = 0; i < nfds; i++) close(fds[i]);
+  if (diskfd >= 0) close(diskfd);
+  if (pf.meminfo >= 0) close(pf.meminfo);
+  if (pf.online >= 0) close(pf.online);
+  close(sv[0]);
+  stop_running(sb);
+  return -1;
+}
+
+/* The end of a start: init's "ok" with the sandbox's root, then what runs
+ * beside it. The socket is closed either way. */
+static int start_finish(sbx_sandbox *sb, int sock, sbx_error *err) {
+  const char *id = sb->id;
+  const sbx_sandbox_opts *opts = &sb->opts;
+  char reply[512] = "";
+  struct pollfd p = {.fd = sock, .events = POLLIN};
   int pr = poll(&p, 1, 15000);
   int rootfd = -1;
-  ssize_t n = pr > 0 ? recv_reply(sv[0], reply, sizeof reply - 1, &rootfd) : -1;
+  ssize_t n = pr > 0 ? recv_reply(sock, reply, sizeof reply - 1, &rootfd) : -1;
   if (n > 0) reply[n] = 0;
   sb->rootfd = rootfd;
+  close(sock);
   if (n <= 0 || strcmp(reply, "ok") || sb->rootfd < 0) {
     sbx_err(err, "INTERNAL", "setting up sandbox '%s': %s", id,
             n > 0 && strcmp(reply, "ok") ? reply : pr == 0 ? "timed out" : "its init died");
-    goto fail;
+    stop_running(sb);
+    return -1;
   }
-  close(sv[0]);
   sb->state = SBX_RUNNING;
   if (opts->egress && sbx_net_egress_start(sb, err) < 0) {
     stop_running(sb);
@@ -796,14 +851,109 @@ static int start(sbx_sandbox *sb, sbx_error *err) {
   }
   sbx_bucket_start_all(sb);
   return 0;
-fail:
-  for (int i = 0; i < nfds; i++) close(fds[i]);
-  if (diskfd >= 0) close(diskfd);
-  if (pf.meminfo >= 0) close(pf.meminfo);
-  if (pf.online >= 0) close(pf.online);
-  close(sv[0]);
-  stop_running(sb);
-  return -1;
+}
+
+/* ---- sandboxes made ahead ------------------------------------------------
+ * As root, one sandbox of the default options is kept made ahead: slot,
+ * cgroups, a fresh disk, namespaces, and (in its child, while the daemon
+ * does other work) the whole root, /dev, /proc, loopback. It has no record
+ * and is in no list; its name starts with '_', which no id has. A create
+ * that fits takes it: its directory and cgroups are renamed, the child gets
+ * the name (hostname, /etc/hosts) and becomes init. The next one is made on
+ * the loop's next turn, after the reply has gone, or when the disk pool
+ * hands over a fresh disk. */
+static bool ahead_fits(const sbx_sandbox_opts *o) {
+  const sbx_limits *l = &o->limits, *d = &eng.cfg.default_limits;
+  return !o->image[0] && !o->egress && l->memory_mb == d->memory_mb && l->cpus == d->cpus && l->pids == d->pids &&
+         l->disk_mb == d->disk_mb;
+}
+
+/* wait: its uid range is free on return (else once its init is gone) */
+static void ahead_discard(bool wait) {
+  sbx_sandbox *sb = ahead.sb;
+  if (!sb) return;
+  ahead.sb = NULL;
+  close(ahead.sock);
+  ahead.sock = -1;
+  stop_running_async(sb, wait);
+  sbx_disk_remove(sb->id);
+  sandbox_free(sb);
+}
+
+static void ahead_make(void) {
+  if (ahead.sb || eng.cfg.rootless || !eng.cfg.loop || !eng.etc_template || !sbx_cg_available() ||
+      eng.count + 1 >= eng.cfg.max_sandboxes)
+    return;
+  char id[64];
+  snprintf(id, sizeof id, "_ahead-%d-%u", (int)getpid(), ++ahead.seq);
+  sbx_sandbox *sb = sandbox_new(id);
+  if (!sb) return;
+  sbx_sandbox_default_opts(&sb->opts);
+  sb->opts.limits = eng.cfg.default_limits;
+  sb->state = SBX_STOPPED;
+  sbx_error err = {0};
+  int sock = -1;
+  if (start(sb, &sock, &err) < 0) {
+    sbx_disk_remove(id);
+    sandbox_free(sb);
+    return;
+  }
+  ahead.sb = sb;
+  ahead.sock = sock;
+}
+
+static void ahead_timer(uv_timer_t *t) {
+  (void)t;
+  ahead_make();
+}
+
+static void ahead_soon(void) {
+  if (ahead.sb || eng.cfg.rootless || !eng.cfg.loop) return;
+  if (!ahead.timer_ready) {
+    uv_timer_init(eng.cfg.loop, &ahead.timer);
+    uv_unref((uv_handle_t *)&ahead.timer);
+    ahead.timer_ready = true;
+  }
+  uv_timer_start(&ahead.timer, ahead_timer, 0, 0);
+}
+
+/* The sandbox made ahead as `id` with opts (copied by the caller), started;
+ * NULL when there is none or it failed (the caller starts one as usual). */
+static sbx_sandbox *ahead_take(const char *id, const sbx_sandbox_opts *opts) {
+  sbx_sandbox *sb = ahead.sb;
+  int sock = ahead.sock;
+  if (!sb || !ahead_fits(opts)) return NULL;
+  ahead.sb = NULL;
+  ahead.sock = -1;
+  char from[1200], to[1200], name[96];
+  sbx_disk_dir(sb->id, from, sizeof from);
+  sbx_disk_dir(id, to, sizeof to);
+  snprintf(name, sizeof name, "%s.%llu", id, (unsigned long long)sb->incarnation);
+  bool moved = rename(from, to) == 0;
+  if (moved) snprintf(sb->id, sizeof sb->id, "%s", id);
+  sbx_cg_rename(&sb->cg, name); /* v2 may refuse: the name is only for people */
+  sbx_error err = {0};
+  if (!moved || send(sock, id, strlen(id), MSG_NOSIGNAL) < 0) {
+    close(sock);
+    stop_running(sb);
+  } else {
+    sb->opts.env = (sbx_env){0};
+    sbx_env_copy(&sb->opts.env, &opts->env);
+    sb->opts.sleep_after_ms = opts->sleep_after_ms;
+    sb->opts.keep_alive = opts->keep_alive;
+    sb->opts.limits_explicit = opts->limits_explicit;
+    sb->opts.disk_explicit = opts->disk_explicit;
+    if (start_finish(sb, sock, &err) == 0) return sb;
+  }
+  if (eng.cfg.warn) {
+    char msg[700];
+    snprintf(msg, sizeof msg, "the sandbox made ahead could not become '%s' (%s); starting it afresh", id,
+             err.message[0] ? err.message : moved ? "its setup had failed" : strerror(errno));
+    eng.cfg.warn(msg);
+  }
+  sbx_disk_remove(sb->id);
+  sandbox_free(sb);
+  return NULL;
 }
 
 int sbx_sandbox_create(const char *id, const sbx_sandbox_opts *opts, sbx_sandbox **out, bool *created,
@@ -821,21 +971,25 @@ int sbx_sandbox_create(const char *id, const sbx_sandbox_opts *opts, sbx_sandbox
   if (eng.count >= eng.cfg.max_sandboxes)
     return sbx_err(err, "RESOURCE_LIMIT", "at most %d sandboxes may exist at once (maxSandboxes in %s)",
                    eng.cfg.max_sandboxes, "the daemon's configuration");
-  sb = sandbox_new(id);
-  if (!sb) return sbx_err(err, "INTERNAL", "out of memory");
-  sb->opts = *opts;
-  sb->opts.env = (sbx_env){0};
-  sb->opts.allowed_hosts = (sbx_strv){0};
-  sbx_env_copy(&sb->opts.env, &opts->env);
-  sbx_strv_copy(&sb->opts.allowed_hosts, &opts->allowed_hosts);
-  sb->state = SBX_STOPPED;
   /* a directory left by a crash between making a disk and its record */
   sbx_disk_remove(id);
-  if (start(sb, err) < 0) {
-    sbx_disk_remove(id);
-    sandbox_free(sb);
-    return -1;
+  sb = ahead_take(id, opts);
+  if (!sb) {
+    sb = sandbox_new(id);
+    if (!sb) return sbx_err(err, "INTERNAL", "out of memory");
+    sb->opts = *opts;
+    sb->opts.env = (sbx_env){0};
+    sb->opts.allowed_hosts = (sbx_strv){0};
+    sbx_env_copy(&sb->opts.env, &opts->env);
+    sbx_strv_copy(&sb->opts.allowed_hosts, &opts->allowed_hosts);
+    sb->state = SBX_STOPPED;
+    if (start(sb, NULL, err) < 0) {
+      sbx_disk_remove(id);
+      sandbox_free(sb);
+      return -1;
+    }
   }
+  ahead_soon();
   sb->created_wall_ms = sb->last_activity_wall_ms = wall_ms();
   sandbox_link(sb);
   sbx_sandbox_save(sb);
@@ -860,7 +1014,7 @@ int sbx_sandbox_reset(sbx_sandbox *sb) {
 
 int sbx_sandbox_wake(sbx_sandbox *sb, sbx_error *err) {
   if (sb->state == SBX_RUNNING) return 0;
-  if (start(sb, err) < 0) return -1;
+  if (start(sb, NULL, err) < 0) return -1;
   sbx_sandbox_touch(sb);
   sbx_sandbox_save(sb);
   changed(sb->id, "started");

@@ -116,6 +116,47 @@ def test_listed_after_restart(t, x):
     t.ok(b'listed' in r.stdout and b'stopped' in r.stdout, 'a new daemon lists every sandbox (stopped)', r.stdout)
 
 
+def test_made_ahead(t, x):
+    """A create with the default options takes the sandbox the daemon made
+    ahead: it has its own name everywhere; the one made ahead is never
+    listed and does not outlive its daemon."""
+    c = x.c
+    sandboxes = os.path.join(x.env.state, 'sandboxes')
+
+    def ahead():
+        return sorted(d for d in os.listdir(sandboxes) if d.startswith('_ahead-'))
+    wait_until(ahead, 30, 'a sandbox made ahead')
+    before = ahead()
+    old = x.env.daemon_pid()
+    inits = children(old, 'sbx-init')
+    c.ok('createSandbox', {'sandboxId': 'took'})
+    t.ok(not set(before) & set(ahead()), 'the create took the sandbox made ahead', (before, ahead()))
+
+
+    def named(pid):
+        try:
+            with open('/proc/%d/root/etc/hostname' % pid) as f:
+                return f.read()
+        except OSError:
+            return None
+    took = [p for p in children(old, 'sbx-init') if named(p) == 'took\n']
+    t.ok(len(took) == 1 and took[0] in inits, 'its init was running before the create', (took, inits))
+    r = c.sh('hostname; cat /etc/hostname; grep -c "127.0.1.1.took$" /etc/hosts; domainname', sandbox='took')
+    t.eq(r['stdout'], 'took\ntook\n1\nsbx\n', 'it has its own name: hostname, /etc/hostname, /etc/hosts')
+    ids = [s['sandboxId'] for s in c.ok('listSandboxes')['sandboxes']]
+    t.ok('took' in ids and not any(i.startswith('_') for i in ids), 'only real sandboxes are listed', ids)
+    t.ok(b'_ahead' not in x.env.run(['ls']).stdout, 'sbx ls does not show it either')
+    wait_until(ahead, 30, 'the next sandbox made ahead')
+    left = ahead()
+    inits = children(old, 'sbx-init')
+    os.kill(old, signal.SIGKILL)
+    wait_until(lambda: all(gone(p) for p in inits), 30, 'the old sandboxes to end')
+    t.ok(True, 'the sandbox made ahead ends with its daemon')
+    c.sh('true', sandbox='took', wait=60)
+    t.ok(not set(left) & set(ahead()), "the next daemon removes the dead one's directory", (left, ahead()))
+    c.ok('destroySandbox', {'sandboxId': 'took'})
+
+
 def test_relay_survives(t, x):
     c = x.env.mcp(['--sandbox', 'relay'])
     c.initialize()
@@ -233,6 +274,6 @@ def test_thousand(t, x):
 
 
 if __name__ == '__main__':
-    sys.exit(run_tests([test_disk_is_disk, test_spills_on_disk, test_kill_9, test_daemon_stop,
+    sys.exit(run_tests([test_disk_is_disk, test_spills_on_disk, test_kill_9, test_daemon_stop, test_made_ahead,
                         test_listed_after_restart, test_relay_survives, test_stdin_closed_early, test_config,
                         test_thousand], Ctx))
