@@ -40,17 +40,21 @@ static struct {
   int cap_last;
 } eng;
 
-/* the sandbox made ahead (see "sandboxes made ahead") */
+/* sandboxes made ahead, oldest first (see "sandboxes made ahead") */
+#define AHEAD_MAX 2
 static struct {
-  sbx_sandbox *sb;
-  int sock; /* its child waits on it for the name */
+  struct {
+    sbx_sandbox *sb;
+    int sock; /* its child waits on it for the name */
+  } made[AHEAD_MAX];
+  int n;
   unsigned seq;
   uv_timer_t timer;
   bool timer_ready;
-} ahead = {.sock = -1};
+} ahead;
 
 static void sandbox_free(sbx_sandbox *sb);
-static void ahead_discard(bool wait);
+static void ahead_discard(int i, bool wait);
 static void ahead_soon(void);
 static void stop_running_async(sbx_sandbox *sb, bool wait);
 static void bury_all(void);
@@ -362,7 +366,7 @@ void sbx_engine_shutdown(void) {
     sbx_sandbox_save(sb); /* sessions as they are now */
     stop_running_async(sb, false);
   }
-  ahead_discard(false);
+  while (ahead.n) ahead_discard(ahead.n - 1, false);
   if (ahead.timer_ready) uv_close((uv_handle_t *)&ahead.timer, NULL);
   ahead.timer_ready = false;
   bury_all();
@@ -649,9 +653,9 @@ static int take_slot(sbx_sandbox *sb, sbx_error *err) {
   }
   int slot = 0;
   while (slot < eng.cfg.max_sandboxes && eng.slots[slot]) slot++;
-  if (slot >= eng.cfg.max_sandboxes && ahead.sb && sb != ahead.sb) { /* its range is wanted now */
-    slot = ahead.sb->slot;
-    ahead_discard(true);
+  if (slot >= eng.cfg.max_sandboxes && ahead.n && sb->id[0] != '_') { /* a range made ahead is wanted now */
+    slot = ahead.made[ahead.n - 1].sb->slot;
+    ahead_discard(ahead.n - 1, true);
   }
   if (slot < 0 || slot >= eng.cfg.max_sandboxes || eng.slots[slot])
     return sbx_err(err, "RESOURCE_LIMIT", "at most %d sandboxes may run at once", eng.cfg.max_sandboxes);
@@ -854,7 +858,7 @@ static int start_finish(sbx_sandbox *sb, int sock, sbx_error *err) {
 }
 
 /* ---- sandboxes made ahead ------------------------------------------------
- * As root, one sandbox of the default options is kept made ahead: slot,
+ * As root, two sandboxes of the default options are kept made ahead: slot,
  * cgroups, a fresh disk, namespaces, and (in its child, while the daemon
  * does other work) the whole root, /dev, /proc, loopback. It has no record
  * and is in no list; its name starts with '_', which no id has. A create
@@ -868,21 +872,29 @@ static bool ahead_fits(const sbx_sandbox_opts *o) {
          l->disk_mb == d->disk_mb;
 }
 
+/* Takes made[i] out of the list: its sandbox, its socket in *sock. */
+static sbx_sandbox *ahead_remove(int i, int *sock) {
+  sbx_sandbox *sb = ahead.made[i].sb;
+  *sock = ahead.made[i].sock;
+  memmove(&ahead.made[i], &ahead.made[i + 1], (size_t)(ahead.n - i - 1) * sizeof ahead.made[0]);
+  ahead.n--;
+  return sb;
+}
+
 /* wait: its uid range is free on return (else once its init is gone) */
-static void ahead_discard(bool wait) {
-  sbx_sandbox *sb = ahead.sb;
-  if (!sb) return;
-  ahead.sb = NULL;
-  close(ahead.sock);
-  ahead.sock = -1;
+static void ahead_discard(int i, bool wait) {
+  int sock;
+  sbx_sandbox *sb = ahead_remove(i, &sock);
+  close(sock);
   stop_running_async(sb, wait);
   sbx_disk_remove(sb->id);
   sandbox_free(sb);
 }
 
+/* Makes one (a few milliseconds of the loop's time: one per turn). */
 static void ahead_make(void) {
-  if (ahead.sb || eng.cfg.rootless || !eng.cfg.loop || !eng.etc_template || !sbx_cg_available() ||
-      eng.count + 1 >= eng.cfg.max_sandboxes)
+  if (ahead.n >= AHEAD_MAX || eng.cfg.rootless || !eng.cfg.loop || !eng.etc_template || !sbx_cg_available() ||
+      eng.count + ahead.n + 1 >= eng.cfg.max_sandboxes)
     return;
   char id[64];
   snprintf(id, sizeof id, "_ahead-%d-%u", (int)getpid(), ++ahead.seq);
@@ -898,8 +910,9 @@ static void ahead_make(void) {
     sandbox_free(sb);
     return;
   }
-  ahead.sb = sb;
-  ahead.sock = sock;
+  ahead.made[ahead.n].sb = sb;
+  ahead.made[ahead.n++].sock = sock;
+  ahead_soon();
 }
 
 static void ahead_timer(uv_timer_t *t) {
@@ -908,7 +921,7 @@ static void ahead_timer(uv_timer_t *t) {
 }
 
 static void ahead_soon(void) {
-  if (ahead.sb || eng.cfg.rootless || !eng.cfg.loop) return;
+  if (ahead.n >= AHEAD_MAX || eng.cfg.rootless || !eng.cfg.loop) return;
   if (!ahead.timer_ready) {
     uv_timer_init(eng.cfg.loop, &ahead.timer);
     uv_unref((uv_handle_t *)&ahead.timer);
@@ -920,11 +933,9 @@ static void ahead_soon(void) {
 /* The sandbox made ahead as `id` with opts (copied by the caller), started;
  * NULL when there is none or it failed (the caller starts one as usual). */
 static sbx_sandbox *ahead_take(const char *id, const sbx_sandbox_opts *opts) {
-  sbx_sandbox *sb = ahead.sb;
-  int sock = ahead.sock;
-  if (!sb || !ahead_fits(opts)) return NULL;
-  ahead.sb = NULL;
-  ahead.sock = -1;
+  if (!ahead.n || !ahead_fits(opts)) return NULL;
+  int sock;
+  sbx_sandbox *sb = ahead_remove(0, &sock); /* the oldest: the likeliest to be built */
   char from[1200], to[1200], name[96];
   sbx_disk_dir(sb->id, from, sizeof from);
   sbx_disk_dir(id, to, sizeof to);
