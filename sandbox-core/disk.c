@@ -135,37 +135,29 @@ int sbx_disk_init(const char *state_dir, bool rootless, sbx_error *err) {
   return 0;
 }
 
-static bool still_bound(const char *loop, dev_t dev, ino_t ino) {
-  char f[300];
-  snprintf(f, sizeof f, "/dev/%s", loop);
-  int l = open(f, O_RDONLY | O_CLOEXEC);
-  if (l < 0) return false;
-  struct loop_info64 info;
-  bool bound = ioctl(l, LOOP_GET_STATUS64, &info) == 0 && (dev_t)info.lo_device == dev && (ino_t)info.lo_inode == ino;
-  close(l);
-  return bound;
-}
-
-/* A sandbox of a daemon that died may still be tearing down its mount of
- * this image: mounting it again through another loop device would put two
- * filesystems on one disk. Wait (bounded) until the old one lets go. */
-static int wait_stale(const char *img, sbx_error *err) {
+/* A sandbox of a daemon that died may still hold its mount of this image
+ * (its teardown is not over, or a host process keeps one of its files
+ * open through the view's passthrough): mounting the image through another
+ * loop device would put two filesystems on one disk. Its loop device is
+ * taken instead, so the new mount shares that filesystem. Returns an open
+ * fd of it (held: autoclear cannot unbind it meanwhile) with its name in
+ * dev, or -1 when the image is bound nowhere. */
+static int take_stale(const char *img, char *dev, size_t len) {
   struct stat st;
-  if (!dk.nstale || stat(img, &st) < 0) return 0;
+  if (!dk.nstale || stat(img, &st) < 0) return -1;
   for (int i = 0; i < dk.nstale; i++) {
     if (dk.stale[i].dev != st.st_dev || dk.stale[i].ino != st.st_ino) continue;
-    uint64_t deadline = sbx_now_ms() + 10000;
-    while (still_bound(dk.stale[i].loop, st.st_dev, st.st_ino)) {
-      if (sbx_now_ms() > deadline)
-        return sbx_err(err, "INTERNAL", "%s is still mounted by a sandbox of an earlier daemon (/dev/%s)", img,
-                       dk.stale[i].loop);
-      struct timespec ts = {0, 5 * 1000 * 1000}; /* the kernel gives no event for a loop device's release */
-      nanosleep(&ts, NULL);
-    }
+    snprintf(dev, len, "/dev/%s", dk.stale[i].loop);
     dk.stale[i] = dk.stale[--dk.nstale];
-    return 0;
+    int l = open(dev, O_RDWR | O_CLOEXEC);
+    struct loop_info64 info;
+    if (l >= 0 && ioctl(l, LOOP_GET_STATUS64, &info) == 0 && (dev_t)info.lo_device == st.st_dev &&
+        (ino_t)info.lo_inode == st.st_ino)
+      return l;
+    if (l >= 0) close(l); /* it let go: the image is free */
+    return -1;
   }
-  return 0;
+  return -1;
 }
 
 static int run_mkfs(const char *path, uint64_t mb) {
@@ -386,11 +378,16 @@ int sbx_disk_mount(const char *id, sbx_error *err) {
     return fd;
   }
   image_path(id, path, sizeof path);
-  if (wait_stale(path, err) < 0) return -1;
+  char dev[64];
+  _cleanup_close_ int stale = take_stale(path, dev, sizeof dev);
+  if (stale >= 0) {
+    int m = fsmount_ext4(dev);
+    if (m < 0) return sbx_err_errno(err, "INTERNAL", -m, "mounting the disk of sandbox '%s' (%s, still bound)", id, dev);
+    return m;
+  }
   _cleanup_close_ int img = open(path, O_RDWR | O_CLOEXEC | O_DIRECT);
   if (img < 0 && errno == EINVAL) img = open(path, O_RDWR | O_CLOEXEC);
   if (img < 0) return sbx_err_errno(err, "INTERNAL", errno, "opening %s", path);
-  char dev[64];
   _cleanup_close_ int loop = attach_loop(img, dev, sizeof dev);
   if (loop < 0) return sbx_err_errno(err, "INTERNAL", -loop, "attaching %s to a loop device", path);
   int m = fsmount_ext4(dev);
