@@ -429,7 +429,7 @@ def init_pid(sandbox):
     return None
 
 
-def bench_view(size_mb=1024):
+def bench_view(size_mb=1024, opts=None):
     """The FUSE view against the same files reached directly (through
     /proc/<init>/root/workspace), in one run."""
     env = Env()
@@ -439,7 +439,7 @@ def bench_view(size_mb=1024):
         c = env.socket_client()
         c.initialize()
         c.ok('createSandbox', {'sandboxId': 'vb'})
-        r = env.run(['mount', mnt])
+        r = env.run(['mount'] + (['-o', opts] if opts else []) + [mnt])
         assert r.returncode == 0, r.stderr
         pid = init_pid('vb')
         view = os.path.join(mnt, 'vb')
@@ -845,6 +845,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument('what', nargs='?', default='all')
     ap.add_argument('--n', type=int, default=0)
+    ap.add_argument('--view-opts', help='view: sbx mount -o OPTS (e.g. nopassthrough)')
     ap.add_argument('--s3-tmpfs', action='store_true', help='buckets: s3rver keeps its objects on a tmpfs')
     a = ap.parse_args()
     env = Env()
@@ -860,7 +861,7 @@ def main():
         if a.what in ('disk', 'all'):
             bench_disk()
         if a.what in ('view', 'all'):
-            bench_view()
+            bench_view(opts=a.view_opts)
         if a.what in ('buckets', 'all'):
             bench_buckets(s3_tmpfs=a.s3_tmpfs)
         if a.what in ('code', 'all'):

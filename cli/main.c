@@ -23,6 +23,8 @@ static void on_sigint(int s) {
   interrupted = 1;
 }
 
+#define MOUNT_USAGE "sbx mount [-f] [-o allow_other,nopassthrough] MOUNTPOINT"
+
 static const struct help {
   const char *name, *synopsis, *text;
 } helps[] = {
@@ -56,10 +58,12 @@ static const struct help {
      "writes one, `sbx cp - ID:DIR` unpacks one into DIR."},
     {"expose", "sbx expose ID PORT", "Prints a preview URL that opens PORT of sandbox ID in a browser."},
     {"doctor", "sbx doctor", "Says what this machine offers sbx (namespaces, cgroups, FUSE...) and the configuration."},
-    {"mount", "sbx mount [-f] [-o allow_other] MOUNTPOINT",
+    {"mount", MOUNT_USAGE,
      "Shows every sandbox's /workspace at MOUNTPOINT/<sandboxId>/, live. Files show the\n"
      "sandbox's own host owner (so git treats them as foreign); you read and write them all.\n"
-     "-f stays in the foreground; SIGTERM or `sbx umount MOUNTPOINT` ends it."},
+     "-f stays in the foreground; SIGTERM or `sbx umount MOUNTPOINT` ends it. As root, reads\n"
+     "and writes of open files go straight to the sandbox's disk (FUSE passthrough) where\n"
+     "the kernel offers it; -o nopassthrough serves them through sbx instead."},
     {"umount", "sbx umount MOUNTPOINT", "Ends a view made by sbx mount."},
     {"version", "sbx --version", "Prints the version."},
     {"help", "sbx help [COMMAND]", "Says how to use sbx or one of its commands."},
@@ -451,20 +455,33 @@ static int daemon_http_live(const char *addr, bool remote) {
   return 0;
 }
 
+/* -o's comma-separated options; -1 on one it does not know. */
+static int mount_opts(const char *list, sbx_view_opts *o) {
+  char buf[256];
+  snprintf(buf, sizeof buf, "%s", list);
+  char *save = NULL;
+  for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+    if (!strcmp(t, "allow_other")) o->allow_other = true;
+    else if (!strcmp(t, "nopassthrough")) o->no_passthrough = true;
+    else return -1;
+  }
+  return 0;
+}
+
 static int cmd_mount(int argc, char **argv) {
   sbx_view_opts o = {.ready_fd = -1};
   const char *mnt = NULL;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "-f") || !strcmp(argv[i], "--foreground")) o.foreground = true;
     else if (!strcmp(argv[i], "-d") || !strcmp(argv[i], "--debug")) o.debug = o.foreground = true;
-    else if (!strcmp(argv[i], "-o") && i + 1 < argc && !strcmp(argv[i + 1], "allow_other")) o.allow_other = true, i++;
+    else if (!strcmp(argv[i], "-o") && i + 1 < argc && mount_opts(argv[++i], &o) == 0) continue;
     else if (argv[i][0] == '-' || mnt) {
-      fprintf(stderr, "usage: sbx mount [-f] [-o allow_other] MOUNTPOINT\n");
+      fprintf(stderr, "usage: %s\n", MOUNT_USAGE);
       return 2;
     } else mnt = argv[i];
   }
   if (!mnt) {
-    fprintf(stderr, "usage: sbx mount [-f] [-o allow_other] MOUNTPOINT\n");
+    fprintf(stderr, "usage: %s\n", MOUNT_USAGE);
     return 2;
   }
   return sbx_view_main(mnt, &o);

@@ -6,6 +6,7 @@ typedef struct sbx_view_opts {
   bool foreground;
   bool allow_other; /* other host users may enter too (as the sandbox's root) */
   bool debug;
+  bool no_passthrough; /* serve reads and writes here even where the kernel could pass them through */
   int ready_fd;     /* written to once the view serves (-1: none) */
 } sbx_view_opts;
 

@@ -1,0 +1,27 @@
+/* FUSE passthrough (kernel 6.9+) for a libfuse that predates it: a regular
+ * file's reads, writes and mmap go from the kernel straight to the file the
+ * server opened, with no round trip. libfuse 3.14 knows neither the INIT flag
+ * nor the open reply's backing id, so the session's replies pass through
+ * sbx_passthrough_attach's writev, which amends them on their way out. */
+#pragma once
+#define FUSE_USE_VERSION 314
+#include <fuse_lowlevel.h>
+#include <stdbool.h>
+
+/* Takes over the session's I/O on its /dev/fuse fd (after mounting, before
+ * the loop): the INIT reply then asks for passthrough when the kernel
+ * offers it. Returns 0 or -errno. */
+int sbx_passthrough_attach(struct fuse_session *se);
+/* Whether the kernel offered passthrough and this server asked for it (known
+ * once INIT was answered); false again after sbx_passthrough_off. */
+bool sbx_passthrough_on(void);
+void sbx_passthrough_off(void);
+/* A backing id for fd (a regular file open for I/O, with the caller's
+ * credentials: the kernel opens it anew as them for each open file), or
+ * -errno (EPERM without CAP_SYS_ADMIN). */
+int sbx_passthrough_open(int fd);
+void sbx_passthrough_close(int backing_id);
+/* fuse_reply_open / fuse_reply_create with the file in passthrough mode. */
+int sbx_passthrough_reply_open(fuse_req_t req, const struct fuse_file_info *fi, int backing_id);
+int sbx_passthrough_reply_create(fuse_req_t req, const struct fuse_entry_param *e, const struct fuse_file_info *fi,
+                                 int backing_id);
