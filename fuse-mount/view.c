@@ -805,13 +805,9 @@ static int file_backing(vfile *f, dev_t dev, bool created) {
   vnode *v = f->vn;
   if (!V.passthrough || !v->sb || dev != v->sb->dev) return 0;
   pthread_mutex_lock(&V.lock);
-  if (created || v->ncached) {
-    v->ncached++;
-    f->cached = true;
-    pthread_mutex_unlock(&V.lock);
-    return 0;
-  }
-  if (!v->backing && !v->dead) {
+  /* a node takes the mode its open files have; a failed backing file
+   * leaves it served here */
+  if (!v->backing && !v->ncached && !created && !v->dead) {
     int id = sbx_passthrough_open(f->fd);
     if (id > 0) v->backing = id;
     else if (id == -EPERM || id == -EOPNOTSUPP) V.passthrough = false; /* not to be had here */
@@ -819,6 +815,9 @@ static int file_backing(vfile *f, dev_t dev, bool created) {
   if (v->backing) {
     v->nbacked++;
     f->backed = true;
+  } else {
+    v->ncached++;
+    f->cached = true;
   }
   int id = v->backing;
   pthread_mutex_unlock(&V.lock);
