@@ -10,6 +10,7 @@
 #include "util.h"
 
 #include <fcntl.h>
+#include <linux/fuse.h>
 #include <linux/sched.h>
 #include <sched.h>
 #include <seccomp.h>
@@ -34,6 +35,24 @@ static int probe_overlay(void) {
   if (mount("t", "/tmp", "tmpfs", 0, NULL) < 0) return -1;
   if (mkdir("/tmp/u", 0755) < 0 || mkdir("/tmp/w", 0755) < 0 || mkdir("/tmp/m", 0755) < 0) return -1;
   return mount("overlay", "/tmp/m", "overlay", 0, "lowerdir=/usr,upperdir=/tmp/u,workdir=/tmp/w,userxattr");
+}
+
+/* Whether the kernel offers FUSE passthrough (the view's open files then
+ * bypass its server): a FUSE mount in a private mount namespace, whose
+ * INIT request says so; never answered, it goes with the child. */
+static int probe_fuse_passthrough(void) {
+  if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) return -1;
+  int fd = open("/dev/fuse", O_RDWR | O_CLOEXEC);
+  if (fd < 0) return -1;
+  char opts[96];
+  snprintf(opts, sizeof opts, "fd=%d,rootmode=40000,user_id=0,group_id=0", fd);
+  if (mount("sbx-probe", "/tmp", "fuse.sbx-probe", MS_NOSUID | MS_NODEV, opts) < 0) return -1;
+  static char buf[16384];
+  ssize_t n = read(fd, buf, sizeof buf);
+  const struct fuse_in_header *h = (const void *)buf;
+  const struct fuse_init_in *in = (const void *)(h + 1);
+  if (n < (ssize_t)(sizeof *h + sizeof *in) || h->opcode != FUSE_INIT) return -1;
+  return (in->flags & FUSE_INIT_EXT) && (in->flags2 & (1u << (37 - 32))) ? 0 : -1; /* FUSE_PASSTHROUGH */
 }
 
 /* A child in new user and mount namespaces, mapped as sandboxes are (our
@@ -146,6 +165,15 @@ int sbx_doctor(FILE *out) {
                                                                       "mount, no bucket mounts rootless")
                                                        : "no setuid fusermount3 (Debian package fuse3): no sbx mount")
                                    : "no /dev/fuse: no FUSE view, no bucket mounts");
+  if (fuse) {
+    bool pt = root && in_child(probe_fuse_passthrough);
+    /* optional: without it the view serves reads and writes itself */
+    fprintf(out, "%-4s %-22s %s\n", pt ? "ok" : "--", "FUSE passthrough",
+            pt ? "offered: files opened through sbx mount are read and written by the kernel, not the view's server"
+               : root ? "not offered by this kernel (Linux 6.9+ with CONFIG_FUSE_PASSTHROUGH): the view's server "
+                        "reads and writes"
+                      : "needs root (CAP_SYS_ADMIN): the view's server reads and writes");
+  }
   bool pidfd = probe_pidfd();
   LINE(pidfd, "pidfd", pidfd ? "processes supervised by pidfd on the event loop" : "missing: sbx needs Linux >= 5.3");
   const char *why = NULL;

@@ -397,6 +397,9 @@ def test_held_across_restart(t, x):
 def test_doctor(t, x):
     r = x.env.run(['doctor'])
     t.ok(b'FUSE' in r.stdout and b'usable' in r.stdout, 'doctor says FUSE is usable', r.stdout[-500:])
+    line = [l for l in r.stdout.decode().splitlines() if 'FUSE passthrough' in l]
+    t.ok(line and ('offered' in line[0] or 'not offered' in line[0]), 'and whether the kernel offers passthrough', line)
+    t.ok('sbx-probe' not in open('/proc/self/mountinfo').read(), 'its probe leaves no mount behind')
 
 
 if __name__ == '__main__':
