@@ -40,6 +40,7 @@
 #include <sys/fsuid.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/statvfs.h>
 #include <sys/vfs.h>
 #include <sys/xattr.h>
@@ -85,6 +86,7 @@ typedef struct sbox {
   vnode *root;
   dev_t dev;
   __fsid_t fsid;
+  bool own_disk; /* its /workspace is on a filesystem of its own (an ext4 image on a loop device) */
   bool present;
   struct sbox *next;
 } sbox;
@@ -227,6 +229,7 @@ static int resolve_root(vnode *v) {
     v->sb->gid = gid;
     v->sb->dev = st.st_dev;
     v->sb->fsid = sf.f_fsid;
+    v->sb->own_disk = major(st.st_dev) == 7 /* LOOP_MAJOR */ && sf.f_type == 0xEF53 /* EXT4_SUPER_MAGIC */;
     size_t h = hash_of(st.st_dev, st.st_ino);
     v->hnext = V.hash[h];
     V.hash[h] = v;
@@ -263,6 +266,7 @@ static void queue_inval(fuse_ino_t parent, const char *name, fuse_ino_t ino);
  * does, instead of the discarded files. Only that disk: a new incarnation
  * has a disk of its own. Lock held. */
 static void box_shutdown_disk(sbox *sb) {
+  if (!sb->own_disk) return;
   for (vfile *f = V.files; f; f = f->next)
     if (f->backed && f->vn->sb == sb && !f->vn->dead) {
       uint32_t how = 2; /* EXT4_GOING_FLAGS_NOLOGFLUSH: nothing of it is kept */
@@ -803,7 +807,10 @@ static vfile *file_new(vnode *v, int fd) {
  * time. Returns the id, or 0 to serve the file through this server. */
 static int file_backing(vfile *f, dev_t dev, bool created) {
   vnode *v = f->vn;
-  if (!V.passthrough || !v->sb || dev != v->sb->dev) return 0;
+  /* only on a sandbox's own disk: a discarded one is shut down (see
+   * box_shutdown_disk), never the host's filesystem that directory disks
+   * are on */
+  if (!V.passthrough || !v->sb || !v->sb->own_disk || dev != v->sb->dev) return 0;
   pthread_mutex_lock(&V.lock);
   /* a node takes the mode its open files have; a failed backing file
    * leaves it served here */
