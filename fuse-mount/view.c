@@ -126,7 +126,10 @@ static struct {
 
 /* File operations run with the filesystem identity of the sandbox's root:
  * what the view creates is owned by it inside, and the server can do no
- * more than it could. fsuid is per thread. */
+ * more than it could. Every one, those on open files too: without
+ * CAP_FSETID (which a non-zero fsuid drops) the sandbox's filesystem
+ * drops set-id bits on writes, as the kernel expects of this server
+ * (handle_killpriv_v2, see passthrough.c). fsuid is per thread. */
 static __thread uid_t cur_fsuid = (uid_t)-1;
 static void act_as(const sbox *sb) {
   uid_t u = sb ? sb->uid : V.uid;
@@ -800,21 +803,24 @@ static vfile *file_new(vnode *v, int fd) {
 /* Passthrough: the kernel reads, writes and maps the sandbox's file itself,
  * with the credentials this thread has now (the sandbox's root). Every open
  * of a node shares one backing id: the kernel refuses a second backing
- * file, or a cached open, beside a passthrough one. A file just created
- * is served here (cached: "created"): it is mostly written once, in order,
- * which this server does as fast, and a backing file costs two more
- * system calls and a second open in the kernel, a fifth of a create's
- * time. Returns the id, or 0 to serve the file through this server. */
-static int file_backing(vfile *f, dev_t dev, bool created) {
+ * file, or a cached open, beside a passthrough one, so a node takes the
+ * mode its open files have. Served here rather (here): a file just created,
+ * mostly written once, in order, which this server does as fast (a backing
+ * file costs two more system calls and a second open in the kernel, a
+ * fifth of a create's time); and other users' opens (allow_other): a
+ * backing file is the one thing a reset or destroy cannot take back, and
+ * it keeps a discarded disk allocated until it is closed. Returns the id,
+ * or 0 to serve the file through this server. */
+static int file_backing(fuse_req_t req, vfile *f, dev_t dev, bool here) {
   vnode *v = f->vn;
+  if (fuse_req_ctx(req)->uid != V.uid) here = true;
   /* only on a sandbox's own disk: a discarded one is shut down (see
    * box_shutdown_disk), never the host's filesystem that directory disks
    * are on */
   if (!V.passthrough || !v->sb || !v->sb->own_disk || dev != v->sb->dev) return 0;
   pthread_mutex_lock(&V.lock);
-  /* a node takes the mode its open files have; a failed backing file
-   * leaves it served here */
-  if (!v->backing && !v->ncached && !created && !v->dead) {
+  /* a failed backing file leaves the node served here */
+  if (!v->backing && !v->ncached && !here && !v->dead) {
     int id = sbx_passthrough_open(f->fd);
     if (id > 0) v->backing = id;
     else if (id == -EPERM || id == -EOPNOTSUPP) V.passthrough = false; /* not to be had here */
@@ -881,7 +887,7 @@ static void v_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
     return (void)fuse_reply_err(req, ENOMEM);
   }
   fi->fh = (uintptr_t)f;
-  int backing = file_backing(f, st.st_dev, false);
+  int backing = file_backing(req, f, st.st_dev, false);
   /* the page cache stays valid between opens: changes from inside are
    * pushed as invalidations (as root); rootless it is dropped each open;
    * in passthrough mode the sandbox's own page cache serves */
@@ -913,7 +919,7 @@ static void v_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t
     return (void)fuse_reply_err(req, ENOMEM);
   }
   fi->fh = (uintptr_t)f;
-  int backing = file_backing(f, e.attr.st_dev, true);
+  int backing = file_backing(req, f, e.attr.st_dev, true);
   fi->keep_cache = !V.rootless && !backing;
   fi->noflush = 1;
   if (backing) sbx_passthrough_reply_create(req, &e, fi, backing);
@@ -937,6 +943,7 @@ static void v_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_fi
   (void)ino;
   vfile *f = file_of(fi);
   if (!file_live(f)) return (void)fuse_reply_err(req, EIO);
+  act_as(f->vn->sb);
   int r = datasync ? fdatasync(f->fd) : fsync(f->fd);
   fuse_reply_err(req, r < 0 ? errno : 0);
 }
@@ -945,6 +952,7 @@ static void v_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struc
   (void)ino;
   vfile *f = file_of(fi);
   if (!file_live(f)) return (void)fuse_reply_err(req, EIO);
+  act_as(f->vn->sb);
   /* a plain copy: splicing big reads through a pipe is slower here */
   static __thread char *rbuf;
   static __thread size_t rcap;
@@ -977,6 +985,7 @@ static void v_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off
   (void)ino;
   vfile *f = file_of(fi);
   if (!file_live(f)) return (void)fuse_reply_err(req, EIO);
+  act_as(f->vn->sb);
   fuse_reply_err(req, fallocate(f->fd, mode, off, len) < 0 ? errno : 0);
 }
 
@@ -984,6 +993,7 @@ static void v_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, struc
   (void)ino;
   vfile *f = file_of(fi);
   if (!file_live(f)) return (void)fuse_reply_err(req, EIO);
+  act_as(f->vn->sb);
   off_t r = lseek(f->fd, off, whence);
   if (r < 0) fuse_reply_err(req, errno);
   else fuse_reply_lseek(req, r);
@@ -995,6 +1005,7 @@ static void v_copy_file_range(fuse_req_t req, fuse_ino_t ino_in, off_t off_in, s
   (void)ino_out;
   vfile *a = file_of(fi_in), *b = file_of(fi_out);
   if (!file_live(a) || !file_live(b)) return (void)fuse_reply_err(req, EIO);
+  act_as(b->vn->sb);
   ssize_t r = copy_file_range(a->fd, &off_in, b->fd, &off_out, len, flags);
   if (r < 0) fuse_reply_err(req, errno);
   else fuse_reply_write(req, (size_t)r);

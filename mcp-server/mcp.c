@@ -436,7 +436,7 @@ static void do_tools_call(request *r) {
   sbx_sandbox *sb = NULL;
   if (!t->h->own_sandbox && !t->global) {
     sb = sbx_sandbox_find(call->sandbox_id);
-    if (sb && sb->state != SBX_RUNNING && !t->h->no_wake && sbx_sandbox_wake(sb, &err) < 0) {
+    if (sb && !t->h->no_wake && !sbx_sandbox_alive(sb) && sbx_sandbox_wake(sb, &err) < 0) {
       mcp_call_fail(call, &err);
       json_decref(owned);
       return;

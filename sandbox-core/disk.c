@@ -15,7 +15,7 @@
 #include <sys/wait.h>
 #include <time.h>
 
-#define MAX_STALE 64
+#define MAX_STALE 1024
 #define POOL_SIZE 2
 
 static struct {
@@ -26,7 +26,7 @@ static struct {
   struct {
     dev_t dev;
     ino_t ino;
-    char loop[260];
+    char loop[64];
   } stale[MAX_STALE];
   int nstale;
   /* fresh disks of the default size, made ahead by a helper process */
@@ -112,7 +112,9 @@ int sbx_disk_init(const char *state_dir, bool rootless, sbx_error *err) {
     if (e->d_name[0] != '.') sbx_remove_tree_at(dirfd(d), e->d_name, true);
   if (d) closedir(d);
   d = opendir("/sys/block");
-  size_t pl = snprintf(path, sizeof path, "%s/", state_dir);
+  /* the kernel shows a loop device's backing file by its real path */
+  char real[PATH_MAX];
+  size_t pl = snprintf(path, sizeof path, "%s/", realpath(state_dir, real) ? real : state_dir);
   for (struct dirent *e; d && (e = readdir(d));) {
     if (strncmp(e->d_name, "loop", 4) || dk.nstale >= MAX_STALE) continue;
     char f[512], back[1200];
@@ -126,13 +128,44 @@ int sbx_disk_init(const char *state_dir, bool rootless, sbx_error *err) {
     if (ioctl(l, LOOP_GET_STATUS64, &info) == 0) {
       dk.stale[dk.nstale].dev = (dev_t)info.lo_device;
       dk.stale[dk.nstale].ino = (ino_t)info.lo_inode;
-      snprintf(dk.stale[dk.nstale].loop, sizeof dk.stale[0].loop, "%s", e->d_name);
+      snprintf(dk.stale[dk.nstale].loop, sizeof dk.stale[0].loop, "%.60s", e->d_name);
       dk.nstale++;
     }
     close(l);
   }
   if (d) closedir(d);
   return 0;
+}
+
+/* An image bound to a loop device for a sandbox holds an OFD lock on the
+ * open file the device keeps: however long the device outlives the
+ * sandbox (a host process holding a file of the view in passthrough mode),
+ * the image is seen to be in use, and is never attached twice. */
+static int lock_image(int img) {
+  struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+  return fcntl(img, F_OFD_SETLK, &fl) == 0 ? 0 : -errno;
+}
+
+/* The loop device bound to img, opened (held: autoclear cannot unbind it
+ * meanwhile), with its name in dev; -1 when there is none. */
+static int find_bound(int img, char *dev, size_t len) {
+  struct stat st;
+  if (fstat(img, &st) < 0) return -1;
+  DIR *d = opendir("/sys/block");
+  int found = -1;
+  for (struct dirent *e; d && found < 0 && (e = readdir(d));) {
+    if (strncmp(e->d_name, "loop", 4)) continue;
+    snprintf(dev, len, "/dev/%.48s", e->d_name);
+    int l = open(dev, O_RDONLY | O_CLOEXEC);
+    struct loop_info64 info;
+    if (l >= 0 && ioctl(l, LOOP_GET_STATUS64, &info) == 0 && (dev_t)info.lo_device == st.st_dev &&
+        (ino_t)info.lo_inode == st.st_ino)
+      found = l;
+    else if (l >= 0)
+      close(l);
+  }
+  if (d) closedir(d);
+  return found;
 }
 
 /* A sandbox of a daemon that died may still hold its mount of this image
@@ -147,7 +180,7 @@ static int take_stale(const char *img, char *dev, size_t len) {
   if (!dk.nstale || stat(img, &st) < 0) return -1;
   for (int i = 0; i < dk.nstale; i++) {
     if (dk.stale[i].dev != st.st_dev || dk.stale[i].ino != st.st_ino) continue;
-    snprintf(dev, len, "/dev/%s", dk.stale[i].loop);
+    snprintf(dev, len, "/dev/%.48s", dk.stale[i].loop);
     dk.stale[i] = dk.stale[--dk.nstale];
     int l = open(dev, O_RDWR | O_CLOEXEC);
     struct loop_info64 info;
@@ -388,6 +421,18 @@ int sbx_disk_mount(const char *id, sbx_error *err) {
   _cleanup_close_ int img = open(path, O_RDWR | O_CLOEXEC | O_DIRECT);
   if (img < 0 && errno == EINVAL) img = open(path, O_RDWR | O_CLOEXEC);
   if (img < 0) return sbx_err_errno(err, "INTERNAL", errno, "opening %s", path);
+  for (int attempt = 0;; attempt++) {
+    int r = lock_image(img);
+    if (r == 0) break;
+    if (r != -EAGAIN && r != -EACCES) return sbx_err_errno(err, "INTERNAL", -r, "locking %s", path);
+    _cleanup_close_ int bound = find_bound(img, dev, sizeof dev);
+    if (bound >= 0) {
+      int m = fsmount_ext4(dev);
+      if (m < 0) return sbx_err_errno(err, "INTERNAL", -m, "mounting the disk of sandbox '%s' (%s, in use)", id, dev);
+      return m;
+    }
+    if (attempt == 2) return sbx_err(err, "INTERNAL", "%s is in use, yet bound to no loop device", path);
+  }
   _cleanup_close_ int loop = attach_loop(img, dev, sizeof dev);
   if (loop < 0) return sbx_err_errno(err, "INTERNAL", -loop, "attaching %s to a loop device", path);
   int m = fsmount_ext4(dev);
@@ -434,7 +479,7 @@ static int pool_make(int sock, uint64_t mb, unsigned long long seq) {
   if (img < 0 && errno == EINVAL) img = open(path, O_RDWR | O_CLOEXEC);
   if (img < 0) return -errno;
   char dev[64];
-  _cleanup_close_ int loop = attach_loop(img, dev, sizeof dev);
+  _cleanup_close_ int loop = lock_image(img) < 0 ? -EBUSY : attach_loop(img, dev, sizeof dev);
   if (loop < 0) {
     pool_entry_remove(dir);
     return loop;

@@ -1024,7 +1024,15 @@ int sbx_sandbox_reset(sbx_sandbox *sb) {
 }
 
 int sbx_sandbox_wake(sbx_sandbox *sb, sbx_error *err) {
-  if (sb->state == SBX_RUNNING) return 0;
+  if (sbx_sandbox_alive(sb)) return 0;
+  if (sb->state == SBX_RUNNING) {
+    /* its init died (killed from the host, or by the kernel): what ran
+     * went with it; files, sessions and records stay, and it starts
+     * again as after a daemon restart */
+    stop_running_async(sb, false);
+    sb->state = SBX_STOPPED;
+    sb->restart_pending = true;
+  }
   if (start(sb, NULL, err) < 0) return -1;
   sbx_sandbox_touch(sb);
   sbx_sandbox_save(sb);

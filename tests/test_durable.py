@@ -108,6 +108,25 @@ def test_daemon_stop(t, x):
     restart_check(t, x, 'stop')
 
 
+def test_init_killed(t, x):
+    """A sandbox whose init is killed from the host (or by the kernel)
+    starts again on its next call, as after a daemon restart: files and
+    session state kept, restarted: true; before, every call failed."""
+    c = x.c
+    c.sh('echo kept > /workspace/k.txt; cd /tmp; export KEPT=yes', sandbox='ik')
+    inits = [p for p in children(x.env.daemon_pid(), 'sbx-init') if open('/proc/%d/root/etc/hostname' % p).read() ==
+             'ik\n']
+    t.eq(len(inits), 1, 'the sandbox\'s init runs on the host')
+    os.kill(inits[0], signal.SIGKILL)
+    t.ok(wait_until(lambda: gone(inits[0]), 10, 'the init to go'), 'killed from the host')
+    res, _ = c.call('exec', {'sandboxId': 'ik', 'command': 'cat /workspace/k.txt; pwd; echo $KEPT'})
+    s = res.get('structuredContent', {})
+    t.eq((s.get('stdout'), s.get('exitCode')), ('kept\n/tmp\nyes\n', 0),
+         'the next call runs, with its files, cwd and environment', s)
+    t.eq((s.get('restarted'), s.get('reset')), (True, None), 'and says restarted: true')
+    t.eq(c.sh('echo again', sandbox='ik')['stdout'], 'again\n', 'the calls after it run as usual')
+
+
 def test_listed_after_restart(t, x):
     c = x.c
     c.ok('createSandbox', {'sandboxId': 'listed'})
@@ -274,6 +293,7 @@ def test_thousand(t, x):
 
 
 if __name__ == '__main__':
-    sys.exit(run_tests([test_disk_is_disk, test_spills_on_disk, test_kill_9, test_daemon_stop, test_made_ahead,
+    sys.exit(run_tests([test_disk_is_disk, test_spills_on_disk, test_kill_9, test_daemon_stop, test_init_killed,
+                        test_made_ahead,
                         test_listed_after_restart, test_relay_survives, test_stdin_closed_early, test_config,
                         test_thousand], Ctx))
