@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#define S3_PART_SIZE (8u * 1024 * 1024) /* multipart above this, in parts of this size */
+#define S3_PART_SIZE (16u * 1024 * 1024) /* multipart above this, in parts of this size */
 #define S3_PARALLEL 4                   /* parts of one upload in flight at once */
 
 typedef struct s3_conf {

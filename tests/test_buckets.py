@@ -102,7 +102,7 @@ def test_mount_write_read(t, x):
 
 def test_signatures(t, x):
     c = x.c
-    # a multipart upload (three 8 MiB parts), a listing past one page (1005
+    # a multipart upload (a 16 MiB part and the rest), a listing past one page (1005
     # objects put by awscli), ranged reads
     many = os.path.join(x.env.root, 'many')
     os.makedirs(many)
