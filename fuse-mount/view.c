@@ -804,8 +804,8 @@ static vfile *file_new(vnode *v, int fd) {
  * with the credentials this thread has now (the sandbox's root). Every open
  * of a node shares one backing id: the kernel refuses a second backing
  * file, or a cached open, beside a passthrough one, so a node takes the
- * mode its open files have. Served here rather (here): a file just created,
- * mostly written once, in order, which this server does as fast (a backing
+ * mode its open files have. Served by this server instead (here): a file
+ * just created, mostly written once, in order, which it does as fast (a backing
  * file costs two more system calls and a second open in the kernel, a
  * fifth of a create's time); and other users' opens (allow_other): a
  * backing file is the one thing a reset or destroy cannot take back, and
