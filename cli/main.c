@@ -273,7 +273,22 @@ static int cmd_expose(int argc, char **argv) {
   }
   sbx_client c;
   if (open_client(&c, argv[1]) < 0) return 1;
-  json_t *r = call(&c, "exposePort", json_pack("{s:s, s:i}", "sandboxId", argv[1], "port", (int)port), NULL, NULL);
+  /* a port exposed already: its URL again, as the first time */
+  char err[600];
+  json_t *r = sbx_client_call(&c, "getExposedPorts", json_pack("{s:s}", "sandboxId", argv[1]), NULL, NULL,
+                              &interrupted, err, sizeof err);
+  size_t i;
+  json_t *e;
+  json_array_foreach(r ? json_object_get(sc(r), "ports") : NULL, i, e) {
+    if (json_integer_value(json_object_get(e, "port")) == port) {
+      printf("%s\n", json_string_value(json_object_get(e, "url")));
+      json_decref(r);
+      sbx_client_close(&c);
+      return 0;
+    }
+  }
+  json_decref(r);
+  r = call(&c, "exposePort", json_pack("{s:s, s:i}", "sandboxId", argv[1], "port", (int)port), NULL, NULL);
   sbx_client_close(&c);
   if (!r) return 1;
   printf("%s\n", json_string_value(json_object_get(sc(r), "url")));
@@ -492,7 +507,16 @@ static int cmd_umount(int argc, char **argv) {
     fprintf(stderr, "usage: sbx umount MOUNTPOINT\n");
     return 2;
   }
-  char err[600];
+  char err[600], real[PATH_MAX];
+  bool resolved = realpath(argv[1], real) != NULL;
+  if (!resolved && errno != ENOTCONN) { /* a killed view's mount point answers ENOTCONN */
+    fprintf(stderr, "sbx umount: %s: %s\n", argv[1], strerror(errno));
+    return 1;
+  }
+  if (resolved && !sbx_fuse_is_ours(real)) {
+    fprintf(stderr, "sbx umount: %s is not an sbx mount\n", argv[1]);
+    return 1;
+  }
   if (sbx_fuse_unmount(argv[1], false, err, sizeof err) < 0 && sbx_fuse_unmount(argv[1], true, err, sizeof err) < 0) {
     fprintf(stderr, "sbx umount: %s\n", err);
     return 1;

@@ -73,6 +73,19 @@ static int fusermount(const char *mountpoint, char *err, size_t errlen) {
   return fd;
 }
 
+bool sbx_fuse_is_ours(const char *mountpoint) {
+  FILE *f = fopen("/proc/self/mountinfo", "re");
+  char line[4096];
+  bool ours = false;
+  while (f && !ours && fgets(line, sizeof line, f)) {
+    char mnt[4096], *dash = strstr(line, " - ");
+    if (dash && sscanf(line, "%*s %*s %*s %*s %4095s", mnt) == 1)
+      ours = !strcmp(mnt, mountpoint) && strstr(dash, "fuse.sbx");
+  }
+  if (f) fclose(f);
+  return ours;
+}
+
 int sbx_fuse_mount(struct fuse_session *se, const char *mountpoint, char *err, size_t errlen) {
   struct stat st;
   struct statfs sf;
@@ -95,18 +108,10 @@ int sbx_fuse_mount(struct fuse_session *se, const char *mountpoint, char *err, s
     return -1;
   }
   /* a live sbx filesystem already there: refuse rather than stack another */
-  FILE *f = fopen("/proc/self/mountinfo", "re");
-  char line[4096];
-  while (f && fgets(line, sizeof line, f)) {
-    char mnt[4096], *dash = strstr(line, " - ");
-    if (!dash || sscanf(line, "%*s %*s %*s %*s %4095s", mnt) != 1) continue;
-    if (!strcmp(mnt, mountpoint) && strstr(dash, "fuse.sbx")) {
-      fclose(f);
-      snprintf(err, errlen, "%s is already an sbx mount (sbx umount %s first)", mountpoint, mountpoint);
-      return -1;
-    }
+  if (sbx_fuse_is_ours(mountpoint)) {
+    snprintf(err, errlen, "%s is already an sbx mount (sbx umount %s first)", mountpoint, mountpoint);
+    return -1;
   }
-  if (f) fclose(f);
   if (geteuid() != 0) { /* through the setuid helper, which also opens /dev/fuse */
     int fd = fusermount(mountpoint, err, errlen);
     if (fd < 0) return -1;

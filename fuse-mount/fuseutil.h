@@ -20,6 +20,9 @@ int sbx_fuse_daemonize(int ready_fd);
 /* Serves until the session ends (SIGTERM, SIGINT, unmount); writes a byte
  * to ready_fd first when it is >= 0. */
 int sbx_fuse_loop(struct fuse_session *se, int ready_fd);
+/* Whether an sbx filesystem (the view, a bucket) is mounted there (an
+ * absolute path without symlinks, as /proc/self/mountinfo has it). */
+bool sbx_fuse_is_ours(const char *mountpoint);
 /* Unmounts a mount point (ours or a dead server's): umount2 as root,
  * fusermount3 -u otherwise. */
 int sbx_fuse_unmount(const char *mountpoint, bool lazy, char *err, size_t errlen);

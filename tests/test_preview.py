@@ -408,6 +408,8 @@ def test_cli_expose(t, x):
     url = r.stdout.decode().strip()
     t.ok(r.returncode == 0 and url.startswith('http://8001-web-') and url.endswith('.localhost:%d/' % x.port),
          'sbx expose ID PORT prints the URL', (r.returncode, r.stdout, r.stderr))
+    r = x.env.run(['expose', 'web', '8001'])
+    t.eq((r.returncode, r.stdout.decode().strip()), (0, url), 'and the same URL again for a port exposed already')
     x.c.ok('unexposePort', {'port': 8001})
 
 

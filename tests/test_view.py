@@ -321,6 +321,8 @@ def test_robustness(t, x):
     t.ok(r.returncode == 0 and os.path.isdir(os.path.join(x.mnt, 'v1')), 'a second sbx mount recovers the place', r.stderr)
     r = x.env.run(['mount', x.mnt])
     t.ok(r.returncode != 0 and b'already' in r.stderr, 'a third is refused: one view per mount point', r.stderr)
+    r = x.env.run(['umount', x.env.root])
+    t.ok(r.returncode == 1 and b'not an sbx mount' in r.stderr, 'sbx umount leaves what is not its own', r.stderr)
     # the daemon restarts: the view keeps serving (sandboxes wake on use)
     r = x.env.run(['daemon', 'stop'])
     t.ok(r.returncode == 0 and not os.path.exists(os.path.join(x.env.runtime, 'sbx.sock')), 'the daemon stopped')
