@@ -39,12 +39,19 @@ static const struct help {
      "$SBX_STATE_DIR/http-token); given while a daemon runs, that daemon starts serving it.\n"
      "--mount runs a view (sbx mount) with the daemon. `sbx daemon stop` stops it; sandboxes\n"
      "and their files stay, and each starts again on its next call."},
-    {"exec", "sbx exec [-s ID] [-i] [--session S] [--cwd DIR] [--timeout MS] [-e K=V]... [--] CMD...",
+    {"exec", "sbx exec [-s ID] [-i|-d] [--session S] [--cwd DIR] [--timeout MS] [-e K=V]... [--] CMD...",
      "Runs CMD with bash in the sandbox (created on first use) and prints its output as it\n"
      "comes. Several words are quoted for the shell; one word is a shell command line. The\n"
      "session (default: \"default\") keeps cwd, variables, functions, aliases and options\n"
-     "between calls. -i streams this command's stdin to it. Exit code: the command's; 124 when it\n"
+     "between calls. -i streams this command's stdin to it. What CMD leaves running ends with\n"
+     "it; -d (detach) runs CMD in the background instead, for servers and long jobs, and prints\n"
+     "its process id (see sbx ps, sbx logs, sbx kill). Exit code: the command's; 124 when it\n"
      "timed out; 130 when interrupted."},
+    {"ps", "sbx ps [-s ID]", "Lists the sandbox's background processes (sbx exec -d): id, pid, status, exit code, command."},
+    {"logs", "sbx logs [-s ID] PROCESS", "Prints what a background process wrote so far: its stdout, then its stderr on stderr."},
+    {"kill", "sbx kill [-s ID] [--signal SIG] PROCESS",
+     "Stops a background process and everything it started (SIGTERM unless --signal says SIGKILL,\n"
+     "SIGINT, SIGHUP, SIGQUIT, SIGUSR1 or SIGUSR2)."},
     {"session", "sbx session [-s ID] ls | create NAME [--cwd DIR] [-e K=V]... | rm NAME",
      "Lists, creates or deletes the sessions of a sandbox: each has its own shell state.\n"
      "`sbx exec --session NAME` runs in one."},
@@ -77,6 +84,13 @@ static void usage(FILE *f) {
   for (size_t i = 0; i < SBX_ARRAY_SIZE(helps); i++) fprintf(f, "  %s\n", helps[i].synopsis);
   fputs("`sbx help COMMAND` or `sbx COMMAND --help` tells more.\n", f);
   fputs(exit_codes, f);
+}
+
+/* A command's usage line, as `sbx help` gives it. */
+static int usage_of(const char *cmd) {
+  for (size_t i = 0; i < SBX_ARRAY_SIZE(helps); i++)
+    if (!strcmp(helps[i].name, cmd)) fprintf(stderr, "usage: %s\n", helps[i].synopsis);
+  return 2;
 }
 
 static int help(const char *cmd) {
@@ -170,16 +184,17 @@ static int cmd_exec(int argc, char **argv) {
   static const struct option opts[] = {{"sandbox", required_argument, 0, 's'}, {"session", required_argument, 0, 'S'},
                                        {"cwd", required_argument, 0, 'C'},     {"timeout", required_argument, 0, 1000},
                                        {"env", required_argument, 0, 'e'},     {"interactive", no_argument, 0, 'i'},   {"tty", no_argument, 0, 't'},
-                                       {0, 0, 0, 0}};
+                                       {"detach", no_argument, 0, 'd'},        {0, 0, 0, 0}};
   const char *sandbox = NULL, *session = NULL, *cwd = NULL;
-  bool with_stdin = false;
+  bool with_stdin = false, detach = false;
   long timeout = 0;
   json_t *env = json_object();
   int o;
   optind = 1;
-  while ((o = getopt_long(argc, argv, "+s:e:it", opts, NULL)) != -1) {
+  while ((o = getopt_long(argc, argv, "+s:e:itd", opts, NULL)) != -1) {
     switch (o) {
     case 'i': with_stdin = true; break;
+    case 'd': detach = true; break;
     case 't': /* said, not ignored: docker exec -t gives a terminal, and sbx has none to give */
       fprintf(stderr, "sbx exec: -t: sandboxes have no terminal (commands run with pipes); use -i for stdin\n");
       return 2;
@@ -204,6 +219,10 @@ static int cmd_exec(int argc, char **argv) {
     fprintf(stderr, "sbx exec: no command\n");
     return 2;
   }
+  if (detach && (with_stdin || timeout > 0)) {
+    fprintf(stderr, "sbx exec: -d runs in the background: no -i, no --timeout\n");
+    return 2;
+  }
   sbx_client c;
   if (open_client(&c, sandbox) < 0) return 1;
   char *cmd = join_command(argc - optind, argv + optind);
@@ -214,6 +233,14 @@ static int cmd_exec(int argc, char **argv) {
   if (timeout > 0) json_object_set_new(args, "timeout", json_integer(timeout));
   if (json_object_size(env)) json_object_set(args, "env", env);
   json_decref(env);
+  if (detach) {
+    json_t *r = call(&c, "startProcess", args, NULL, NULL);
+    sbx_client_close(&c);
+    if (!r) return 1;
+    printf("%s\n", json_string_value(json_object_get(sc(r), "id")));
+    json_decref(r);
+    return 0;
+  }
   pid_t feeder = -1;
   if (with_stdin) { /* -i: our stdin streams to the command's, as docker exec -i */
     char err[600];
@@ -292,6 +319,77 @@ static int cmd_expose(int argc, char **argv) {
   sbx_client_close(&c);
   if (!r) return 1;
   printf("%s\n", json_string_value(json_object_get(sc(r), "url")));
+  json_decref(r);
+  return 0;
+}
+
+/* [-s ID] [--signal SIG] [NAME]: the words of ps, logs and kill. */
+static int proc_args(int argc, char **argv, const char **sandbox, const char **name, const char **signame) {
+  for (int i = 1; i < argc; i++) {
+    if ((!strcmp(argv[i], "-s") || !strcmp(argv[i], "--sandbox")) && i + 1 < argc) *sandbox = argv[++i];
+    else if (signame && !strcmp(argv[i], "--signal") && i + 1 < argc) *signame = argv[++i];
+    else if (argv[i][0] != '-' && name && !*name) *name = argv[i];
+    else return -1;
+  }
+  return name && !*name ? -1 : 0;
+}
+
+static int cmd_ps(int argc, char **argv) {
+  const char *sandbox = NULL;
+  if (proc_args(argc, argv, &sandbox, NULL, NULL) < 0) {
+    return usage_of("ps");
+  }
+  sbx_client c;
+  if (open_client(&c, sandbox) < 0) return 1;
+  json_t *r = call(&c, "listProcesses", json_object(), NULL, NULL);
+  sbx_client_close(&c);
+  if (!r) return 1;
+  printf("%-24s %-8s %-10s %-5s %s\n", "PROCESS", "PID", "STATUS", "EXIT", "COMMAND");
+  size_t i;
+  json_t *p;
+  json_array_foreach(json_object_get(sc(r), "processes"), i, p) {
+    json_t *code = json_object_get(p, "exitCode");
+    json_int_t pid = json_integer_value(json_object_get(p, "pid"));
+    char exit[16] = "-", pids[24] = "-";
+    if (json_is_integer(code)) snprintf(exit, sizeof exit, "%d", (int)json_integer_value(code));
+    if (pid > 0) snprintf(pids, sizeof pids, "%lld", (long long)pid);
+    printf("%-24s %-8s %-10s %-5s %s\n", json_string_value(json_object_get(p, "id")), pids,
+           json_string_value(json_object_get(p, "status")), exit, json_string_value(json_object_get(p, "command")));
+  }
+  json_decref(r);
+  return 0;
+}
+
+static int cmd_logs(int argc, char **argv) {
+  const char *sandbox = NULL, *name = NULL;
+  if (proc_args(argc, argv, &sandbox, &name, NULL) < 0) {
+    return usage_of("logs");
+  }
+  sbx_client c;
+  if (open_client(&c, sandbox) < 0) return 1;
+  json_t *r = call(&c, "getProcessLogs", json_pack("{s:s}", "processId", name), NULL, NULL);
+  sbx_client_close(&c);
+  if (!r) return 1;
+  json_t *out = json_object_get(sc(r), "stdout"), *err = json_object_get(sc(r), "stderr");
+  fwrite(json_string_value(out), 1, json_string_length(out), stdout);
+  fflush(stdout);
+  fwrite(json_string_value(err), 1, json_string_length(err), stderr);
+  json_decref(r);
+  return 0;
+}
+
+static int cmd_kill(int argc, char **argv) {
+  const char *sandbox = NULL, *name = NULL, *signame = NULL;
+  if (proc_args(argc, argv, &sandbox, &name, &signame) < 0) {
+    return usage_of("kill");
+  }
+  sbx_client c;
+  if (open_client(&c, sandbox) < 0) return 1;
+  json_t *args = json_pack("{s:s}", "processId", name);
+  if (signame) json_object_set_new(args, "signal", json_string(signame));
+  json_t *r = call(&c, "killProcess", args, NULL, NULL);
+  sbx_client_close(&c);
+  if (!r) return 1;
   json_decref(r);
   return 0;
 }
@@ -399,7 +497,7 @@ static int cmd_session(int argc, char **argv) {
   json_decref(r);
   goto out;
 usage:
-  fprintf(stderr, "usage: %s\n", helps[3].synopsis);
+  usage_of("session");
 out:
   json_decref(env);
   return rc;
@@ -586,6 +684,9 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "ls")) return cmd_ls();
   if (!strcmp(cmd, "session")) return cmd_session(argc - 1, argv + 1);
   if (!strcmp(cmd, "expose")) return cmd_expose(argc - 1, argv + 1);
+  if (!strcmp(cmd, "ps")) return cmd_ps(argc - 1, argv + 1);
+  if (!strcmp(cmd, "logs")) return cmd_logs(argc - 1, argv + 1);
+  if (!strcmp(cmd, "kill")) return cmd_kill(argc - 1, argv + 1);
   if (!strcmp(cmd, "destroy")) return cmd_destroy(argc - 1, argv + 1);
   if (!strcmp(cmd, "cp")) return sbx_cp_main(argc - 1, argv + 1, open_client);
   if (!strcmp(cmd, "doctor")) return sbx_doctor(stdout) ? 1 : 0;

@@ -12,7 +12,7 @@ _sbx() {
   cur="${COMP_WORDS[COMP_CWORD]}"
   prev="${COMP_WORDS[COMP_CWORD-1]}"
   cmd="${COMP_WORDS[1]}"
-  local cmds="mcp daemon exec session ls destroy cp expose doctor mount umount help --version"
+  local cmds="mcp daemon exec ps logs kill session ls destroy cp expose doctor mount umount help --version"
   if [ "$COMP_CWORD" -eq 1 ]; then
     COMPREPLY=($(compgen -W "$cmds" -- "$cur"))
     return
@@ -26,7 +26,10 @@ _sbx() {
     help) COMPREPLY=($(compgen -W "$cmds" -- "$cur")) ;;
     mcp) COMPREPLY=($(compgen -W "--sandbox --tools --read-only --help" -- "$cur")) ;;
     daemon) COMPREPLY=($(compgen -W "stop --http --http-allow-remote --mount --help" -- "$cur")) ;;
-    exec) [[ "$cur" == -* ]] && COMPREPLY=($(compgen -W "-s --sandbox -i --session --cwd --timeout -e --help --" -- "$cur")) ;;
+    exec) [[ "$cur" == -* ]] && COMPREPLY=($(compgen -W "-s --sandbox -i -d --detach --session --cwd --timeout -e --help --" -- "$cur")) ;;
+    ps|logs) [[ "$cur" == -* ]] && COMPREPLY=($(compgen -W "-s --sandbox --help" -- "$cur")) ;;
+    kill) [[ "$prev" == --signal ]] && COMPREPLY=($(compgen -W "SIGTERM SIGKILL SIGINT SIGHUP SIGQUIT SIGUSR1 SIGUSR2" -- "$cur")) ||
+          { [[ "$cur" == -* ]] && COMPREPLY=($(compgen -W "-s --sandbox --signal --help" -- "$cur")); } ;;
     session)
       if [[ "$cur" == -* ]]; then COMPREPLY=($(compgen -W "-s --sandbox --cwd -e --help" -- "$cur"))
       else COMPREPLY=($(compgen -W "ls create rm" -- "$cur")); fi ;;

@@ -211,6 +211,32 @@ def test_cp_symlink_race(t, x):
     t.eq(c.sh('echo alive', sandbox='race')['stdout'], 'alive\n', 'and the sandbox still answers')
 
 
+def test_background(t, x):
+    """sbx exec -d: a server that outlives the call (what an exec leaves
+    running ends with it); sbx ps, logs and kill."""
+    r = x.env.run(['exec', '-s', 'bg', '--', 'sleep 300 & echo $! > /tmp/left'])
+    t.eq(x.env.run(['exec', '-s', 'bg', '--', 'kill -0 $(cat /tmp/left) 2>/dev/null && echo alive || echo ended'])
+         .stdout, b'ended\n', 'what a plain exec leaves running ends with it')
+    r = x.env.run(['exec', '-s', 'bg', '-d', '--', 'echo up; echo oops >&2; exec python3 -m http.server 8123'])
+    pid = r.stdout.decode().strip()
+    t.ok(r.returncode == 0 and pid, 'sbx exec -d prints the background process\'s id', r.stderr)
+    r = x.env.run(['exec', '-s', 'bg', '--', 'for i in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/8123) 2>/dev/null '
+                   '&& echo listening && break; sleep 0.05; done'])
+    t.eq(r.stdout, b'listening\n', 'and it runs on after the call, serving')
+    r = x.env.run(['ps', '-s', 'bg'])
+    rows = [l.split() for l in r.stdout.decode().splitlines()[1:]]
+    t.ok(any(row[0] == pid and row[2] == 'running' for row in rows), 'sbx ps lists it as running', r.stdout)
+    r = x.env.run(['logs', '-s', 'bg', pid])
+    t.eq((r.returncode, r.stdout, r.stderr), (0, b'up\n', b'oops\n'), 'sbx logs prints its stdout and its stderr')
+    t.eq(x.env.run(['kill', '-s', 'bg', pid]).returncode, 0, 'sbx kill stops it')
+    r = x.env.run(['ps', '-s', 'bg'])
+    t.ok(any(l.split()[0] == pid and l.split()[2] == 'killed' for l in r.stdout.decode().splitlines()[1:]),
+         'and ps says so', r.stdout)
+    r = x.env.run(['logs', '-s', 'bg', 'nosuch'])
+    t.ok(r.returncode == 1 and b'PROCESS_NOT_FOUND' in r.stderr, 'a process that is not there is an error', r.stderr)
+    t.eq(x.env.run(['exec', '-d', '-i', '--', 'true']).returncode, 2, '-d with -i is a usage error')
+
+
 def test_doctor(t, x):
     r = x.env.run(['doctor'])
     out = r.stdout.decode()
@@ -372,5 +398,6 @@ def test_daemon_http_while_running(t, x):
 
 
 if __name__ == '__main__':
-    sys.exit(run_tests([test_exec, test_stdin, test_never_guesses, test_default_id, test_ls_destroy, test_cp, test_cp_hostile_sandbox, test_cp_symlink_race, test_doctor, test_autostart_and_stop,
+    sys.exit(run_tests([test_exec, test_stdin, test_never_guesses, test_default_id, test_ls_destroy, test_cp, test_cp_hostile_sandbox, test_cp_symlink_race, test_background, test_doctor,
+                        test_autostart_and_stop,
                         test_racing_starters, test_help, test_session, test_daemon_http_while_running], Ctx))
