@@ -38,7 +38,6 @@
 #include <sys/fanotify.h>
 #include <sys/file.h>
 #include <sys/fsuid.h>
-#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/statvfs.h>
@@ -262,29 +261,11 @@ static int node_fd(vnode *v) {
 
 static void queue_inval(fuse_ino_t parent, const char *name, fuse_ino_t ino);
 
-/* A file open in passthrough mode reads and writes the sandbox's disk
- * without this server, and nothing can take its backing file back: when
- * that disk is discarded (a reset or a destroy), its filesystem is shut
- * down, so such a holder gets EIO, as every other open file of the view
- * does, instead of the discarded files. Only that disk: a new incarnation
- * has a disk of its own. Lock held. */
-static void box_shutdown_disk(sbox *sb) {
-  if (!sb->own_disk) return;
-  for (vfile *f = V.files; f; f = f->next)
-    if (f->backed && f->vn->sb == sb && !f->vn->dead) {
-      uint32_t how = 2; /* EXT4_GOING_FLAGS_NOLOGFLUSH: nothing of it is kept */
-      ioctl(f->fd, _IOR('X', 125, uint32_t), &how); /* EXT4_IOC_SHUTDOWN */
-      return;
-    }
-}
-
 /* Everything of a sandbox goes: its nodes and open files point at /dev/null
  * from now on (the fd numbers stay valid for threads using them), and its
- * disk is no longer held; discarded says the disk is gone too (reset,
- * destroy), not merely no longer mounted by a daemon that stopped. Lock
- * held. */
-static void box_kill(sbox *sb, bool discarded) {
-  if (discarded) box_shutdown_disk(sb);
+ * disk is no longer held. Files open in passthrough mode are the kernel's:
+ * the daemon shuts a discarded disk down, so they give EIO too. Lock held. */
+static void box_kill(sbox *sb) {
   for (size_t h = 0; h < HASH_SIZE; h++)
     for (vnode *v = V.hash[h]; v; v = v->hnext)
       if (v->sb == sb && !v->dead) {
@@ -361,7 +342,7 @@ static void on_reset_all(void *ud, const char *const *ids, size_t n) {
   for (size_t i = 0; i < n; i++) box_add(ids[i]);
   for (sbox *b = V.boxes; b; b = b->next)
     if (!b->present) {
-      box_kill(b, true);
+      box_kill(b);
       queue_inval(FUSE_ROOT_ID, b->id, 0);
     }
   queue_inval(0, NULL, FUSE_ROOT_ID);
@@ -375,7 +356,7 @@ static void on_changed(void *ud, const char *id, const char *event) {
   if (!strcmp(event, "created")) {
     box_add(id);
   } else if (b && (!strcmp(event, "destroyed") || !strcmp(event, "reset"))) {
-    box_kill(b, true);
+    box_kill(b);
     if (!strcmp(event, "destroyed")) b->present = false;
     queue_inval(FUSE_ROOT_ID, id, 0);
   }
@@ -388,7 +369,7 @@ static void on_lost(void *ud) {
   /* a daemon that stops takes its sandboxes' mounts down: let them go */
   pthread_mutex_lock(&V.lock);
   for (sbox *b = V.boxes; b; b = b->next) {
-    box_kill(b, false);
+    box_kill(b);
     queue_inval(FUSE_ROOT_ID, b->id, 0);
   }
   pthread_mutex_unlock(&V.lock);
@@ -814,9 +795,8 @@ static vfile *file_new(vnode *v, int fd) {
 static int file_backing(fuse_req_t req, vfile *f, dev_t dev, bool here) {
   vnode *v = f->vn;
   if (fuse_req_ctx(req)->uid != V.uid) here = true;
-  /* only on a sandbox's own disk: a discarded one is shut down (see
-   * box_shutdown_disk), never the host's filesystem that directory disks
-   * are on */
+  /* only on a sandbox's own disk (one the daemon shuts down when it
+   * discards it), never the host's filesystem that directory disks are on */
   if (!V.passthrough || !v->sb || !v->sb->own_disk || dev != v->sb->dev) return 0;
   pthread_mutex_lock(&V.lock);
   /* a failed backing file leaves the node served here */

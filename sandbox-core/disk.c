@@ -4,6 +4,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <linux/loop.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
@@ -11,11 +12,17 @@
 #include <sys/socket.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/syscall.h>
+#include <sys/vfs.h>
 #include <sys/wait.h>
 #include <time.h>
 
 #define MAX_STALE 1024
+#define LOOP_MAJOR 7
+#define EXT4_SUPER_MAGIC 0xEF53
+#define EXT4_IOC_SHUTDOWN _IOR('X', 125, uint32_t)
+#define EXT4_GOING_FLAGS_NOLOGFLUSH 0x2
 #define POOL_SIZE 2
 
 static struct {
@@ -615,6 +622,40 @@ static void move_to_trash(const char *path, const char *id) {
   snprintf(trash, sizeof trash, "%s/trash/%s-%llu", dk.state, id, (unsigned long long)sbx_now_us());
   if (rename(path, trash) == 0) remove_in_background(trash);
   else if (errno != ENOENT) remove_in_background(path);
+}
+
+/* The filesystem of an fd, if it is this sandbox's image on its loop
+ * device (never anything else: the host's own filesystem may be an ext4 on
+ * a loop device too). */
+static bool on_image(int fd, const char *img) {
+  struct stat st, ist;
+  struct statfs sf;
+  if (fstat(fd, &st) < 0 || fstatfs(fd, &sf) < 0 || sf.f_type != EXT4_SUPER_MAGIC || major(st.st_dev) != LOOP_MAJOR ||
+      stat(img, &ist) < 0)
+    return false;
+  char dev[64];
+  snprintf(dev, sizeof dev, "/dev/loop%u", minor(st.st_dev));
+  _cleanup_close_ int l = open(dev, O_RDONLY | O_CLOEXEC);
+  struct loop_info64 info;
+  return l >= 0 && ioctl(l, LOOP_GET_STATUS64, &info) == 0 && (dev_t)info.lo_device == ist.st_dev &&
+         (ino_t)info.lo_inode == ist.st_ino;
+}
+
+void sbx_disk_shut_down(const char *id, int rootfd) {
+  if (!dk.loop) return;
+  char path[1200], dev[64];
+  image_path(id, path, sizeof path);
+  _cleanup_close_ int m = -1;
+  if (rootfd < 0) { /* not running: only if something still holds its image */
+    _cleanup_close_ int img = open(path, O_RDONLY | O_CLOEXEC);
+    if (img < 0 || lock_image(img) == 0) return;
+    _cleanup_close_ int bound = find_bound(img, dev, sizeof dev);
+    if (bound < 0 || (m = fsmount_ext4(dev)) < 0) return;
+    rootfd = m;
+  }
+  _cleanup_close_ int fd = openat(rootfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  uint32_t how = EXT4_GOING_FLAGS_NOLOGFLUSH; /* nothing of it is kept */
+  if (fd >= 0 && on_image(fd, path)) ioctl(fd, EXT4_IOC_SHUTDOWN, &how);
 }
 
 void sbx_disk_discard(const char *id) {

@@ -36,6 +36,12 @@ void sbx_disk_path(const char *id, char *out, size_t len);
  * mount still tearing down keeps its own inode), the directory moved away
  * and removed in the background. */
 void sbx_disk_discard(const char *id);
+/* Before a discard: shuts the disk's filesystem down (nothing of it is
+ * written again, every file still open on it gives EIO), whoever still
+ * holds it: the sandbox's processes being killed, a host process holding a
+ * file of the view in passthrough mode. rootfd: the running sandbox's root
+ * (on that filesystem), or -1 when it is not running. */
+void sbx_disk_shut_down(const char *id, int rootfd);
 /* Removes everything of the sandbox (destroy). */
 void sbx_disk_remove(const char *id);
 /* A helper process that keeps a few fresh disks of one size ready

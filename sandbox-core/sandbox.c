@@ -1012,6 +1012,7 @@ int sbx_sandbox_create(const char *id, const sbx_sandbox_opts *opts, sbx_sandbox
 
 int sbx_sandbox_reset(sbx_sandbox *sb) {
   if (sb->state == SBX_ASLEEP) return 0;
+  sbx_disk_shut_down(sb->id, sb->rootfd);
   stop_running_async(sb, false);
   free_sessions(sb);
   sbx_disk_discard(sb->id);
@@ -1073,6 +1074,7 @@ int sbx_sandbox_destroy(const char *id, sbx_error *err) {
   sbx_sandbox *sb = *pp;
   *pp = sb->next;
   eng.count--;
+  sbx_disk_shut_down(sb->id, sb->rootfd);
   stop_running_async(sb, false);
   sbx_disk_remove(sb->id);
   sbx_bucket_destroyed(sb);

@@ -411,6 +411,16 @@ def test_held_across_restart(t, x):
              'reads what the held file wrote')
         t.eq(os.pread(fd, 100, 35), b'again\n', 'and the held file what it wrote: one filesystem, never two')
         c.close()
+        # destroyed while the daemon that mounted it is gone: the next
+        # daemon finds the held disk and shuts it down all the same
+        t.eq(x.env.run(['daemon', 'stop']).returncode, 0, 'the daemon stops again')
+        t.eq(x.env.run(['destroy', 'v-held']).returncode, 0, 'the next one destroys the sandbox, not running')
+        try:
+            os.pread(fd, 100, 0)
+            e = None
+        except OSError as err:
+            e = err.errno
+        t.eq(e, 5, 'and the held file gives EIO, never the discarded disk\'s contents')
     finally:
         os.close(fd)
 
