@@ -554,8 +554,8 @@ static void v_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     return (void)fuse_reply_attr(req, &st, V.timeout);
   }
   if (v->lazy && !v->dead) { /* not opened yet: say a directory, wake nothing */
-    st = (struct stat){.st_mode = S_IFDIR | 0755, .st_nlink = 2, .st_uid = V.uid, .st_gid = V.gid,
-                       .st_ino = (uint64_t)v->sb->index << 40};
+    root_attr(&st); /* the view's own: not 1970 */
+    st.st_ino = (uint64_t)v->sb->index << 40;
     return (void)fuse_reply_attr(req, &st, 1.0);
   }
   int fd = fi && file_of(fi)->fd >= 0 ? file_of(fi)->fd : node_fd(v);
@@ -1061,7 +1061,7 @@ static void root_readdir(fuse_req_t req, size_t size, off_t off, bool plus) {
   size_t rem = size;
   pthread_mutex_lock(&V.lock);
   off_t i = 0;
-  struct stat st = {.st_mode = S_IFDIR};
+  struct stat st = {.st_mode = S_IFDIR, .st_ino = FUSE_ROOT_ID}; /* readdir(3) skips an inode number 0 */
   const char *dots[] = {".", ".."};
   for (int k = 0; k < 2; k++, i++) {
     if (i < off) continue;

@@ -75,6 +75,9 @@ def test_listing(t, x):
     t.eq(shown, 5, 'right after sbx mount returns, every sandbox is there (5 mounts)')
     st = os.stat(os.path.join(x.mnt, 'v1'))
     t.ok(stat.S_ISDIR(st.st_mode), 'MOUNT/<id> is a directory')
+    r = sh('ls -a %s' % x.mnt)
+    t.ok(r.stdout.split()[:2] == ['.', '..'] and 'v1' in r.stdout.split(), 'ls -a shows . and .. and the sandboxes',
+         r.stdout)
     x.c.ok('writeFile', {'path': '/workspace/hello.txt', 'content': 'hi\n'})
     t.eq(open(os.path.join(x.mnt, 'v1', 'hello.txt')).read(), 'hi\n', 'MOUNT/<id>/ is its /workspace')
 
