@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 
-from sbxtest import SBX, Env, children, gone, run_tests, wait_until
+from sbxtest import SBX, Env, children, gone, inits_of, run_tests, wait_until
 
 
 class Ctx:
@@ -114,8 +114,7 @@ def test_init_killed(t, x):
     session state kept, restarted: true; before, every call failed."""
     c = x.c
     c.sh('echo kept > /workspace/k.txt; cd /tmp; export KEPT=yes', sandbox='ik')
-    inits = [p for p in children(x.env.daemon_pid(), 'sbx-init') if open('/proc/%d/root/etc/hostname' % p).read() ==
-             'ik\n']
+    inits = inits_of(x.env.daemon_pid(), 'ik')
     t.eq(len(inits), 1, 'the sandbox\'s init runs on the host')
     os.kill(inits[0], signal.SIGKILL)
     t.ok(wait_until(lambda: gone(inits[0]), 10, 'the init to go'), 'killed from the host')
@@ -152,13 +151,7 @@ def test_made_ahead(t, x):
     t.eq(len(set(before) - set(ahead())), 1, 'the create took a sandbox made ahead', repr((before, ahead())))
 
 
-    def named(pid):
-        try:
-            with open('/proc/%d/root/etc/hostname' % pid) as f:
-                return f.read()
-        except OSError:
-            return None
-    took = [p for p in children(old, 'sbx-init') if named(p) == 'took\n']
+    took = inits_of(old, 'took')
     t.ok(len(took) == 1 and took[0] in inits, 'its init was running before the create', (took, inits))
     r = c.sh('hostname; cat /etc/hostname; grep -c "127.0.1.1.took$" /etc/hosts; domainname', sandbox='took')
     t.eq(r['stdout'], 'took\ntook\n1\nsbx\n', 'it has its own name: hostname, /etc/hostname, /etc/hosts')

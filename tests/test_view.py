@@ -13,7 +13,7 @@ import tempfile
 import threading
 import time
 
-from sbxtest import Env, children, gone, run_tests, wait_until
+from sbxtest import Env, gone, inits_of, run_tests, wait_until
 
 FSOPS = os.environ.get('FSOPS') or os.path.join(os.path.dirname(__file__), '..', 'build', 'tests', 'fsops')
 
@@ -370,14 +370,6 @@ def test_daemon_runs_the_view(t, x):
         env.close()
 
 
-def hostname_of(pid):
-    try:
-        with open('/proc/%d/root/etc/hostname' % pid) as f:
-            return f.read()
-    except OSError:
-        return None
-
-
 def test_held_across_restart(t, x):
     """A file held open through the view (passthrough) while the daemon
     restarts: the woken sandbox shares the filesystem the held file is on
@@ -404,7 +396,7 @@ def test_held_across_restart(t, x):
              'one file on one disk, written from both sides')
         # the same daemon starts the sandbox again after its init is killed
         # from the host: the disk the held file keeps is in use, and shared
-        inits = [p for p in children(x.env.daemon_pid(), 'sbx-init') if hostname_of(p) == 'v-held\n']
+        inits = inits_of(x.env.daemon_pid(), 'v-held')
         t.eq(len(inits), 1, 'the sandbox\'s init')
         os.kill(inits[0], signal.SIGKILL)
         wait_until(lambda: gone(inits[0]), 10, 'the init to die')

@@ -406,6 +406,20 @@ def children(parent, comm):
     return pids
 
 
+def inits_of(daemon_pid, sandbox):
+    """Host pids of the daemon's sandbox inits named sandbox (an init's
+    hostname is its sandbox's id)."""
+    named = []
+    for pid in children(daemon_pid, 'sbx-init'):
+        try:
+            with open('/proc/%d/root/etc/hostname' % pid) as f:
+                if f.read() == sandbox + '\n':
+                    named.append(pid)
+        except OSError:
+            continue
+    return named
+
+
 def gone(pid):
     """The process has ended (a zombie nobody reaps is gone too)."""
     try:
