@@ -647,7 +647,7 @@ void sbx_disk_shut_down(const char *id, int rootfd) {
   image_path(id, path, sizeof path);
   _cleanup_close_ int m = -1;
   if (rootfd < 0) { /* not running: only if something still holds its image */
-    _cleanup_close_ int img = open(path, O_RDONLY | O_CLOEXEC);
+    _cleanup_close_ int img = open(path, O_RDWR | O_CLOEXEC); /* a write lock needs a writer */
     if (img < 0 || lock_image(img) == 0) return;
     _cleanup_close_ int bound = find_bound(img, dev, sizeof dev);
     if (bound < 0 || (m = fsmount_ext4(dev)) < 0) return;
