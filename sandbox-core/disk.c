@@ -153,8 +153,20 @@ static int lock_image(int img) {
   return fcntl(img, F_OFD_SETLK, &fl) == 0 ? 0 : -errno;
 }
 
-/* The loop device bound to img, opened (held: autoclear cannot unbind it
- * meanwhile), with its name in dev; -1 when there is none. */
+/* The loop device dev, opened (held: autoclear cannot unbind it meanwhile)
+ * if it is bound to the file st names; else -1. */
+static int loop_bound_to(const char *dev, const struct stat *st) {
+  int l = open(dev, O_RDONLY | O_CLOEXEC);
+  struct loop_info64 info;
+  if (l >= 0 && ioctl(l, LOOP_GET_STATUS64, &info) == 0 && (dev_t)info.lo_device == st->st_dev &&
+      (ino_t)info.lo_inode == st->st_ino)
+    return l;
+  if (l >= 0) close(l);
+  return -1;
+}
+
+/* The loop device bound to img, held, with its name in dev; -1 when there
+ * is none. */
 static int find_bound(int img, char *dev, size_t len) {
   struct stat st;
   if (fstat(img, &st) < 0) return -1;
@@ -163,13 +175,7 @@ static int find_bound(int img, char *dev, size_t len) {
   for (struct dirent *e; d && found < 0 && (e = readdir(d));) {
     if (strncmp(e->d_name, "loop", 4)) continue;
     snprintf(dev, len, "/dev/%.48s", e->d_name);
-    int l = open(dev, O_RDONLY | O_CLOEXEC);
-    struct loop_info64 info;
-    if (l >= 0 && ioctl(l, LOOP_GET_STATUS64, &info) == 0 && (dev_t)info.lo_device == st.st_dev &&
-        (ino_t)info.lo_inode == st.st_ino)
-      found = l;
-    else if (l >= 0)
-      close(l);
+    found = loop_bound_to(dev, &st);
   }
   if (d) closedir(d);
   return found;
@@ -189,13 +195,7 @@ static int take_stale(const char *img, char *dev, size_t len) {
     if (dk.stale[i].dev != st.st_dev || dk.stale[i].ino != st.st_ino) continue;
     snprintf(dev, len, "/dev/%.48s", dk.stale[i].loop);
     dk.stale[i] = dk.stale[--dk.nstale];
-    int l = open(dev, O_RDWR | O_CLOEXEC);
-    struct loop_info64 info;
-    if (l >= 0 && ioctl(l, LOOP_GET_STATUS64, &info) == 0 && (dev_t)info.lo_device == st.st_dev &&
-        (ino_t)info.lo_inode == st.st_ino)
-      return l;
-    if (l >= 0) close(l); /* it let go: the image is free */
-    return -1;
+    return loop_bound_to(dev, &st); /* -1: it let go, the image is free */
   }
   return -1;
 }
@@ -635,10 +635,8 @@ static bool on_image(int fd, const char *img) {
     return false;
   char dev[64];
   snprintf(dev, sizeof dev, "/dev/loop%u", minor(st.st_dev));
-  _cleanup_close_ int l = open(dev, O_RDONLY | O_CLOEXEC);
-  struct loop_info64 info;
-  return l >= 0 && ioctl(l, LOOP_GET_STATUS64, &info) == 0 && (dev_t)info.lo_device == ist.st_dev &&
-         (ino_t)info.lo_inode == ist.st_ino;
+  _cleanup_close_ int l = loop_bound_to(dev, &ist);
+  return l >= 0;
 }
 
 void sbx_disk_shut_down(const char *id, int rootfd) {
