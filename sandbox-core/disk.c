@@ -86,6 +86,13 @@ static void remove_in_background(const char *path) {
   if (pid > 0) waitpid(pid, NULL, 0);
 }
 
+/* Shuts a filesystem down: nothing of it is written again, every file
+ * open on it gives EIO. Some milliseconds (a journal's abort). */
+static void shut_down(int fd) {
+  uint32_t how = EXT4_GOING_FLAGS_NOLOGFLUSH; /* nothing of it is kept */
+  ioctl(fd, EXT4_IOC_SHUTDOWN, &how);
+}
+
 int sbx_disk_init(const char *state_dir, bool rootless, sbx_error *err) {
   free(dk.state);
   dk.state = strdup(state_dir);
@@ -513,10 +520,15 @@ static _Noreturn void pool_main(int sock, uint64_t mb) {
   prctl(PR_SET_NAME, "sbx-disks");
   unsigned long long seq = 0;
   char c;
-  while (recv(sock, &c, 1, 0) == 1)
-    if (pool_make(sock, mb, ++seq) < 0) {
+  int fd, nfds;
+  while (sbx_recv_fds(sock, &c, 1, &fd, 1, &nfds, 0) == 1) {
+    if (nfds == 1) { /* "s" and a discarded disk: shut it down */
+      shut_down(fd);
+      close(fd);
+    } else if (pool_make(sock, mb, ++seq) < 0) {
       (void)!send(sock, "", 0, MSG_NOSIGNAL); /* an empty message: none this time */
     }
+  }
   _exit(0);
 }
 
@@ -639,33 +651,37 @@ static bool on_image(int fd, const char *img) {
   return l >= 0;
 }
 
-void sbx_disk_shut_down(const char *id, int rootfd) {
-  if (!dk.loop) return;
+int sbx_disk_to_shut(const char *id, int rootfd) {
+  if (!dk.loop) return -1;
   char path[1200], dev[64];
   image_path(id, path, sizeof path);
   _cleanup_close_ int m = -1;
   if (rootfd < 0) { /* not running: only if something still holds its image */
     _cleanup_close_ int img = open(path, O_RDWR | O_CLOEXEC); /* a write lock needs a writer */
-    if (img < 0 || lock_image(img) == 0) return;
+    if (img < 0 || lock_image(img) == 0) return -1;
     _cleanup_close_ int bound = find_bound(img, dev, sizeof dev);
-    if (bound < 0 || (m = fsmount_ext4(dev)) < 0) return;
+    if (bound < 0 || (m = fsmount_ext4(dev)) < 0) return -1;
     rootfd = m;
   }
-  _cleanup_close_ int fd = openat(rootfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  uint32_t how = EXT4_GOING_FLAGS_NOLOGFLUSH; /* nothing of it is kept */
-  if (fd >= 0 && on_image(fd, path)) ioctl(fd, EXT4_IOC_SHUTDOWN, &how);
+  int fd = openat(rootfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0 && !on_image(fd, path)) close(fd), fd = -1;
+  return fd;
 }
 
-void sbx_disk_discard(const char *id) {
+void sbx_disk_discard(const char *id, int shut) {
   char path[1200];
   image_path(id, path, sizeof path);
   unlink(path);
   sbx_disk_path(id, path, sizeof path);
   move_to_trash(path, id);
+  if (shut < 0) return;
+  /* by the disks' helper when there is one, so no reply waits for it */
+  if (dk.pool.sock < 0 || sbx_send_fds(dk.pool.sock, "s", 1, &shut, 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) shut_down(shut);
+  close(shut);
 }
 
-void sbx_disk_remove(const char *id) {
-  sbx_disk_discard(id);
+void sbx_disk_remove(const char *id, int shut) {
+  sbx_disk_discard(id, shut);
   char dir[1200];
   sbx_disk_dir(id, dir, sizeof dir);
   DIR *d = opendir(dir);

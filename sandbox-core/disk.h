@@ -32,18 +32,20 @@ int sbx_disk_ensure(const char *id, uint64_t disk_mb, sbx_error *err);
 int sbx_disk_mount(const char *id, sbx_error *err);
 /* Rootless: the directory to bind as the sandbox's disk. */
 void sbx_disk_path(const char *id, char *out, size_t len);
+/* Before a discard: an fd on the disk's filesystem to shut down, or -1.
+ * Shut down, nothing of it is written again, and every file still open on
+ * it gives EIO, whoever holds it: the sandbox's processes being killed, a
+ * host process holding a file of the view in passthrough mode. rootfd: the
+ * running sandbox's root (on that filesystem), or -1 when it is not
+ * running. Checked: only ever that sandbox's image on its loop device. */
+int sbx_disk_to_shut(const char *id, int rootfd);
 /* Discards the disk's contents (idle reset): the image is unlinked (a
  * mount still tearing down keeps its own inode), the directory moved away
- * and removed in the background. */
-void sbx_disk_discard(const char *id);
-/* Before a discard: shuts the disk's filesystem down (nothing of it is
- * written again, every file still open on it gives EIO), whoever still
- * holds it: the sandbox's processes being killed, a host process holding a
- * file of the view in passthrough mode. rootfd: the running sandbox's root
- * (on that filesystem), or -1 when it is not running. */
-void sbx_disk_shut_down(const char *id, int rootfd);
-/* Removes everything of the sandbox (destroy). */
-void sbx_disk_remove(const char *id);
+ * and removed in the background, where the filesystem of shut (taken, when
+ * >= 0) is shut down first. */
+void sbx_disk_discard(const char *id, int shut);
+/* Removes everything of the sandbox (destroy), as sbx_disk_discard does. */
+void sbx_disk_remove(const char *id, int shut);
 /* A helper process that keeps a few fresh disks of one size ready
  * (copied, bound, mounted), so a create does not wait for that; on_fresh
  * is called when one arrives. */

@@ -352,7 +352,7 @@ int sbx_engine_init(const sbx_engine_config *cfg, sbx_error *err) {
   snprintf(dir, sizeof dir, "%s/sandboxes", cfg->state_dir);
   d = opendir(dir);
   for (struct dirent *e; d && (e = readdir(d));)
-    if (!strncmp(e->d_name, "_ahead-", 7)) sbx_disk_remove(e->d_name);
+    if (!strncmp(e->d_name, "_ahead-", 7)) sbx_disk_remove(e->d_name, -1);
   if (d) closedir(d);
   if (eng.cfg.loop) sbx_disk_pool_start(eng.cfg.loop, eng.cfg.default_limits.disk_mb, ahead_soon);
   load_records();
@@ -887,7 +887,7 @@ static void ahead_discard(int i, bool wait) {
   sbx_sandbox *sb = ahead_remove(i, &sock);
   close(sock);
   stop_running_async(sb, wait);
-  sbx_disk_remove(sb->id);
+  sbx_disk_remove(sb->id, -1);
   sandbox_free(sb);
 }
 
@@ -906,7 +906,7 @@ static void ahead_make(void) {
   sbx_error err = {0};
   int sock = -1;
   if (start(sb, &sock, &err) < 0) {
-    sbx_disk_remove(id);
+    sbx_disk_remove(id, -1);
     sandbox_free(sb);
     return;
   }
@@ -962,7 +962,7 @@ static sbx_sandbox *ahead_take(const char *id, const sbx_sandbox_opts *opts) {
              err.message[0] ? err.message : moved ? "its setup had failed" : strerror(errno));
     eng.cfg.warn(msg);
   }
-  sbx_disk_remove(sb->id);
+  sbx_disk_remove(sb->id, -1);
   sandbox_free(sb);
   return NULL;
 }
@@ -983,7 +983,7 @@ int sbx_sandbox_create(const char *id, const sbx_sandbox_opts *opts, sbx_sandbox
     return sbx_err(err, "RESOURCE_LIMIT", "at most %d sandboxes may exist at once (maxSandboxes in %s)",
                    eng.cfg.max_sandboxes, "the daemon's configuration");
   /* a directory left by a crash between making a disk and its record */
-  sbx_disk_remove(id);
+  sbx_disk_remove(id, -1);
   sb = ahead_take(id, opts);
   if (!sb) {
     sb = sandbox_new(id);
@@ -995,7 +995,7 @@ int sbx_sandbox_create(const char *id, const sbx_sandbox_opts *opts, sbx_sandbox
     sbx_strv_copy(&sb->opts.allowed_hosts, &opts->allowed_hosts);
     sb->state = SBX_STOPPED;
     if (start(sb, NULL, err) < 0) {
-      sbx_disk_remove(id);
+      sbx_disk_remove(id, -1);
       sandbox_free(sb);
       return -1;
     }
@@ -1012,10 +1012,10 @@ int sbx_sandbox_create(const char *id, const sbx_sandbox_opts *opts, sbx_sandbox
 
 int sbx_sandbox_reset(sbx_sandbox *sb) {
   if (sb->state == SBX_ASLEEP) return 0;
-  sbx_disk_shut_down(sb->id, sb->rootfd);
+  int shut = sbx_disk_to_shut(sb->id, sb->rootfd);
   stop_running_async(sb, false);
   free_sessions(sb);
-  sbx_disk_discard(sb->id);
+  sbx_disk_discard(sb->id, shut);
   sb->state = SBX_ASLEEP;
   sb->reset_pending = true;
   sb->restart_pending = false;
@@ -1074,9 +1074,9 @@ int sbx_sandbox_destroy(const char *id, sbx_error *err) {
   sbx_sandbox *sb = *pp;
   *pp = sb->next;
   eng.count--;
-  sbx_disk_shut_down(sb->id, sb->rootfd);
+  int shut = sbx_disk_to_shut(sb->id, sb->rootfd);
   stop_running_async(sb, false);
-  sbx_disk_remove(sb->id);
+  sbx_disk_remove(sb->id, shut);
   sbx_bucket_destroyed(sb);
   changed(sb->id, "destroyed");
   sandbox_free(sb);
