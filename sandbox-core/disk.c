@@ -79,6 +79,7 @@ static void remove_in_background(const char *path) {
   if (pid == 0) {
     if (fork() == 0) { /* reparented: nobody waits for it */
       setsid();
+      close_range(3, ~0U, 0); /* nothing of the daemon's held meanwhile: its lock above all */
       sbx_remove_tree_at(AT_FDCWD, path, true);
     }
     _exit(0);
@@ -518,6 +519,13 @@ static int pool_make(int sock, uint64_t mb, unsigned long long seq) {
 static _Noreturn void pool_main(int sock, uint64_t mb) {
   sbx_child_unblock();
   prctl(PR_SET_NAME, "sbx-disks");
+  /* nothing of the daemon's held but its socket: the daemon's lock above
+   * all, which a daemon started after a kill -9 must be able to take */
+  if (sock != 3) {
+    dup2(sock, 3);
+    sock = 3;
+  }
+  close_range(4, ~0U, 0);
   unsigned long long seq = 0;
   char c;
   int fd, nfds;
