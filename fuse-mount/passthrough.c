@@ -94,7 +94,6 @@ int sbx_passthrough_attach(struct fuse_session *se) {
 }
 
 bool sbx_passthrough_on(void) { return atomic_load(&pt.on); }
-void sbx_passthrough_off(void) { atomic_store(&pt.on, false); }
 
 int sbx_passthrough_open(int fd) {
   if (!sbx_passthrough_on()) return -EOPNOTSUPP;

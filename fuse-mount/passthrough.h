@@ -13,9 +13,8 @@
  * offers it. Returns 0 or -errno. */
 int sbx_passthrough_attach(struct fuse_session *se);
 /* Whether the kernel offered passthrough and this server asked for it (known
- * once INIT was answered); false again after sbx_passthrough_off. */
+ * once INIT was answered). */
 bool sbx_passthrough_on(void);
-void sbx_passthrough_off(void);
 /* A backing id for fd (a regular file open for I/O, with the caller's
  * credentials: the kernel opens it anew as them for each open file), or
  * -errno (EPERM without CAP_SYS_ADMIN). */
