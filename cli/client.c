@@ -117,9 +117,9 @@ static json_t *roundtrip(sbx_client *c, const char *method, json_t *params, sbx_
     } else if (!mth && json_integer_value(json_object_get(m, "id")) == id) {
       json_t *e = json_object_get(m, "error");
       json_t *res = e ? NULL : json_incref(json_object_get(m, "result"));
-      if (e)
-        snprintf(err, errlen, "%s (%lld)", json_string_value(json_object_get(e, "message")),
-                 (long long)json_integer_value(json_object_get(e, "code")));
+      const char *msg = e ? json_string_value(json_object_get(e, "message")) : NULL;
+      if (e && msg && *msg) snprintf(err, errlen, "%s", msg);
+      else if (e) snprintf(err, errlen, "error %lld", (long long)json_integer_value(json_object_get(e, "code")));
       json_decref(m);
       return res;
     }

@@ -91,6 +91,7 @@ typedef struct extract {
   sbx_strv dirs;    /* directories whose mode and mtime are set at the end */
   sbx_strv dir_meta;
   bool warned;
+  bool top_failed; /* said once: what would go inside it is skipped quietly */
 } extract;
 
 /* The archive name, made relative to the top entry: "" for the top entry,
@@ -172,9 +173,9 @@ static int entry(extract *e, reader *r, char type, const char *name, const char 
     if (type == '5') {
       char meta[64];
       snprintf(meta, sizeof meta, "%o %lld", mode, (long long)mtime);
-      if (mkdir(e->dest, 0700) < 0 && errno != EEXIST) rc = fail("making", e->dest);
+      if (mkdir(e->dest, 0700) < 0 && errno != EEXIST) rc = fail("making", e->dest), e->top_failed = true;
       else if (e->rootfd < 0 && (e->rootfd = open(e->dest, O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0)
-        rc = fail("opening", e->dest);
+        rc = fail("opening", e->dest), e->top_failed = true;
       else sbx_strv_add(&e->dirs, ""), sbx_strv_add(&e->dir_meta, meta);
     } else if (data) {
       int fd = open(e->dest, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
@@ -196,7 +197,7 @@ static int entry(extract *e, reader *r, char type, const char *name, const char 
   }
   if (e->rootfd < 0) {
     free(rel);
-    fprintf(stderr, "sbx cp: %s: not in a directory\n", name);
+    if (!e->top_failed) fprintf(stderr, "sbx cp: %s: not in a directory\n", name);
     return data && skip(r, (size + 511) & ~511ull) < 0 ? -1 : 1;
   }
   const char *last;

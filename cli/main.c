@@ -137,6 +137,8 @@ static char last_code[64]; /* the error code of the last call that failed */
 static json_t *call(sbx_client *c, const char *tool, json_t *args, sbx_progress_fn pf, void *ud) {
   char err[600];
   last_code[0] = 0;
+  char id[80]; /* args goes with the call */
+  snprintf(id, sizeof id, "%s", json_string_value(json_object_get(args, "sandboxId")) ?: c->default_sandbox);
   json_t *r = sbx_client_call(c, tool, args, pf, ud, &interrupted, err, sizeof err);
   if (!r) {
     fprintf(stderr, "sbx: %s: %s\n", tool, err);
@@ -144,8 +146,11 @@ static json_t *call(sbx_client *c, const char *tool, json_t *args, sbx_progress_
   }
   if (json_is_true(json_object_get(r, "isError"))) {
     json_t *e = json_object_get(json_object_get(r, "structuredContent"), "error");
-    fprintf(stderr, "sbx: %s: %s: %s\n", tool, json_string_value(json_object_get(e, "code")),
-            json_string_value(json_object_get(e, "message")));
+    const char *code = json_string_value(json_object_get(e, "code")) ?: "";
+    if (!strcmp(code, "SANDBOX_NOT_FOUND") && *id) /* the daemon's advice is for agents */
+      fprintf(stderr, "sbx: no sandbox '%s' (`sbx ls` lists them)\n", id);
+    else
+      fprintf(stderr, "sbx: %s: %s: %s\n", tool, code, json_string_value(json_object_get(e, "message")));
     snprintf(last_code, sizeof last_code, "%s", json_string_value(json_object_get(e, "code")) ?: "");
     json_decref(r);
     return NULL;

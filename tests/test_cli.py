@@ -48,7 +48,10 @@ def test_ls_destroy(t, x):
     t.eq((r.returncode, r.stdout), (0, b'destroyed gone\n'), 'destroy says what it did')
     t.ok(b'gone' not in x.env.run(['ls']).stdout, 'destroyed sandbox is not listed')
     r = x.env.run(['destroy', 'gone'])
-    t.ok(r.returncode == 1 and b'SANDBOX_NOT_FOUND' in r.stderr, 'destroy of a missing sandbox fails clearly')
+    t.eq((r.returncode, r.stderr), (1, b"sbx: no sandbox 'gone' (`sbx ls` lists them)\n"),
+         'destroy of a missing sandbox fails clearly, with advice for the command line')
+    r = x.env.run(['ps', '-s', 'gone'])
+    t.eq((r.returncode, r.stderr), (1, b"sbx: no sandbox 'gone' (`sbx ls` lists them)\n"), 'so does ps of one')
 
 
 def tree_facts(root):
@@ -121,8 +124,12 @@ def test_cp(t, x):
     t.ok(r.returncode == 1 and b'SANDBOX_NOT_FOUND' in r.stderr, 'a missing sandbox is SANDBOX_NOT_FOUND', r.stderr)
     t.eq(x.env.run(['ls']).stdout, before, 'and it is not created')
     r = x.env.run(['cp', 'cp1:proj/missing', os.path.join(x.env.root, 'm')])
-    t.ok(r.returncode == 1 and b'No such file' in r.stderr and not os.path.exists(os.path.join(x.env.root, 'm')),
-         'a missing sandbox path says so and makes nothing', r.stderr)
+    t.ok(r.returncode == 1 and r.stderr == b'sbx cp: proj/missing: No such file or directory\n'
+         and not os.path.exists(os.path.join(x.env.root, 'm')),
+         'a missing sandbox path says so in one line and makes nothing', r.stderr)
+    r = x.env.run(['cp', 'cp1:proj', os.path.join(x.env.root, 'nodir', 'p')])
+    t.ok(r.returncode == 1 and r.stderr.count(b'\n') == 1 and b'nodir/p: No such file or directory' in r.stderr,
+         'a missing host directory is one error, not one per file', r.stderr)
 
 
 def test_cp_hostile_sandbox(t, x):
