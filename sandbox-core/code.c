@@ -1,5 +1,6 @@
 #define _GNU_SOURCE
 #include "code.h"
+#include "files.h"
 #include "driver_node.h"
 #include "driver_python.h"
 
@@ -419,6 +420,9 @@ int sbx_code_create(uv_loop_t *loop, sbx_sandbox *sb, const char *language, cons
     if (!c->forgotten && !strcmp(c->sandbox, sb->id)) n++;
   if (n >= SBX_MAX_CODE_CONTEXTS)
     return sbx_err(err, "RESOURCE_LIMIT", "sandbox '%s' has %zu code contexts already (deleteCodeContext some)", sb->id, n);
+  char abs[4096] = "/workspace";
+  if (cwd && sbx_fs_abspath(cwd, abs, err) < 0) return -1;
+  if (strlen(abs) >= sizeof ((sbx_code_ctx *)0)->cwd) return sbx_err(err, "VALIDATION_FAILED", "cwd is too long");
   sbx_code_ctx *c = calloc(1, sizeof *c);
   if (!c) return sbx_err(err, "INTERNAL", "out of memory");
   static uint64_t seq;
@@ -426,7 +430,7 @@ int sbx_code_create(uv_loop_t *loop, sbx_sandbox *sb, const char *language, cons
   else snprintf(c->id, sizeof c->id, "ctx-%llu-%llu", (unsigned long long)(sbx_now_ms() % 1000000), (unsigned long long)++seq);
   snprintf(c->sandbox, sizeof c->sandbox, "%s", sb->id);
   snprintf(c->language, sizeof c->language, "%s", language);
-  snprintf(c->cwd, sizeof c->cwd, "%s", cwd ? cwd : "/workspace");
+  snprintf(c->cwd, sizeof c->cwd, "%s", abs);
   c->loop = loop;
   c->created_ms = sbx_now_ms();
   c->ready_cb = ready_cb;

@@ -917,7 +917,9 @@ int sbx_exec_start(uv_loop_t *loop, sbx_sandbox *sb, const sbx_exec_opts *o, sbx
   const char *sid = o->session_id ? o->session_id : "default";
   sbx_session *s = sbx_session_find(sb, sid);
   if (!s) return sbx_err(err, "SESSION_NOT_FOUND", "no session '%s' in sandbox '%s'", sid, sb->id);
-  const char *cwd = o->cwd ? o->cwd : s->cwd;
+  char given[4096]; /* a relative cwd is under /workspace, as every path of the tools */
+  if (o->cwd && sbx_fs_abspath(o->cwd, given, err) < 0) return -1;
+  const char *cwd = o->cwd ? given : s->cwd;
   if (sbx_fs_check_dir(sb, cwd, err) < 0) {
     if (o->cwd) return -1;
     cwd = "/workspace"; /* the session's directory was removed */

@@ -80,6 +80,11 @@ def test_contexts_independent(t, x):
     run(x, 'v = "in a"', contextId=a['id'])
     r = run(x, 'import os\n(globals().get("v"), os.getcwd())', contextId=b['id'])
     t.eq(r['results'][0]['text'], "(None, '/tmp')", 'contexts do not share state')
+    x.c.sh('mkdir -p /workspace/cdir')
+    c = x.c.ok('createCodeContext', {'language': 'python', 'cwd': 'cdir'})
+    r = run(x, 'import os\nos.getcwd()', contextId=c['id'])
+    t.eq((c['cwd'], r['results'][0]['text']), ('/workspace/cdir', "'/workspace/cdir'"), 'a relative cwd is under /workspace')
+    x.c.ok('deleteCodeContext', {'contextId': c['id']})
     ids = [ctx['id'] for ctx in x.c.ok('listCodeContexts')['contexts']]
     t.ok(a['id'] in ids and b['id'] in ids, 'listCodeContexts shows them', ids)
     x.c.ok('deleteCodeContext', {'contextId': b['id']})

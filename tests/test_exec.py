@@ -217,6 +217,14 @@ def test_nonexistent_cwd(t, x):
     t.eq(x.c.err('exec', {'command': 'true', 'cwd': '/nope'}), 'FILE_NOT_FOUND', 'missing cwd is an error')
 
 
+def test_relative_cwd(t, x):
+    x.c.sh('mkdir -p /workspace/rel/sub')
+    t.eq(x.c.ok('exec', {'command': 'pwd', 'cwd': 'rel/sub'})['stdout'], '/workspace/rel/sub\n',
+         'a relative cwd is under /workspace, not /')
+    t.eq(x.c.sh('pwd')['stdout'], '/workspace\n', 'and it is for that call only')
+    t.eq(x.c.err('exec', {'command': 'true', 'cwd': 'nope'}), 'FILE_NOT_FOUND', 'a missing relative cwd is an error')
+
+
 def test_sandbox_creation_rules(t, x):
     t.eq(x.c.err('readFile', {'sandboxId': 'never-made', 'path': '/etc/hostname'}), 'SANDBOX_NOT_FOUND',
          'a looking tool does not create')

@@ -47,6 +47,10 @@ def test_exit_and_logs(t, x):
     t.eq(c.err('getProcess', {'processId': 'nope'}), 'PROCESS_NOT_FOUND', 'unknown process')
     c.ok('startProcess', {'processId': 'job', 'command': 'true'})
     t.ok(True, 'a finished id can be reused')
+    c.sh('mkdir -p /workspace/pdir')
+    c.ok('startProcess', {'processId': 'where', 'command': 'pwd', 'cwd': 'pdir'})
+    t.ok(wait_until(lambda: status(x, 'where')['status'] != 'running', 20, 'pwd to end'), 'pwd ends')
+    t.eq(c.ok('getProcessLogs', {'processId': 'where'})['stdout'], '/workspace/pdir\n', 'a relative cwd is under /workspace')
 
 
 def test_tree_and_kill_all(t, x):
