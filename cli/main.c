@@ -12,6 +12,7 @@
 #include "../fuse-mount/view.h"
 
 #include <dirent.h>
+#include <strings.h>
 #include <fcntl.h>
 #include <getopt.h>
 #include <sys/stat.h>
@@ -383,10 +384,26 @@ static int cmd_logs(int argc, char **argv) {
   return 0;
 }
 
+/* TERM, term, SIGTERM, 15: the names kill(1) takes, as killProcess names
+ * them; NULL for one it does not send. */
+static const char *signal_name(const char *s) {
+  static const char *const names[] = {"SIGTERM", "SIGKILL", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"};
+  static const int numbers[] = {SIGTERM, SIGKILL, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+  char *end;
+  long n = strtol(s, &end, 10);
+  for (size_t i = 0; i < SBX_ARRAY_SIZE(names); i++)
+    if ((*s && !*end && n == numbers[i]) || !strcasecmp(s, names[i]) || !strcasecmp(s, names[i] + 3)) return names[i];
+  return NULL;
+}
+
 static int cmd_kill(int argc, char **argv) {
   const char *sandbox = NULL, *name = NULL, *signame = NULL;
   if (proc_args(argc, argv, &sandbox, &name, &signame) < 0) {
     return usage_of("kill");
+  }
+  if (signame && !(signame = signal_name(signame))) {
+    fprintf(stderr, "sbx kill: --signal takes TERM, KILL, INT, HUP, QUIT, USR1 or USR2 (or their numbers)\n");
+    return 2;
   }
   sbx_client c;
   if (open_client(&c, sandbox) < 0) return 1;

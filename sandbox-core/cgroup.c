@@ -494,9 +494,9 @@ void sbx_cg_kill_except(const sbx_cgroup *c, pid_t keep) {
 
 static void signal_pid(pid_t pid, void *ud) { kill(pid, *(int *)ud); }
 
-void sbx_cg_signal(const sbx_cgroup *c, int sig) {
+int sbx_cg_signal(const sbx_cgroup *c, int sig) {
   const char *d = any_dir(c);
-  if (d) for_each_pid(d, 0, signal_pid, &sig);
+  return d ? for_each_pid(d, 0, signal_pid, &sig) : 0;
 }
 
 bool sbx_cg_populated(const sbx_cgroup *c) {

@@ -59,7 +59,7 @@ int sbx_cg_kill(const sbx_cgroup *cg);
 void sbx_cg_kill_except(const sbx_cgroup *cg, pid_t keep);
 bool sbx_cg_populated(const sbx_cgroup *cg);
 /* Sends sig to every process in the cgroup and below. */
-void sbx_cg_signal(const sbx_cgroup *cg, int sig);
+int sbx_cg_signal(const sbx_cgroup *cg, int sig); /* how many processes it signalled */
 uint64_t sbx_cg_oom_kills(const sbx_cgroup *cg);
 /* Memory charged to it (bytes) and how much of that is page cache. */
 int sbx_cg_memory(const sbx_cgroup *cg, uint64_t *usage, uint64_t *cache);

@@ -9,16 +9,17 @@
 
 /* Runs the command in the session's shell state and, on exit (also
  * `exit N`), reports the shell's cwd and exported variables on fd 3, which
- * the command itself never sees. With bash, the rest of what a persistent
+ * the command itself never sees (quietly: 2>/dev/null comes first, so that
+ * a closed fd 3 says nothing). With bash, the rest of what a persistent
  * shell keeps follows a \1 line: its other variables, functions, aliases
  * and options, given back to the next command of the session on fd 4. */
 static const char sh_wrapper[] =
-    "trap '__sbx_rc=$?; { printf \"%s\\n\" \"$PWD\"; export -p; } >&3 2>/dev/null; exit $__sbx_rc' EXIT\n"
+    "trap '__sbx_rc=$?; { printf \"%s\\n\" \"$PWD\"; export -p; } 2>/dev/null >&3; exit $__sbx_rc' EXIT\n"
     "__sbx_cmd=$1; shift\n"
     "eval \"$__sbx_cmd\" 3>&-\n";
 static const char bash_wrapper[] =
     "trap '__sbx_rc=$?; { printf \"%s\\n\" \"$PWD\"; export -p; printf \"\\1\\n\"; declare -p; declare -f; "
-    "alias -p; set +o; shopt -p; } >&3 2>/dev/null; exit $__sbx_rc' EXIT\n"
+    "alias -p; set +o; shopt -p; } 2>/dev/null >&3; exit $__sbx_rc' EXIT\n"
     "__sbx_cmd=$1\n"
     "if [ \"$2\" = 1 ]; then . /dev/fd/4 2>/dev/null; else shopt -s expand_aliases; fi\n"
     "set -- \n"
@@ -586,8 +587,11 @@ void sbx_exec_cancel(sbx_exec *x) {
 
 void sbx_exec_signal(sbx_exec *x, int sig) {
   if (x->done) return;
-  if (x->cg.n) sbx_cg_signal(&x->cg, sig);
-  else if (x->pidfd >= 0) sbx_pidfd_send_signal(x->pidfd, SIGTERM); /* the supervisor kills the group */
+  /* a command that has not joined its cgroup yet (it does just before it
+   * executes) is killed by its supervisor, which kills the command's group:
+   * a signal sent the moment it started was lost, and the command ran on */
+  if (x->cg.n && sbx_cg_signal(&x->cg, sig) > 0) return;
+  if (x->pidfd >= 0) sbx_pidfd_send_signal(x->pidfd, SIGTERM);
 }
 
 char *sbx_exec_output(sbx_exec *x, int stream, size_t *len) {

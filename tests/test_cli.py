@@ -242,6 +242,21 @@ def test_background(t, x):
     r = x.env.run(['ps', '-s', 'bg'])
     t.ok(any(l.split()[0] == pid and l.split()[2] == 'killed' for l in r.stdout.decode().splitlines()[1:]),
          'and ps says so', r.stdout)
+    r = x.env.run(['exec', '-s', 'bg', '-d', '--', 'sleep 300'])
+    sl = r.stdout.decode().strip()
+    t.eq(x.env.run(['kill', '-s', 'bg', '--signal', 'term', sl]).returncode, 0, 'sbx kill takes a signal as kill(1) does')
+    def ended():
+        rows = [l.split() for l in x.env.run(['ps', '-s', 'bg']).stdout.decode().splitlines()[1:]]
+        return any(row[0] == sl and row[2] != 'running' for row in rows)
+    try:
+        wait_until(ended, 20, 'sleep to end')
+    except Exception:
+        print('# ' + x.env.run(['ps', '-s', 'bg']).stdout.decode().replace('\n', '\n# '))
+        raise
+    t.ok(True, 'and the process ends')
+    r = x.env.run(['logs', '-s', 'bg', sl])
+    t.eq((r.stdout, r.stderr), (b'', b''), 'a process killed by SIGTERM has nothing in its logs it did not write')
+    t.eq(x.env.run(['kill', '-s', 'bg', '--signal', 'STOP', sl]).returncode, 2, 'a signal it does not send is a usage error')
     r = x.env.run(['logs', '-s', 'bg', 'nosuch'])
     t.ok(r.returncode == 1 and b'PROCESS_NOT_FOUND' in r.stderr, 'a process that is not there is an error', r.stderr)
     t.eq(x.env.run(['exec', '-d', '-i', '--', 'true']).returncode, 2, '-d with -i is a usage error')
