@@ -35,6 +35,7 @@
 #include <limits.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sys/resource.h>
 #include <sys/fanotify.h>
 #include <sys/file.h>
 #include <sys/fsuid.h>
@@ -58,6 +59,7 @@ typedef struct vnode {
   uint64_t gen;     /* the sandbox's generation it belongs to */
   bool dead;
   bool lazy;        /* a sandbox's root, not opened yet (it is not running) */
+  bool counted;     /* one of its sandbox's nodes (sbox.nodes) */
   struct vnode *parent; /* symlinks: the directory they were found in */
   struct vnode *hnext;
   int backing;      /* passthrough: the kernel's id of its backing file, or 0 */
@@ -87,6 +89,7 @@ typedef struct sbox {
   __fsid_t fsid;
   bool own_disk; /* its /workspace is on a filesystem of its own (an ext4 image on a loop device) */
   bool present;
+  unsigned long nodes; /* nodes holding an fd: at most V.max_nodes */
   struct sbox *next;
 } sbox;
 
@@ -106,6 +109,7 @@ static struct {
   bool rootless;
   bool allow_other;
   double timeout; /* attribute and entry cache */
+  unsigned long max_nodes; /* per sandbox: three quarters of the fds, so one cannot take them all */
   bool stateless_dirs; /* no opendir (v_opendir) */
   int fan;        /* fanotify (root), or -1 */
   bool passthrough; /* as root: regular files in FUSE passthrough mode */
@@ -165,7 +169,8 @@ static vnode *node_get(sbox *sb, int fd, const struct stat *st, bool *used_fd) {
   if (v) return v;
   v = calloc(1, sizeof *v);
   if (!v) return NULL;
-  *v = (vnode){.nlookup = 1, .fd = fd, .dev = st->st_dev, .ino = st->st_ino, .sb = sb, .gen = sb->gen};
+  *v = (vnode){.nlookup = 1, .fd = fd, .dev = st->st_dev, .ino = st->st_ino, .sb = sb, .gen = sb->gen, .counted = true};
+  sb->nodes++;
   v->hnext = V.hash[h];
   V.hash[h] = v;
   *used_fd = true;
@@ -187,6 +192,7 @@ static void node_forget(vnode *v, uint64_t n) {
   if (v->nlookup <= n) {
     node_unhash(v);
     if (v->sb && v->sb->root == v) v->sb->root = NULL;
+    if (v->counted) v->sb->nodes--;
     if (v->fd >= 0) close(v->fd);
     free(v);
   } else {
@@ -491,6 +497,9 @@ static int do_lookup(fuse_req_t req, vnode *parent, const char *name, struct fus
   int fd = -1;
   bool used = false;
   if (!v) {
+    /* a sandbox with more files than the view can hold open (the host
+     * walking a huge tree it made) runs out alone, never the others */
+    if (parent->sb->nodes >= V.max_nodes) return ENFILE;
     if ((fd = openat(pfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC)) < 0) return errno;
     if (fstatat(fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0) { /* what the fd is, raced or not */
       int err = errno;
@@ -569,6 +578,20 @@ static void v_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 
 static void proc_path(int fd, char out[64]) { snprintf(out, 64, "/proc/self/fd/%d", fd); }
 
+/* truncate(2), without waiting for a lease's break (see open_flags) */
+static int truncate_now(const char *path, off_t size) {
+  int fd = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return errno == ENXIO ? (errno = EINVAL, -1) : -1; /* a FIFO */
+  struct stat st;
+  int r = fstat(fd, &st);
+  if (r == 0 && !S_ISREG(st.st_mode)) r = -1, errno = EINVAL;
+  if (r == 0) r = ftruncate(fd, size);
+  int e = errno;
+  close(fd);
+  errno = e;
+  return r;
+}
+
 static void v_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int valid, struct fuse_file_info *fi) {
   vnode *v = node_of(ino);
   if (v == &V.root) return (void)fuse_reply_err(req, EPERM);
@@ -590,7 +613,7 @@ static void v_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int val
     r = fchownat(ifd, "", u, g, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW);
     if (r < 0 && errno == EOVERFLOW) errno = EPERM;
   }
-  if (!r && (valid & FUSE_SET_ATTR_SIZE)) r = ffd >= 0 ? ftruncate(ffd, attr->st_size) : truncate(pp, attr->st_size);
+  if (!r && (valid & FUSE_SET_ATTR_SIZE)) r = ffd >= 0 ? ftruncate(ffd, attr->st_size) : truncate_now(pp, attr->st_size);
   if (!r && (valid & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME))) {
     struct timespec tv[2] = {{.tv_nsec = UTIME_OMIT}, {.tv_nsec = UTIME_OMIT}};
     if (valid & FUSE_SET_ATTR_ATIME_NOW) tv[0].tv_nsec = UTIME_NOW;
@@ -840,9 +863,24 @@ static void file_free(vfile *f) {
 /* Whether a file handle still belongs to a live sandbox. */
 static bool file_live(vfile *f) { return f->vn && !f->vn->dead; }
 
+/* Files are opened with O_NONBLOCK, so that no open waits on the
+ * sandbox: not for the other end of a FIFO swapped in under a name, not for
+ * a lease the sandbox's root holds on its own file (its break would take
+ * the kernel's lease-break-time, 45 s, of one of the server's threads: the
+ * host's open gets EAGAIN instead). O_NONBLOCK is taken off again unless
+ * asked for. */
 static void open_flags(struct fuse_file_info *fi, int *flags) {
   *flags = fi->flags & ~(O_CREAT | O_EXCL | O_NOCTTY | O_NOFOLLOW);
-  *flags |= O_CLOEXEC;
+  *flags |= O_CLOEXEC | O_NONBLOCK;
+}
+
+/* 0 for a regular file just opened (now blocking as asked), else an errno
+ * (only regular files are served). */
+static int opened_regular(int fd, const struct fuse_file_info *fi, struct stat *st) {
+  if (fstat(fd, st) < 0) return errno;
+  if (!S_ISREG(st->st_mode)) return S_ISDIR(st->st_mode) ? EISDIR : EACCES;
+  if (!(fi->flags & O_NONBLOCK)) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return 0;
 }
 
 static void v_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
@@ -857,9 +895,10 @@ static void v_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
   int nfd = open(pp, flags);
   if (nfd < 0) return (void)fuse_reply_err(req, errno);
   struct stat st;
-  if (fstat(nfd, &st) < 0 || !S_ISREG(st.st_mode)) { /* only regular files are served */
+  int err = opened_regular(nfd, fi, &st);
+  if (err) {
     close(nfd);
-    return (void)fuse_reply_err(req, S_ISDIR(st.st_mode) ? EISDIR : EACCES);
+    return (void)fuse_reply_err(req, err);
   }
   vfile *f = file_new(v, nfd);
   if (!f) {
@@ -886,9 +925,20 @@ static void v_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t
   open_flags(fi, &flags);
   int fd = openat(pfd, name, flags | O_CREAT | O_NOFOLLOW | (fi->flags & O_EXCL), mode);
   if (fd < 0) return (void)fuse_reply_err(req, errno);
-  struct fuse_entry_param e;
-  int err = do_lookup(req, p, name, &e);
+  struct stat st;
+  int err = opened_regular(fd, fi, &st);
   if (err) {
+    close(fd);
+    return (void)fuse_reply_err(req, err);
+  }
+  struct fuse_entry_param e;
+  err = do_lookup(req, p, name, &e);
+  if (!err && (e.attr.st_dev != st.st_dev || e.attr.st_ino != (((uint64_t)p->sb->index << 40) ^ st.st_ino))) {
+    node_forget(node_of(e.ino), 1); /* the name was renamed over meanwhile, inside */
+    err = EAGAIN;
+  }
+  if (err) {
+    if (fi->flags & O_EXCL) unlinkat(pfd, name, 0); /* made here for this create: not left behind */
     close(fd);
     return (void)fuse_reply_err(req, err);
   }
@@ -1330,6 +1380,19 @@ int sbx_view_main(const char *mountpoint, const sbx_view_opts *o) {
   V.rootless = geteuid() != 0;
   V.timeout = V.rootless ? 1.0 : 86400.0; /* as root, invalidations keep long caches right */
   V.root = (vnode){.nlookup = 2, .fd = -1};
+  /* every node holds an fd: as many as the kernel allows */
+  struct rlimit nofile;
+  unsigned long nr_open = 0;
+  FILE *nf = fopen("/proc/sys/fs/nr_open", "re");
+  if (nf && fscanf(nf, "%lu", &nr_open) != 1) nr_open = 0;
+  if (nf) fclose(nf);
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0) {
+    if (!V.rootless && nr_open > nofile.rlim_max) nofile.rlim_max = nr_open;
+    nofile.rlim_cur = nofile.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &nofile) < 0) getrlimit(RLIMIT_NOFILE, &nofile);
+    V.max_nodes = nofile.rlim_cur / 4 * 3;
+  }
+  if (V.max_nodes < 256) V.max_nodes = 256;
   V.null_path = open("/dev/null", O_PATH | O_CLOEXEC);
   V.null_rw = open("/dev/null", O_RDWR | O_CLOEXEC);
   if (!realpath(mountpoint, V.mountpoint)) {

@@ -346,6 +346,72 @@ def test_robustness(t, x):
     t.eq(r.returncode, 0, 'mounted again')
 
 
+LEASER = r"""
+import fcntl, os, signal, sys, time
+signal.signal(signal.SIGIO, signal.SIG_IGN)
+os.makedirs('/workspace/l', exist_ok=True)
+fds = []
+for i in range(70):
+    fd = os.open('/workspace/l/f%d' % i, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.fcntl(fd, 1024, fcntl.F_WRLCK)  # F_SETLEASE: its root owns the file
+    fds.append(fd)
+print('leased', flush=True)
+time.sleep(600)
+"""
+
+
+def test_sandbox_cannot_stall_the_view(t, x):
+    """What a sandbox does to its own files never holds the view's threads:
+    a lease on each of 70 files (more than the view has threads) while the
+    host opens them all at once, and more files than the view could once
+    hold open."""
+    c = x.c
+    c.ok('writeFile', {'sandboxId': 'v-lease', 'path': '/tmp/leaser.py', 'content': LEASER})
+    c.ok('startProcess', {'sandboxId': 'v-lease', 'processId': 'leaser', 'command': 'python3 /tmp/leaser.py'})
+    c.ok('waitForLog', {'sandboxId': 'v-lease', 'processId': 'leaser', 'pattern': 'leased', 'timeout': 60000}, timeout=70)
+    d = os.path.join(x.mnt, 'v-lease', 'l')
+    errs = {}
+
+    def open_one(i):
+        try:
+            open(os.path.join(d, 'f%d' % i)).close()
+            errs[i] = 0
+        except OSError as e:
+            errs[i] = e.errno
+    ths = [threading.Thread(target=open_one, args=(i,)) for i in range(70)]
+    for th in ths:
+        th.start()
+    for th in ths:
+        th.join(40)
+    t.ok(not any(th.is_alive() for th in ths), 'opens of 70 leased files through the view all return')
+    t.ok(set(errs.values()) == {11}, 'each with EAGAIN (the lease is the sandbox\'s; the host does not wait on it)',
+         sorted(set(errs.values())))
+    try:
+        os.truncate(os.path.join(d, 'f0'), 0)
+        terr = 0
+    except OSError as e:
+        terr = e.errno
+    t.eq(terr, 11, 'a truncate by path of a leased file: EAGAIN too')
+    t.eq(open(os.path.join(x.mnt, 'v1', 'hello.txt')).read(), 'hi\n', 'and the view serves the others meanwhile')
+    c.ok('killProcess', {'sandboxId': 'v-lease', 'processId': 'leaser', 'signal': 'SIGKILL'})
+    # more files than the view may hold open (each node the kernel knows
+    # holds an fd): as many as the kernel lets it, a sandbox three quarters
+    # of them, so the others are still served
+    limit = int([l.split()[3] for l in open('/proc/%d/limits' % view_pid(x.mnt)) if l.startswith('Max open files')][0])
+    many = min(limit + 1000, 300000)
+    c.sh('mkdir /workspace/many && cd /workspace/many && python3 -c '
+         '"[open(\'f%%d\' %% i, \'w\').close() for i in range(%d)]"' % many, sandbox='v-lease', wait=300)
+    try:
+        n, err = sum(1 for e in os.scandir(os.path.join(x.mnt, 'v-lease', 'many')) if e.stat(follow_symlinks=False)), 0
+    except OSError as e:
+        n, err = -1, e.errno
+    t.ok(n == many or err == 23, 'ls -l of %d files through the view (fd limit %d): all, or ENFILE for that sandbox'
+         % (many, limit), (n, err))
+    r = sh('echo x > %s/v1/after-many && cat %s/v1/after-many' % (x.mnt, x.mnt))
+    t.eq((r.returncode, r.stdout), (0, 'x\n'), 'and the view still opens and creates files everywhere', r.stderr)
+    c.ok('destroySandbox', {'sandboxId': 'v-lease'})
+
+
 def test_daemon_runs_the_view(t, x):
     env = Env()
     d = None
@@ -435,5 +501,5 @@ if __name__ == '__main__':
         sys.exit(77)
     sys.exit(run_tests([test_listing, test_syscall_suite, test_passthrough, test_coherence, test_git_dubious_ownership,
                         test_escapes,
-                        test_workloads, test_robustness, test_daemon_runs_the_view, test_held_across_restart,
+                        test_workloads, test_sandbox_cannot_stall_the_view, test_robustness, test_daemon_runs_the_view, test_held_across_restart,
                         test_doctor], Ctx))
