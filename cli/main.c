@@ -40,14 +40,14 @@ static const struct help {
      "$SBX_STATE_DIR/http-token); given while a daemon runs, that daemon starts serving it.\n"
      "--mount runs a view (sbx mount) with the daemon. `sbx daemon stop` stops it; sandboxes\n"
      "and their files stay, and each starts again on its next call."},
-    {"exec", "sbx exec [-s ID] [-i|-d] [--session S] [--cwd DIR] [--timeout MS] [-e K=V]... [--] CMD...",
+    {"exec", "sbx exec [-s ID] [-i|-d] [--session S] [--cwd DIR] [--timeout T] [-e K=V]... [--] CMD...",
      "Runs CMD with bash in the sandbox (created on first use) and prints its output as it\n"
      "comes. Several words are quoted for the shell; one word is a shell command line. The\n"
      "session (default: \"default\") keeps cwd, variables, functions, aliases and options\n"
      "between calls. -i streams this command's stdin to it. What CMD leaves running ends with\n"
      "it; -d (detach) runs CMD in the background instead, for servers and long jobs, and prints\n"
-     "its process id (see sbx ps, sbx logs, sbx kill). Exit code: the command's; 124 when it\n"
-     "timed out; 130 when interrupted."},
+     "its process id (see sbx ps, sbx logs, sbx kill). --timeout takes 30s, 2m, 500ms or\n"
+     "milliseconds. Exit code: the command's; 124 when it timed out; 130 when interrupted."},
     {"ps", "sbx ps [-s ID]", "Lists the sandbox's background processes (sbx exec -d): id, pid, status, exit code, command."},
     {"logs", "sbx logs [-s ID] PROCESS", "Prints what a background process wrote so far: its stdout, then its stderr on stderr."},
     {"kill", "sbx kill [-s ID] [--signal SIG] PROCESS",
@@ -56,7 +56,7 @@ static const struct help {
     {"session", "sbx session [-s ID] ls | create NAME [--cwd DIR] [-e K=V]... | rm NAME",
      "Lists, creates or deletes the sessions of a sandbox: each has its own shell state.\n"
      "`sbx exec --session NAME` runs in one."},
-    {"ls", "sbx ls", "Lists the sandboxes: status (running, stopped, asleep), creation and last activity."},
+    {"ls", "sbx ls", "Lists the sandboxes: status (running, stopped, sleeping), creation and last activity."},
     {"destroy", "sbx destroy ID...", "Destroys sandboxes: their processes, files and records."},
     {"cp", "sbx cp SRC DST",
      "Copies files between the host and a sandbox, as docker cp does; ID:PATH names a path in\n"
@@ -207,7 +207,14 @@ static int cmd_exec(int argc, char **argv) {
     case 's': sandbox = optarg; break;
     case 'S': session = optarg; break;
     case 'C': cwd = optarg; break;
-    case 1000: timeout = atol(optarg); break;
+    case 1000:
+      /* 30s, 2m, 500ms, or whole milliseconds */
+      timeout = sbx_parse_duration_ms(optarg, 1);
+      if (timeout <= 0 || (!strpbrk(optarg, "smhd") && strchr(optarg, '.'))) {
+        fprintf(stderr, "sbx exec: --timeout takes a duration: 30s, 2m, 500ms, or whole milliseconds (got '%s')\n", optarg);
+        return 2;
+      }
+      break;
     case 'e': {
       char *eq = strchr(optarg, '=');
       if (!eq) {

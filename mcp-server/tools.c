@@ -57,8 +57,13 @@ static void h_create(mcp_call *call, json_t *args, sbx_sandbox *unused) {
   sbx_sandbox_opts o;
   sbx_sandbox_default_opts(&o);
   const char *sleep = str(args, "sleepAfter");
-  if (sleep && (o.sleep_after_ms = sbx_parse_duration_ms(sleep)) < 0) {
+  /* a bare number is seconds, as Cloudflare's sleepAfter takes it */
+  if (sleep && (o.sleep_after_ms = sbx_parse_duration_ms(sleep, 1000)) < 0) {
     sbx_err(&err, "VALIDATION_FAILED", "sleepAfter '%s' is not a duration like \"30s\", \"10m\", \"1h\"", sleep);
+    return mcp_call_fail(call, &err);
+  }
+  if (sleep && o.sleep_after_ms < 1000) { /* an idle reset discards files: never by mistake */
+    sbx_err(&err, "VALIDATION_FAILED", "sleepAfter '%s' is under a second: an idle sandbox is reset and its files go", sleep);
     return mcp_call_fail(call, &err);
   }
   o.keep_alive = flag(args, "keepAlive");

@@ -287,14 +287,15 @@ uint64_t sbx_now_us(void) {
 }
 uint64_t sbx_now_ms(void) { return sbx_now_us() / 1000; }
 
-int64_t sbx_parse_duration_ms(const char *s) {
+int64_t sbx_parse_duration_ms(const char *s, int64_t bare) {
   if (!s || !*s) return -1;
   char *end;
   errno = 0;
   double v = strtod(s, &end);
   if (errno || end == s || v < 0) return -1;
   double mult;
-  if (!*end || !strcmp(end, "ms")) mult = 1;
+  if (!*end) mult = (double)bare;
+  else if (!strcmp(end, "ms")) mult = 1;
   else if (!strcmp(end, "s")) mult = 1000;
   else if (!strcmp(end, "m")) mult = 60000;
   else if (!strcmp(end, "h")) mult = 3600000;

@@ -24,6 +24,11 @@ def test_exec(t, x):
     t.eq(r.stdout, b'1 /tmp\n', 'words after -- are quoted; -e and --cwd apply')
     r = x.env.run(['exec', '-s', 'cli', '--timeout', '300', '--', 'sleep 30'])
     t.ok(r.returncode == 124 and b'timed out' in r.stderr, 'timeout: said, and exit code 124 as timeout(1)', (r.returncode, r.stderr))
+    r = x.env.run(['exec', '-s', 'cli', '--timeout', '300ms', '--', 'sleep 30'])
+    t.eq(r.returncode, 124, '--timeout takes a unit')
+    for bad in ('abc', '-5', '1.5', '2x'):
+        r = x.env.run(['exec', '-s', 'cli', '--timeout', bad, '--', 'true'])
+        t.ok(r.returncode == 2 and b'--timeout takes a duration' in r.stderr, '--timeout %s is a usage error' % bad, r.stderr)
     p = subprocess.Popen([SBX, 'exec', '-s', 'cli', '--', 'echo ready; sleep 100'],
                          stdout=subprocess.PIPE, env=x.env.env, cwd=x.env.root)
     t.eq(p.stdout.readline(), b'ready\n', 'output streams before the command ends')

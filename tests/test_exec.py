@@ -1,5 +1,6 @@
 """exec over MCP (stdio relay): results, sessions, stdin, env, timeouts,
 cancellation, progress, output bounds, UTF-8."""
+import json
 import os
 import sys
 import time
@@ -240,6 +241,12 @@ def test_sandbox_creation_rules(t, x):
     t.eq(x.c.ok('destroySandbox', {'sandboxId': 'made'}), {'sandboxId': 'made', 'destroyed': True}, 'destroySandbox')
     t.eq(x.c.err('destroySandbox', {'sandboxId': 'made'}), 'SANDBOX_NOT_FOUND', 'destroy twice')
     t.eq(x.c.err('createSandbox', {'sandboxId': 'x', 'sleepAfter': 'soon'}), 'VALIDATION_FAILED', 'bad sleepAfter')
+    t.eq(x.c.err('createSandbox', {'sandboxId': 'x', 'sleepAfter': '100ms'}), 'VALIDATION_FAILED',
+         'a sleepAfter under a second (an idle reset discards files) is refused')
+    x.c.ok('createSandbox', {'sandboxId': 'x5', 'sleepAfter': '5'})
+    rec = json.load(open(os.path.join(x.env.state, 'sandboxes', 'x5', 'record.json')))
+    t.eq(rec['options']['sleepAfterMs'], 5000, 'a bare number is seconds, as Cloudflare takes it')
+    x.c.ok('destroySandbox', {'sandboxId': 'x5'})
 
 
 if __name__ == '__main__':

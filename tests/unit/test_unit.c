@@ -63,11 +63,12 @@ static void test_utf8(void) {
 }
 
 static void test_misc(void) {
-  OK(sbx_parse_duration_ms("10m") == 600000, "10m");
-  OK(sbx_parse_duration_ms("30s") == 30000, "30s");
-  OK(sbx_parse_duration_ms("1h") == 3600000, "1h");
-  OK(sbx_parse_duration_ms("250") == 250, "bare number is ms");
-  OK(sbx_parse_duration_ms("10x") == -1 && sbx_parse_duration_ms("") == -1 && sbx_parse_duration_ms("-1s") == -1,
+  OK(sbx_parse_duration_ms("10m", 1) == 600000, "10m");
+  OK(sbx_parse_duration_ms("30s", 1) == 30000, "30s");
+  OK(sbx_parse_duration_ms("1h", 1) == 3600000, "1h");
+  OK(sbx_parse_duration_ms("250", 1) == 250, "bare number in the unit given (ms)");
+  OK(sbx_parse_duration_ms("5", 1000) == 5000, "bare number in the unit given (s)");
+  OK(sbx_parse_duration_ms("10x", 1) == -1 && sbx_parse_duration_ms("", 1) == -1 && sbx_parse_duration_ms("-1s", 1) == -1,
      "malformed durations refused");
   OK(sbx_valid_id("abc-1") && !sbx_valid_id("") && !sbx_valid_id("A") && !sbx_valid_id("a/b") &&
          !sbx_valid_id("0123456789012345678901234567890123456789012345678901234567890123"),
