@@ -145,6 +145,16 @@ static json_t *call(sbx_client *c, const char *tool, json_t *args, sbx_progress_
     fprintf(stderr, "sbx: %s: %s\n", tool, err);
     return NULL;
   }
+  /* what the daemon tells an agent beside the result, told on stderr */
+  json_t *st = json_object_get(r, "structuredContent");
+  if (json_is_true(json_object_get(st, "reset")))
+    fprintf(stderr, "sbx: sandbox %s had been reset after being idle: its earlier files and processes are gone "
+                    "(bucket mounts keep theirs)\n", id);
+  else if (json_is_true(json_object_get(st, "restarted")))
+    fprintf(stderr, "sbx: sandbox %s was started again (the daemon or its init had stopped): files and sessions "
+                    "kept, its processes ended\n", id);
+  const char *hint = json_string_value(json_object_get(st, "hint"));
+  if (hint) fprintf(stderr, "sbx: hint: %s\n", hint);
   if (json_is_true(json_object_get(r, "isError"))) {
     json_t *e = json_object_get(json_object_get(r, "structuredContent"), "error");
     const char *code = json_string_value(json_object_get(e, "code")) ?: "";

@@ -206,6 +206,10 @@ static void exec_chunk(void *ud, int stream, const char *data, size_t len) {
 
 /* A command that failed the way programs fail without a network, in a
  * sandbox that has none: say how to get one. */
+#define NO_NETWORK_HINT                                                                                          \
+  "this sandbox has no network (network \"none\"), and a sandbox's network is set when it is made: a new "       \
+  "sandbox id with createSandbox {network: \"egress\"} has one (or destroySandbox, then that, losing the files)"
+
 static const char *no_network_hint(mcp_call *call, const sbx_exec_result *r) {
   static const char *const marks[] = {"Temporary failure in name resolution", "EAI_AGAIN", "ENOTFOUND",
                                       "Could not resolve host", "Name or service not known", "Network is unreachable",
@@ -215,7 +219,7 @@ static const char *no_network_hint(mcp_call *call, const sbx_exec_result *r) {
   if (r->exit_code == 0 || !sb || sb->opts.egress) return NULL;
   for (size_t i = 0; i < SBX_ARRAY_SIZE(marks); i++)
     if (memmem(r->out, r->out_len, marks[i], strlen(marks[i])) || memmem(r->err, r->err_len, marks[i], strlen(marks[i])))
-      return "this sandbox has no network (network \"none\"): createSandbox {network: \"egress\"} gives it one";
+      return NO_NETWORK_HINT;
   return NULL;
 }
 
@@ -676,7 +680,10 @@ static void git_done(void *ud, const sbx_exec_result *r, const sbx_error *err) {
       last = strrchr(t, '\n');
       last = last ? last + 1 : t;
     }
-    sbx_err(&e, "GIT_CLONE_FAILED", "git clone %s failed: %s", g->shown, *last ? last : "(no message)");
+    sbx_sandbox *sb = sbx_sandbox_find(call->sandbox_id);
+    bool offline = sb && !sb->opts.egress && no_network_hint(call, r);
+    sbx_err(&e, "GIT_CLONE_FAILED", "git clone %s failed: %s%s%s", g->shown, *last ? last : "(no message)",
+            offline ? "; " : "", offline ? NO_NETWORK_HINT : "");
     free(t);
   }
   if (e.code) {

@@ -59,6 +59,24 @@ def test_ls_destroy(t, x):
     t.eq((r.returncode, r.stderr), (1, b"sbx: no sandbox 'gone' (`sbx ls` lists them)\n"), 'so does ps of one')
 
 
+def test_notices(t, x):
+    """What the daemon tells an agent beside a result, the CLI tells on stderr."""
+    x.env.run(['exec', '-s', 'note', '--', 'true'])
+    x.env.run(['daemon', 'stop'])
+    r = x.env.run(['exec', '-s', 'note', '--', 'echo on'])
+    t.ok(r.stdout == b'on\n' and b'sandbox note was started again' in r.stderr, 'a restart is said', r.stderr)
+    c = x.env.socket_client()
+    c.initialize()
+    c.ok('createSandbox', {'sandboxId': 'note', 'sleepAfter': '1s'})
+    t.ok(wait_until(lambda: {s['sandboxId']: s['status'] for s in c.ok('listSandboxes')['sandboxes']}.get('note')
+                    == 'sleeping', 30, 'the idle reset'), 'the sandbox sleeps')
+    c.close()
+    r = x.env.run(['exec', '-s', 'note', '--', 'true'])
+    t.ok(r.returncode == 0 and b'had been reset after being idle' in r.stderr, 'an idle reset is said', r.stderr)
+    r = x.env.run(['exec', '-s', 'note', '--', 'python3 -c "import socket; socket.getaddrinfo(\'example.com\', 80)"'])
+    t.ok(r.returncode == 1 and b'sbx: hint: this sandbox has no network' in r.stderr, 'and so is a hint', r.stderr)
+
+
 def tree_facts(root):
     """What a copy must keep: type, mode, mtime, content or link target."""
     facts = {}
@@ -428,6 +446,6 @@ def test_daemon_http_while_running(t, x):
 
 
 if __name__ == '__main__':
-    sys.exit(run_tests([test_exec, test_stdin, test_never_guesses, test_default_id, test_ls_destroy, test_cp, test_cp_hostile_sandbox, test_cp_symlink_race, test_background, test_doctor,
+    sys.exit(run_tests([test_exec, test_stdin, test_never_guesses, test_default_id, test_ls_destroy, test_notices, test_cp, test_cp_hostile_sandbox, test_cp_symlink_race, test_background, test_doctor,
                         test_autostart_and_stop,
                         test_racing_starters, test_help, test_session, test_daemon_http_while_running], Ctx))
