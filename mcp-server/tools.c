@@ -1131,7 +1131,8 @@ static void h_session_delete(mcp_call *call, json_t *args, sbx_sandbox *sb) {
   sbx_error err = {0};
   const char *id = str(args, "id");
   if (sbx_session_delete(sb, id, &err) < 0) return mcp_call_fail(call, &err);
-  mcp_call_ok(call, json_pack("{s:s, s:b}", "id", id, "deleted", 1), "session deleted");
+  mcp_call_ok(call, json_pack("{s:s, s:b}", "id", id, "deleted", 1),
+              !strcmp(id, "default") ? "session deleted; the default session starts again, fresh" : "session deleted");
 }
 
 static void h_session_list(mcp_call *call, json_t *args, sbx_sandbox *sb) {

@@ -1135,6 +1135,10 @@ int sbx_session_delete(sbx_sandbox *sb, const char *id, sbx_error *err) {
   sbx_session *s = *pp;
   *pp = s->next;
   sbx_session_free(s);
+  if (!strcmp(id, "default")) { /* every call without a sessionId uses it: it starts again, fresh */
+    sbx_session *def;
+    session_new(sb, "default", "/workspace", &sb->opts.env, &def, NULL);
+  }
   sbx_sandbox_save(sb);
   return 0;
 }

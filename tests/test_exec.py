@@ -48,6 +48,10 @@ def test_session_state(t, x):
     t.ok(any(s['id'] == 'other' for s in x.c.ok('listSessions')['sessions']), 'listSessions')
     x.c.ok('deleteSession', {'id': 'other'})
     t.eq(x.c.err('exec', {'command': 'true', 'sessionId': 'other'}), 'SESSION_NOT_FOUND', 'deleted session is gone')
+    x.c.sh('cd /tmp && GONE=1')
+    x.c.ok('deleteSession', {'id': 'default'})
+    t.eq(x.c.sh('echo "$PWD [$GONE]"')['stdout'], '/workspace []\n',
+         'deleting the default session starts it again, fresh (every call without a sessionId uses it)')
 
 
 def test_bash_session(t, x):
