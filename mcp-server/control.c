@@ -148,6 +148,13 @@ static int start_daemon(const sbx_paths *p, char *err, size_t errlen) {
   return 0;
 }
 
+bool sbx_daemon_listening(const sbx_paths *p) {
+  char err[600];
+  int fd = try_connect(p, err, sizeof err);
+  if (fd >= 0) close(fd);
+  return fd != -1;
+}
+
 int sbx_connect(const sbx_paths *p, bool autostart, char *err, size_t errlen) {
   int fd = try_connect(p, err, errlen);
   if (fd >= 0 || fd == -2 || !autostart) return fd < 0 ? -1 : fd;

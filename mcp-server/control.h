@@ -23,6 +23,8 @@ int sbx_paths_init(sbx_paths *p, char *err, size_t errlen);
  * autostart, starts the daemon when none answers and waits until it is
  * ready. Returns the connected fd or -1 with a message. */
 int sbx_connect(const sbx_paths *p, bool autostart, char *err, size_t errlen);
+/* Whether a daemon answers on the socket (one that is stopping does not). */
+bool sbx_daemon_listening(const sbx_paths *p);
 
 /* The first message of every client of the socket: names the connection's
  * default sandbox (given, or derived from the cwd, written to id_out) and

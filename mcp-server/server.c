@@ -452,9 +452,15 @@ int sbx_daemon_main(const char *http_addr, bool http_allow_remote, const char *m
     return 1;
   }
   int lock = open(d.paths.lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (lock < 0 || flock(lock, LOCK_EX | LOCK_NB) < 0) {
-    fprintf(stderr, "sbx daemon: another daemon holds %s\n", d.paths.lock);
-    return 3;
+  /* a daemon that is stopping (no longer listening, its lock held while it
+   * puts its sandboxes away) is waited for, up to 30 s: a client that
+   * starts one the moment the other stops must not fail */
+  for (int waited = 0; lock < 0 || flock(lock, LOCK_EX | LOCK_NB) < 0; waited += 20) {
+    if (lock < 0 || errno != EWOULDBLOCK || waited >= 30000 || sbx_daemon_listening(&d.paths)) {
+      fprintf(stderr, "sbx daemon: another daemon holds %s\n", d.paths.lock);
+      return 3;
+    }
+    usleep(20 * 1000);
   }
   /* whatever started us, we hear signals */
   sigset_t none;
