@@ -2,6 +2,7 @@
 #include "bucket.h"
 #include "exec.h"
 #include "config.h"
+#include "disk.h"
 #include "record.h"
 
 #include <linux/openat2.h>
@@ -815,20 +816,48 @@ static int make_fuse(sbx_sandbox *sb, const sbx_bucket *b, int *devfd, sbx_error
   return fds[1];
 }
 
-static int mount_local(sbx_sandbox *sb, const sbx_bucket *b, sbx_error *err) {
-  char dir[1400];
+/* A local bucket, as root with loop devices: an ext4 image of its own
+ * ($SBX_STATE_DIR/buckets/NAME.img), sized by the diskMB of the sandbox
+ * that made it, so that a sandbox cannot fill the host's disk through it;
+ * every sandbox that mounts it shares its filesystem. A directory
+ * (buckets/NAME/) where there is one already (a bucket made before), and
+ * rootless. Returns a detached mount, or -1. */
+static int local_tree(sbx_sandbox *sb, const sbx_bucket *b, sbx_error *err) {
+  char dir[1400], img[1410];
   local_dir(b->bucket, dir, sizeof dir);
+  snprintf(img, sizeof img, "%s.img", dir);
   char parent[1400];
   snprintf(parent, sizeof parent, "%s/buckets", sbx_engine_cfg()->state_dir);
   sbx_mkdir_p(parent, 0700);
+  struct stat st;
+  if (sbx_disk_quota_enforced() && stat(dir, &st) < 0) {
+    if (sbx_disk_make_image(img, sb->opts.limits.disk_mb, err) < 0) return -1;
+    char what[200];
+    snprintf(what, sizeof what, "local bucket %s", b->bucket);
+    int m = sbx_disk_mount_image(img, what, err);
+    if (m < 0) return -1;
+    unlinkat(m, "lost+found", AT_REMOVEDIR); /* mkfs's, not the bucket's (gone once, while empty) */
+    return m;
+  }
   if (mkdir(dir, 0755) < 0 && errno != EEXIST) return sbx_err_errno(err, "MOUNT_FAILED", errno, "making %s", dir);
+  int mfd = open_tree(AT_FDCWD, dir, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+  if (mfd < 0) return sbx_err_errno(err, "MOUNT_FAILED", errno, "cloning %s", dir);
+  return mfd;
+}
+
+static int mount_local(sbx_sandbox *sb, const sbx_bucket *b, sbx_error *err) {
   if (sbx_engine_cfg()->rootless) {
+    char dir[1400], parent[1400];
+    local_dir(b->bucket, dir, sizeof dir);
+    snprintf(parent, sizeof parent, "%s/buckets", sbx_engine_cfg()->state_dir);
+    sbx_mkdir_p(parent, 0700);
+    if (mkdir(dir, 0755) < 0 && errno != EEXIST) return sbx_err_errno(err, "MOUNT_FAILED", errno, "making %s", dir);
     helper h = {.op = H_LOCAL_ROOTLESS, .path = b->mount_path, .host_dir = dir, .read_only = b->read_only};
     return run_helper(sb, &h, NULL, err);
   }
   /* stored as the sandbox sees them (root is 0): owners survive a new uid range */
-  int mfd = open_tree(AT_FDCWD, dir, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
-  if (mfd < 0) return sbx_err_errno(err, "MOUNT_FAILED", errno, "cloning %s", dir);
+  int mfd = local_tree(sb, b, err);
+  if (mfd < 0) return -1;
   char ns[64];
   snprintf(ns, sizeof ns, "/proc/%d/ns/user", sb->init_pid);
   int userns = open(ns, O_RDONLY | O_CLOEXEC);
@@ -838,7 +867,7 @@ static int mount_local(sbx_sandbox *sb, const sbx_bucket *b, sbx_error *err) {
   if (userns >= 0) close(userns);
   if (r < 0) {
     close(mfd);
-    return sbx_err_errno(err, "MOUNT_FAILED", e, "idmapping %s", dir);
+    return sbx_err_errno(err, "MOUNT_FAILED", e, "idmapping local bucket %s", b->bucket);
   }
   helper h = {.op = H_ATTACH, .path = b->mount_path, .mfd = mfd};
   r = run_helper(sb, &h, NULL, err);

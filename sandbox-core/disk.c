@@ -259,17 +259,16 @@ static void template_path(uint64_t mb, char *out, size_t len) {
   snprintf(out, len, "%s/templates/ext4-%lluM.img", dk.state, (unsigned long long)mb);
 }
 
-int sbx_disk_template(uint64_t mb, sbx_error *err) {
-  if (!dk.loop) return 0;
-  char path[1200], tmp[1300];
-  template_path(mb, path, sizeof path);
-  if (access(path, F_OK) == 0) return 0;
+/* A sparse ext4 image of mb at path (made under a temporary name, then
+ * renamed), with the sandbox's directory layout or empty. */
+static int make_image(const char *path, uint64_t mb, bool layout, sbx_error *err) {
+  char tmp[1300];
   snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, getpid());
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return sbx_err_errno(err, "INTERNAL", errno, "creating %s", tmp);
   int r = ftruncate(fd, (off_t)mb << 20) < 0 ? -errno : 0;
   if (r == 0) r = run_mkfs(tmp, mb);
-  if (r == 0) r = lay_out(fd);
+  if (r == 0 && layout) r = lay_out(fd);
   /* written and out of the page cache: zeroed extents that are not cached
    * read as holes to SEEK_DATA, so copies take only the metadata */
   if (r == 0 && fsync(fd) < 0) r = -errno;
@@ -287,10 +286,23 @@ int sbx_disk_template(uint64_t mb, sbx_error *err) {
   if (r == 0 && rename(tmp, path) < 0) r = -errno;
   if (r < 0) {
     unlink(tmp);
-    return sbx_err_errno(err, "INTERNAL", -r, "formatting a %llu MB disk (mkfs.ext4, from e2fsprogs)",
-                         (unsigned long long)mb);
+    return sbx_err_errno(err, r == -ENOSPC ? "RESOURCE_LIMIT" : "INTERNAL", -r,
+                         "formatting a %llu MB disk (mkfs.ext4, from e2fsprogs)", (unsigned long long)mb);
   }
   return 0;
+}
+
+int sbx_disk_template(uint64_t mb, sbx_error *err) {
+  if (!dk.loop) return 0;
+  char path[1200];
+  template_path(mb, path, sizeof path);
+  if (access(path, F_OK) == 0) return 0;
+  return make_image(path, mb, true, err);
+}
+
+int sbx_disk_make_image(const char *path, uint64_t mb, sbx_error *err) {
+  if (access(path, F_OK) == 0) return 0;
+  return make_image(path, mb, false, err);
 }
 
 /* Copies the data of a sparse file and leaves its holes as holes. */
@@ -426,11 +438,17 @@ int sbx_disk_mount(const char *id, sbx_error *err) {
     return fd;
   }
   image_path(id, path, sizeof path);
+  char what[100];
+  snprintf(what, sizeof what, "the disk of sandbox '%s'", id);
+  return sbx_disk_mount_image(path, what, err);
+}
+
+int sbx_disk_mount_image(const char *path, const char *what, sbx_error *err) {
   char dev[64];
   _cleanup_close_ int stale = take_stale(path, dev, sizeof dev);
   if (stale >= 0) {
     int m = fsmount_ext4(dev);
-    if (m < 0) return sbx_err_errno(err, "INTERNAL", -m, "mounting the disk of sandbox '%s' (%s, still bound)", id, dev);
+    if (m < 0) return sbx_err_errno(err, "INTERNAL", -m, "mounting %s (%s, still bound)", what, dev);
     return m;
   }
   _cleanup_close_ int img = open(path, O_RDWR | O_CLOEXEC | O_DIRECT);
@@ -443,7 +461,7 @@ int sbx_disk_mount(const char *id, sbx_error *err) {
     _cleanup_close_ int bound = find_bound(img, dev, sizeof dev);
     if (bound >= 0) {
       int m = fsmount_ext4(dev);
-      if (m < 0) return sbx_err_errno(err, "INTERNAL", -m, "mounting the disk of sandbox '%s' (%s, in use)", id, dev);
+      if (m < 0) return sbx_err_errno(err, "INTERNAL", -m, "mounting %s (%s, in use)", what, dev);
       return m;
     }
     if (attempt == 2) return sbx_err(err, "INTERNAL", "%s is in use, yet bound to no loop device", path);
@@ -453,7 +471,7 @@ int sbx_disk_mount(const char *id, sbx_error *err) {
   int m = fsmount_ext4(dev);
   if (m < 0) {
     /* the loop device clears itself once its last opener is gone */
-    return sbx_err_errno(err, "INTERNAL", -m, "mounting the disk of sandbox '%s' (%s)", id, dev);
+    return sbx_err_errno(err, "INTERNAL", -m, "mounting %s (%s)", what, dev);
   }
   return m;
 }

@@ -30,6 +30,11 @@ int sbx_disk_ensure(const char *id, uint64_t disk_mb, sbx_error *err);
 /* Root: attaches the image to a loop device and mounts it detached;
  * returns the mount fd (to be idmapped and moved into the sandbox). */
 int sbx_disk_mount(const char *id, sbx_error *err);
+/* The same for any image made by sbx_disk_make_image (what names it in
+ * errors): one still in use is shared, never mounted twice. */
+int sbx_disk_mount_image(const char *path, const char *what, sbx_error *err);
+/* Makes an empty sparse ext4 image of mb at path unless one is there. */
+int sbx_disk_make_image(const char *path, uint64_t mb, sbx_error *err);
 /* Rootless: the directory to bind as the sandbox's disk. */
 void sbx_disk_path(const char *id, char *out, size_t len);
 /* Before a discard: an fd on the disk's filesystem to shut down, or -1.

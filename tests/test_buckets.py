@@ -229,12 +229,32 @@ def test_local_bucket(t, x):
     r = c.ok('mountBucket', {'sandboxId': 'loc', 'bucket': 'keep', 'mountPath': '/workspace/keep'})
     t.eq(r['local'], True, 'without an endpoint the bucket is local')
     c.sh('echo kept > /workspace/keep/k && echo lost > /workspace/lost && chown 1000:1000 /workspace/keep/k', sandbox='loc')
-    t.ok(os.path.exists(os.path.join(x.env.state, 'buckets', 'keep', 'k')), 'its files are in $SBX_STATE_DIR/buckets/keep')
+    t.ok(os.path.isfile(os.path.join(x.env.state, 'buckets', 'keep.img')), 'its files are in $SBX_STATE_DIR/buckets/keep.img')
     ev = x.c.next(lambda m: m.get('method') == 'notifications/message' and m['params']['data'].get('sandboxId') == 'loc', 30)
     r = c.sh('cat /workspace/keep/k; stat -c %u:%g /workspace/keep/k; ls /workspace', sandbox='loc')
     t.eq(r.get('reset'), True, 'the sandbox was reset (%s)' % ev['params']['data'].get('message'))
     t.eq(r['stdout'], 'kept\n1000:1000\nkeep\n',
          'after the reset the local bucket is back with its files and their owner; the rest is gone')
+
+
+def test_local_bucket_quota(t, x):
+    """A local bucket is bounded (the diskMB of the sandbox that made it):
+    a sandbox cannot fill the host's disk through it; every sandbox that
+    mounts it shares its files."""
+    c = x.c
+    c.ok('createSandbox', {'sandboxId': 'lq', 'limits': {'diskMB': 64}})
+    c.ok('mountBucket', {'sandboxId': 'lq', 'bucket': 'small', 'mountPath': '/small', 'localBucket': True})
+    r = c.sh('dd if=/dev/zero of=/small/big bs=1M count=200 2>&1; echo rc=$?; df -m /small | tail -1', sandbox='lq')
+    t.ok('No space left on device' in r['stdout'] and 'rc=1' in r['stdout'], 'writes past its size get ENOSPC', r['stdout'])
+    img = os.path.join(x.env.state, 'buckets', 'small.img')
+    t.ok(os.stat(img).st_blocks * 512 <= 64 << 20, 'and the host holds no more than that for it', os.stat(img).st_blocks)
+    t.ok(int(r['stdout'].split()[-5]) <= 64, 'df in the sandbox shows its size', r['stdout'])
+    c.sh('rm /small/big; echo shared > /small/s', sandbox='lq')
+    c.ok('mountBucket', {'sandboxId': 'lq2', 'bucket': 'small', 'mountPath': '/small', 'localBucket': True})
+    t.eq(c.sh('cat /small/s; ls -a /small', sandbox='lq2')['stdout'], 'shared\n.\n..\ns\n',
+         'another sandbox mounting it shares its files (and nothing of mkfs\'s)')
+    c.ok('destroySandbox', {'sandboxId': 'lq'})
+    c.ok('destroySandbox', {'sandboxId': 'lq2'})
 
 
 def test_reset_keeps_bucket(t, x):
@@ -471,6 +491,6 @@ def test_destroy_cleans_up(t, x):
 
 if __name__ == '__main__':
     sys.exit(run_tests([test_mount_write_read, test_signatures, test_fsync_means_in_bucket, test_secrets_never_shown,
-                        test_errors, test_read_only, test_local_bucket, test_reset_keeps_bucket, test_restart_kill9,
+                        test_errors, test_read_only, test_local_bucket, test_local_bucket_quota, test_reset_keeps_bucket, test_restart_kill9,
                         test_crash_of_bucket_server, test_daemon_killed_during_writes, test_outage, test_crash_during_outage, test_syscall_suite,
                         test_view_shows_bucket, test_unmount, test_cold_directory, test_destroy_cleans_up], Ctx))
