@@ -92,6 +92,7 @@ static json_t *roundtrip(sbx_client *c, const char *method, json_t *params, sbx_
     json_t *meta = json_object_get(params, "_meta");
     if (!meta) json_object_set_new(params, "_meta", meta = json_object());
     json_object_set_new(meta, "progressToken", json_integer(id));
+    json_object_set_new(meta, "sbx/raw", json_true()); /* output as bytes: a terminal or a file gets them as they are */
   }
   if (send_msg(c, json_pack("{s:s, s:i, s:s, s:o}", "jsonrpc", "2.0", "id", id, "method", method, "params",
                             params)) < 0) {

@@ -173,10 +173,18 @@ static json_t *sc(json_t *r) { return json_object_get(r, "structuredContent"); }
 
 static void exec_progress(void *ud, json_t *params) {
   (void)ud;
-  const char *stream = json_string_value(json_object_get(json_object_get(params, "_meta"), "sbx/stream"));
-  json_t *m = json_object_get(params, "message");
+  json_t *meta = json_object_get(params, "_meta");
+  const char *stream = json_string_value(json_object_get(meta, "sbx/stream"));
+  json_t *data = json_object_get(meta, "sbx/data"), *m = json_object_get(params, "message");
   FILE *f = stream && !strcmp(stream, "stderr") ? stderr : stdout;
-  fwrite(json_string_value(m), 1, json_string_length(m), f);
+  char *bytes = NULL;
+  size_t n = 0;
+  if (data && sbx_base64_decode(json_string_value(data), json_string_length(data), &bytes, &n) == 0) {
+    fwrite(bytes, 1, n, f);
+    free(bytes);
+  } else {
+    fwrite(json_string_value(m), 1, json_string_length(m), f);
+  }
   fflush(f);
 }
 

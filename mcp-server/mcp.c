@@ -306,6 +306,16 @@ void mcp_call_fail(mcp_call *call, const sbx_error *err) {
 void mcp_call_progress(mcp_call *call, const char *stream, const char *text, size_t len) {
   if (!call->conn || call->cancelled || !call->progress_token) return;
   call->progress += (double)len;
+  if (call->raw) { /* the bytes as they came (sbx exec's output may be binary) */
+    size_t n;
+    char *b64 = sbx_base64_encode(text, len, &n);
+    if (!b64) return;
+    send_json(call->conn, json_pack("{s:s, s:s, s:{s:O, s:f, s:{s:s, s:s%}}}", "jsonrpc", "2.0", "method",
+                                    "notifications/progress", "params", "progressToken", call->progress_token,
+                                    "progress", call->progress, "_meta", "sbx/stream", stream, "sbx/data", b64, n));
+    free(b64);
+    return;
+  }
   json_t *msg = json_pack("{s:s, s:s, s:{s:O, s:f, s:s%, s:{s:s}}}", "jsonrpc", "2.0", "method",
                           "notifications/progress", "params", "progressToken", call->progress_token, "progress",
                           call->progress, "message", text, len, "_meta", "sbx/stream", stream);
@@ -420,6 +430,7 @@ static void do_tools_call(request *r) {
   json_t *tok = json_object_get(json_object_get(r->params, "_meta"), "progressToken");
   if (json_is_string(tok) || json_is_integer(tok)) call->progress_token = json_incref(tok);
   call->stdin_socket = json_is_true(json_object_get(json_object_get(r->params, "_meta"), "sbx/stdin"));
+  call->raw = json_is_true(json_object_get(json_object_get(r->params, "_meta"), "sbx/raw"));
   call->next = c->calls;
   c->calls = call;
 

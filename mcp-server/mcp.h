@@ -58,6 +58,7 @@ typedef struct mcp_call {
   bool sandbox_created; /* this call created the sandbox */
   bool result_is_error; /* mcp_call_ok with isError: true (a timed-out exec: output and an error) */
   bool modern;          /* protocol 2026-07-28: results carry resultType */
+  bool raw;             /* _meta "sbx/raw": exec's progress carries its bytes (base64), not text */
   bool stdin_socket;    /* _meta "sbx/stdin": stdin from the connection's stdin socket */
   bool reset;           /* the sandbox was woken after an idle reset */
   bool restarted;       /* ...after a daemon restart, its files intact */

@@ -289,6 +289,7 @@ static void h_exec(mcp_call *call, json_t *args, sbx_sandbox *sb) {
       .stdin_len = in ? json_string_length(in) : 0,
       .max_output = json_integer_value(json_object_get(args, "maxOutputBytes")),
       .keep_session = true,
+      .raw_chunks = call->raw,
   };
   if (strlen(o.command) != json_string_length(json_object_get(args, "command"))) {
     sbx_env_clear(&env);

@@ -101,6 +101,7 @@ struct sbx_exec {
   uint64_t start_us, oom_before;
   int handles; /* open libuv handles; freed when 0 after done */
   sbx_exec_chunk_cb on_chunk;
+  bool raw_chunks;
   sbx_exec_done_cb on_done;
   void *ud;
   struct sbx_exec *next;
@@ -382,6 +383,7 @@ static void on_chunk(sbx_exec *x, int i, const char *p, size_t n) {
     sbx_headtail_add(&st->ht, p, n);
   }
   if (!x->on_chunk) return;
+  if (x->raw_chunks) return x->on_chunk(x->ud, i + 1, p, n);
   /* progress chunks end on code-point boundaries */
   char *buf = malloc(st->carry_len + n);
   if (!buf) return;
@@ -951,6 +953,7 @@ int sbx_exec_start(uv_loop_t *loop, sbx_sandbox *sb, const sbx_exec_opts *o, sbx
   sbx_headtail_init(&x->s[0].ht, x->limit);
   sbx_headtail_init(&x->s[1].ht, x->limit);
   x->on_chunk = chunk_cb;
+  x->raw_chunks = o->raw_chunks;
   x->on_done = done_cb;
   x->ud = ud;
   sbx_env env = {0};

@@ -28,6 +28,7 @@ typedef struct sbx_exec_opts {
   bool stdio;        /* stdio_fd (the caller's; dup'ed) is its stdin, or its stdout with stdio_out */
   bool stdio_out;
   int stdio_fd;
+  bool raw_chunks;   /* the chunk callback gets the bytes as they are, not UTF-8 text (sbx exec) */
 } sbx_exec_opts;
 
 typedef struct sbx_exec_result {

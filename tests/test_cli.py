@@ -1,6 +1,7 @@
 """The sbx CLI: exec streams and exits with the command's code, ls,
 destroy, cp both ways, doctor, daemon stop; `sbx mcp` autostarts the daemon
 detached, and two starters race for one daemon."""
+import hashlib
 import os
 import subprocess
 import sys
@@ -24,6 +25,12 @@ def test_exec(t, x):
     t.eq(r.stdout, b'1 /tmp\n', 'words after -- are quoted; -e and --cwd apply')
     r = x.env.run(['exec', '-s', 'cli', '--timeout', '300', '--', 'sleep 30'])
     t.ok(r.returncode == 124 and b'timed out' in r.stderr, 'timeout: said, and exit code 124 as timeout(1)', (r.returncode, r.stderr))
+    r = x.env.run(['exec', '-s', 'cli', '--', 'head -c 300000 /dev/urandom > /tmp/r.bin; printf "a\\0b\\377" >> /tmp/r.bin; '
+                   'sha256sum < /tmp/r.bin'])
+    want = r.stdout.split()[0].decode()
+    r = x.env.run(['exec', '-s', 'cli', '--', 'cat /tmp/r.bin'])
+    t.eq((len(r.stdout), hashlib.sha256(r.stdout).hexdigest()), (300004, want),
+         'exec output reaches stdout byte for byte (binary, NUL, bytes that are not UTF-8)')
     r = x.env.run(['exec', '-s', 'cli', '--timeout', '300ms', '--', 'sleep 30'])
     t.eq(r.returncode, 124, '--timeout takes a unit')
     for bad in ('abc', '-5', '1.5', '2x'):
