@@ -148,6 +148,32 @@ static int start_daemon(const sbx_paths *p, char *err, size_t errlen) {
   return 0;
 }
 
+static off_t file_size(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0 ? st.st_size : 0;
+}
+
+/* The last line written to path past offset from, if any. */
+static bool last_line_since(const char *path, off_t from, char *out, size_t len) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[4096];
+  off_t size = file_size(path), start = size - (off_t)sizeof buf + 1 > from ? size - (off_t)sizeof buf + 1 : from;
+  ssize_t n = start < size ? pread(fd, buf, sizeof buf - 1, start) : 0;
+  close(fd);
+  if (n <= 0) return false;
+  buf[n] = 0;
+  while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == ' ')) buf[--n] = 0;
+  char *line = strrchr(buf, '\n');
+  line = line ? line + 1 : buf;
+  if (!strncmp(line, "sbx daemon: ", 12)) line += 12;
+  if (!*line) return false;
+  size_t l = strlen(line) < len - 1 ? strlen(line) : len - 1;
+  memcpy(out, line, l);
+  out[l] = 0;
+  return true;
+}
+
 bool sbx_daemon_listening(const sbx_paths *p) {
   char err[600];
   int fd = try_connect(p, err, sizeof err);
@@ -169,9 +195,18 @@ int sbx_connect(const sbx_paths *p, bool autostart, char *err, size_t errlen) {
     return -1;
   }
   fd = try_connect(p, err, errlen);
+  off_t log_size = file_size(p->log);
   if (fd == -1 && start_daemon(p, err, errlen) == 0) fd = try_connect(p, err, errlen);
   close(lock);
-  if (fd == -1) snprintf(err + strlen(err), errlen - strlen(err), " (daemon log: %s)", p->log);
+  if (fd == -1) {
+    /* why it did not start is the last thing it wrote (an invalid
+     * configuration, say): told here, not only in its log */
+    char said[400];
+    if (last_line_since(p->log, log_size, said, sizeof said))
+      snprintf(err, errlen, "the daemon did not start: %s (log: %s)", said, p->log);
+    else
+      snprintf(err + strlen(err), errlen - strlen(err), " (daemon log: %s)", p->log);
+  }
   return fd < 0 ? -1 : fd;
 }
 

@@ -249,6 +249,9 @@ def test_config(t, x):
             f.write('{"maxSandboxes": 2,\n "limits": {"pids": 100}')
         r = env.run(['daemon'], timeout=30)
         t.ok(r.returncode != 0 and 'line 2' in r.stderr.decode(), 'a syntax error names its line', r.stderr)
+        r = env.run(['exec', '-s', 'x', '--', 'true'], timeout=60)
+        t.ok(r.returncode == 1 and b'the daemon did not start: invalid configuration' in r.stderr and b'line 2' in r.stderr,
+             'a command that starts the daemon says why it could not', r.stderr)
         with open(cfg, 'w') as f:
             json.dump({'maxSandboxes': 2, 'limits': {'pids': 100}}, f)
         c = env.mcp(['--sandbox', 'one'])
