@@ -634,8 +634,11 @@ static int cmd_mount(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "-f") || !strcmp(argv[i], "--foreground")) o.foreground = true;
     else if (!strcmp(argv[i], "-d") || !strcmp(argv[i], "--debug")) o.debug = o.foreground = true;
-    else if (!strcmp(argv[i], "-o") && i + 1 < argc && mount_opts(argv[++i], &o) == 0) continue;
-    else if (argv[i][0] == '-' || mnt) {
+    else if (!strcmp(argv[i], "-o") && i + 1 < argc) {
+      if (mount_opts(argv[++i], &o) == 0) continue;
+      fprintf(stderr, "sbx mount: -o takes allow_other and nopassthrough (got '%s')\n", argv[i]);
+      return 2;
+    } else if (argv[i][0] == '-' || mnt) {
       fprintf(stderr, "usage: %s\n", MOUNT_USAGE);
       return 2;
     } else mnt = argv[i];
@@ -643,6 +646,15 @@ static int cmd_mount(int argc, char **argv) {
   if (!mnt) {
     fprintf(stderr, "usage: %s\n", MOUNT_USAGE);
     return 2;
+  }
+  /* as mkdir -p would: sbx mount /mnt/sbx works on a fresh machine */
+  struct stat st;
+  if (stat(mnt, &st) < 0 && errno == ENOENT) {
+    int r = sbx_mkdir_p(mnt, 0755);
+    if (r < 0) {
+      fprintf(stderr, "sbx mount: making %s: %s\n", mnt, strerror(-r));
+      return 1;
+    }
   }
   return sbx_view_main(mnt, &o);
 }

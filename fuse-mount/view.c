@@ -471,6 +471,8 @@ static int do_lookup(fuse_req_t req, vnode *parent, const char *name, struct fus
       e->attr.st_uid = V.rootless ? 65534 : V.uid;
       e->attr.st_gid = V.rootless ? 65534 : V.gid;
       e->attr.st_ino = (uint64_t)sb->index << 40;
+      clock_gettime(CLOCK_REALTIME, &e->attr.st_mtim); /* the view's own time, as getattr says: not 1970 */
+      e->attr.st_ctim = e->attr.st_atim = e->attr.st_mtim;
       e->attr_timeout = 1.0;
       return 0;
     }

@@ -185,7 +185,8 @@ static const char cp_create[] = "if ! [ -e \"$SBX_CP_PATH\" ] && ! [ -L \"$SBX_C
                                 "cd -- \"$(dirname -- \"$SBX_CP_PATH\")\" && "
                                 "exec tar --format=gnu -cf - -- \"$(basename -- \"$SBX_CP_PATH\")\"";
 static const char cp_extract[] =
-    "P=$SBX_CP_PATH; if [ -d \"$P\" ]; then cd -- \"$P\" && exec tar -xpf - --no-same-owner; fi\n"
+    "P=$SBX_CP_PATH; case $P in */) mkdir -p -- \"$P\" || exit 1;; esac\n"
+    "if [ -d \"$P\" ]; then cd -- \"$P\" && exec tar -xpf - --no-same-owner; fi\n"
     "D=$(dirname -- \"$P\"); mkdir -p -- \"$D\" && T=$(mktemp -d -- \"$D/.sbx-cp.XXXXXX\") || exit 1\n"
     "tar -C \"$T\" -xpf - --no-same-owner && mv -T -- \"$T/$SBX_CP_NAME\" \"$P\"; rc=$?; rm -rf -- \"$T\"; exit $rc";
 static const char cp_into[] = "mkdir -p -- \"$SBX_CP_PATH\" && cd -- \"$SBX_CP_PATH\" && exec tar -xpf - --no-same-owner";

@@ -125,6 +125,9 @@ def test_cp(t, x):
                    'readlink rel-link abs-link'])
     t.eq(r.stdout, b'ran\n640 1600000000\n644 1600000000\na.txt\n/etc/hostname\n',
          'relative paths are under /workspace; modes (a script stays executable), mtimes and symlinks arrive', r.stderr)
+    r = x.env.run(['cp', os.path.join(src, 'a.txt'), 'cp1:/workspace/newdir/'])
+    t.eq((r.returncode, r.stderr), (0, b''), 'cp into a directory named with a trailing slash that is not there yet')
+    t.eq(x.env.run(['exec', '-s', 'cp1', '--', 'ls /workspace/newdir']).stdout, b'a.txt\n', 'makes it and copies into it')
     dst = os.path.join(x.env.root, 'back')
     r = x.env.run(['cp', 'cp1:/workspace/proj', dst])
     t.eq(r.returncode, 0, 'cp of a sandbox tree to the host', r.stderr)

@@ -80,6 +80,17 @@ def test_listing(t, x):
          r.stdout)
     x.c.ok('writeFile', {'path': '/workspace/hello.txt', 'content': 'hi\n'})
     t.eq(open(os.path.join(x.mnt, 'v1', 'hello.txt')).read(), 'hi\n', 'MOUNT/<id>/ is its /workspace')
+    x.env.run(['daemon', 'stop'])  # v1 stopped: its directory in the view is not opened until used
+    x.env.run(['ls'])
+    other = os.path.join(x.env.root, 'not', 'made', 'yet')
+    r = x.env.run(['mount', other])
+    t.ok(r.returncode == 0 and os.path.isdir(os.path.join(other, 'v1')), 'sbx mount makes its directory, as mkdir -p',
+         r.stderr)
+    t.ok(os.lstat(os.path.join(other, 'v1')).st_mtime > 86400 * 365, 'a sandbox not yet entered is not dated 1970',
+         os.lstat(os.path.join(other, 'v1')).st_mtime)
+    x.env.run(['umount', other])
+    r = x.env.run(['mount', '-o', 'bogus', other])
+    t.ok(r.returncode == 2 and b'-o takes' in r.stderr, 'an unknown -o option says so', r.stderr)
 
 
 def test_syscall_suite(t, x):
