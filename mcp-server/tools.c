@@ -1382,8 +1382,17 @@ static void h_run_code(mcp_call *call, json_t *args, sbx_sandbox *sb) {
   const char *lang = str(args, "language");
   if (str(args, "contextId")) {
     sbx_code_ctx *c = find_context(call, args, sb);
-    if (c) run_in(call, args, c);
-    return;
+    if (!c) return;
+    json_t *desc = sbx_code_json(c);
+    const char *has = json_string_value(json_object_get(desc, "language"));
+    if (lang && has && strcmp(lang, has)) { /* never code of one language run by the other */
+      sbx_err(&err, "VALIDATION_FAILED", "context %s runs %s, not %s (omit language, or use another context)",
+              str(args, "contextId"), has, lang);
+      json_decref(desc);
+      return mcp_call_fail(call, &err);
+    }
+    json_decref(desc);
+    return run_in(call, args, c);
   }
   /* a default context per language, made on first use */
   char id[32];

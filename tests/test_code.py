@@ -84,6 +84,8 @@ def test_contexts_independent(t, x):
     c = x.c.ok('createCodeContext', {'language': 'python', 'cwd': 'cdir'})
     r = run(x, 'import os\nos.getcwd()', contextId=c['id'])
     t.eq((c['cwd'], r['results'][0]['text']), ('/workspace/cdir', "'/workspace/cdir'"), 'a relative cwd is under /workspace')
+    t.eq(x.c.err('runCode', {'code': '1', 'contextId': c['id'], 'language': 'javascript'}), 'VALIDATION_FAILED',
+         'javascript asked of a python context is refused, not run as python')
     x.c.ok('deleteCodeContext', {'contextId': c['id']})
     ids = [ctx['id'] for ctx in x.c.ok('listCodeContexts')['contexts']]
     t.ok(a['id'] in ids and b['id'] in ids, 'listCodeContexts shows them', ids)
