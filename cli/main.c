@@ -119,8 +119,38 @@ static bool asks_help(const char *cmd, int argc, char **argv) {
   return false;
 }
 
+/* In a sandbox's directory of a view (`sbx mount`)? Its id, and the
+ * directory inside the sandbox that the current one shows. */
+static bool view_place(char id[64], char inside[4096]) {
+  char cwd[4096];
+  if (!getcwd(cwd, sizeof cwd)) return false;
+  FILE *f = fopen("/proc/self/mountinfo", "re");
+  if (!f) return false;
+  char line[8192], best[4096] = "";
+  while (fgets(line, sizeof line, f)) {
+    char mp[4096], *sep = strstr(line, " - ");
+    if (!sep || sscanf(line, "%*s %*s %*s %*s %4095s", mp) != 1 || strncmp(sep + 3, "fuse.sbx-view ", 14)) continue;
+    char *w = mp; /* the kernel writes space, tab, newline and \ as octal */
+    for (char *r = mp; *r; r++)
+      if (r[0] == '\\' && r[1] >= '0' && r[1] <= '3' && r[2] && r[3]) *w++ = (char)((r[1] - '0') * 64 + (r[2] - '0') * 8 + (r[3] - '0')), r += 3;
+      else *w++ = *r;
+    *w = 0;
+    size_t l = strlen(mp);
+    if (!strncmp(cwd, mp, l) && cwd[l] == '/' && l > strlen(best)) snprintf(best, sizeof best, "%s", mp);
+  }
+  fclose(f);
+  if (!*best) return false;
+  const char *rest = cwd + strlen(best) + 1, *slash = strchrnul(rest, '/');
+  if ((size_t)(slash - rest) >= 64) return false;
+  memcpy(id, rest, slash - rest);
+  id[slash - rest] = 0;
+  snprintf(inside, 4096, "/workspace%s", slash);
+  return sbx_valid_id(id);
+}
+
 static int open_client(sbx_client *c, const char *sandbox) {
-  char err[600];
+  char err[600], view_id[64], view_cwd[4096];
+  if (!sandbox && view_place(view_id, view_cwd)) sandbox = view_id; /* in a sandbox's directory of a view */
   if (sandbox && !sbx_valid_id(sandbox)) { /* never a guess: a bad id is not some other sandbox */
     fprintf(stderr, "sbx: invalid sandbox id '%.100s': ids are 1-63 of [a-z0-9-]\n", sandbox);
     return -1;
@@ -253,6 +283,12 @@ static int cmd_exec(int argc, char **argv) {
   if (detach && (with_stdin || timeout > 0)) {
     fprintf(stderr, "sbx exec: -d runs in the background: no -i, no --timeout\n");
     return 2;
+  }
+  /* in MOUNT/<id>/dir of a view: that sandbox, in that directory */
+  char view_id[64], view_cwd[4096];
+  if (!sandbox && view_place(view_id, view_cwd)) {
+    sandbox = view_id;
+    if (!cwd) cwd = view_cwd;
   }
   sbx_client c;
   if (open_client(&c, sandbox) < 0) return 1;

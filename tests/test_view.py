@@ -13,7 +13,7 @@ import tempfile
 import threading
 import time
 
-from sbxtest import Env, gone, inits_of, run_tests, wait_until
+from sbxtest import SBX, Env, gone, inits_of, run_tests, wait_until
 
 FSOPS = os.environ.get('FSOPS') or os.path.join(os.path.dirname(__file__), '..', 'build', 'tests', 'fsops')
 
@@ -80,6 +80,10 @@ def test_listing(t, x):
          r.stdout)
     x.c.ok('writeFile', {'path': '/workspace/hello.txt', 'content': 'hi\n'})
     t.eq(open(os.path.join(x.mnt, 'v1', 'hello.txt')).read(), 'hi\n', 'MOUNT/<id>/ is its /workspace')
+    x.c.sh('mkdir -p /workspace/src/deep')
+    r = subprocess.run([SBX, 'exec', '--', 'pwd; hostname'], cwd=os.path.join(x.mnt, 'v1', 'src', 'deep'),
+                       env=x.env.env, capture_output=True)
+    t.eq(r.stdout, b'/workspace/src/deep\nv1\n', 'sbx exec in a sandbox\'s directory of the view runs there, in it')
     x.env.run(['daemon', 'stop'])  # v1 stopped: its directory in the view is not opened until used
     x.env.run(['ls'])
     other = os.path.join(x.env.root, 'not', 'made', 'yet')
