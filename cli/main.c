@@ -651,6 +651,38 @@ static int daemon_http_live(const char *addr, bool remote) {
   return 0;
 }
 
+/* The kernel's and the configuration's checks, then the daemon that runs:
+ * one whose binary was replaced since it started (an upgrade) still runs
+ * the old code until it is restarted. */
+static int cmd_doctor(void) {
+  int problems = sbx_doctor(stdout);
+  sbx_paths p;
+  char err[600];
+  if (sbx_paths_init(&p, err, sizeof err) < 0) return 1;
+  FILE *f = fopen(p.pidfile, "re");
+  int pid = 0;
+  if (f) {
+    if (fscanf(f, "%d", &pid) != 1) pid = 0;
+    fclose(f);
+  }
+  char exe[128], path[4096] = "";
+  snprintf(exe, sizeof exe, "/proc/%d/exe", pid);
+  ssize_t n = pid > 1 && sbx_daemon_listening(&p) ? readlink(exe, path, sizeof path - 1) : -1;
+  if (n <= 0) {
+    printf("%-4s %-22s %s\n", "ok", "daemon", "not running (the first command starts one)");
+  } else {
+    path[n] = 0;
+    bool replaced = n > 10 && !strcmp(path + n - 10, " (deleted)");
+    printf("%-4s %-22s pid %d, %s\n", replaced ? "--" : "ok", "daemon", pid,
+           replaced ? "runs a binary replaced since it started: `sbx daemon stop` (sandboxes keep their files; "
+                      "the next command starts the new one)"
+                    : path);
+    problems += replaced;
+  }
+  printf("%d problem%s\n", problems, problems == 1 ? "" : "s");
+  return problems ? 1 : 0;
+}
+
 /* -o's comma-separated options; -1 on one it does not know. */
 static int mount_opts(const char *list, sbx_view_opts *o) {
   char buf[256];
@@ -784,7 +816,7 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "kill")) return cmd_kill(argc - 1, argv + 1);
   if (!strcmp(cmd, "destroy")) return cmd_destroy(argc - 1, argv + 1);
   if (!strcmp(cmd, "cp")) return sbx_cp_main(argc - 1, argv + 1, open_client);
-  if (!strcmp(cmd, "doctor")) return sbx_doctor(stdout) ? 1 : 0;
+  if (!strcmp(cmd, "doctor")) return cmd_doctor();
   if (!strcmp(cmd, "mount")) return cmd_mount(argc - 1, argv + 1);
   if (!strcmp(cmd, "umount")) return cmd_umount(argc - 1, argv + 1);
   if (!strcmp(cmd, "bucketfs")) return sbx_bucketfs_main(argc - 1, argv + 1); /* internal: run by the daemon */

@@ -203,6 +203,5 @@ int sbx_doctor(FILE *out) {
     json_decref(j);
     sbx_config_free(&conf);
   }
-  fprintf(out, "%d problem%s\n", problems, problems == 1 ? "" : "s");
   return problems;
 }

@@ -298,7 +298,7 @@ def test_background(t, x):
 def test_doctor(t, x):
     r = x.env.run(['doctor'])
     out = r.stdout.decode()
-    for word in ('user namespaces', 'idmapped mounts', 'overlayfs', 'cgroups', 'seccomp', 'FUSE', 'disk quota', 'configuration', 'pidfd', 'clone3'):
+    for word in ('user namespaces', 'idmapped mounts', 'overlayfs', 'cgroups', 'seccomp', 'FUSE', 'disk quota', 'configuration', 'pidfd', 'clone3', 'daemon'):
         t.ok(word in out, 'doctor reports ' + word)
 
 
