@@ -57,6 +57,12 @@ static const struct help {
      "Lists, creates or deletes the sessions of a sandbox: each has its own shell state.\n"
      "`sbx exec --session NAME` runs in one."},
     {"ls", "sbx ls", "Lists the sandboxes: status (running, stopped, sleeping), creation and last activity."},
+    {"create", "sbx create ID [--network egress [--allow HOST]...] [--memory MB] [--cpus N] [--pids N] [--disk MB]\n"
+               "                 [--sleep-after T] [--keep-alive] [--image NAME] [-e K=V]...",
+     "Creates a sandbox with options (other commands create one with the defaults on first use).\n"
+     "--network egress gives it a network, narrowed to the --allow names or CIDRs when given. On\n"
+     "a sandbox that exists it changes what can change live (sleep-after, keep-alive, env) and\n"
+     "says which options need a new sandbox."},
     {"destroy", "sbx destroy ID...", "Destroys sandboxes: their processes, files and records."},
     {"cp", "sbx cp SRC DST",
      "Copies files between the host and a sandbox, as docker cp does; ID:PATH names a path in\n"
@@ -495,6 +501,69 @@ static int cmd_ls(void) {
   return 0;
 }
 
+static int cmd_create(int argc, char **argv) {
+  static const struct option opts[] = {{"network", required_argument, 0, 'n'}, {"allow", required_argument, 0, 'a'},
+                                       {"memory", required_argument, 0, 'm'},  {"cpus", required_argument, 0, 'c'},
+                                       {"pids", required_argument, 0, 'p'},    {"disk", required_argument, 0, 'D'},
+                                       {"sleep-after", required_argument, 0, 'z'}, {"keep-alive", no_argument, 0, 'k'},
+                                       {"image", required_argument, 0, 'I'},   {"env", required_argument, 0, 'e'},
+                                       {0, 0, 0, 0}};
+  json_t *args = json_object(), *limits = json_object(), *env = json_object(), *allow = json_array();
+  int o, rc = 2;
+  optind = 1;
+  while ((o = getopt_long(argc, argv, "e:", opts, NULL)) != -1) {
+    char *end = NULL;
+    switch (o) {
+    case 'n': json_object_set_new(args, "network", json_string(optarg)); break;
+    case 'a': json_array_append_new(allow, json_string(optarg)); break;
+    case 'z': json_object_set_new(args, "sleepAfter", json_string(optarg)); break;
+    case 'k': json_object_set_new(args, "keepAlive", json_true()); break;
+    case 'I': json_object_set_new(args, "image", json_string(optarg)); break;
+    case 'c': {
+      double v = strtod(optarg, &end);
+      if (!*optarg || *end || v <= 0) goto bad;
+      json_object_set_new(limits, "cpus", json_real(v));
+      break;
+    }
+    case 'm': case 'p': case 'D': {
+      long long v = strtoll(optarg, &end, 10);
+      if (!*optarg || *end || v <= 0) goto bad;
+      json_object_set_new(limits, o == 'm' ? "memoryMB" : o == 'p' ? "pids" : "diskMB", json_integer(v));
+      break;
+    }
+    case 'e': {
+      char *eq = strchr(optarg, '=');
+      if (!eq) goto bad;
+      *eq = 0;
+      json_object_set_new(env, optarg, json_string(eq + 1));
+      break;
+    }
+    default: goto bad;
+    }
+  }
+  if (optind != argc - 1 || !sbx_valid_id(argv[optind])) goto bad;
+  json_object_set_new(args, "sandboxId", json_string(argv[optind]));
+  if (json_object_size(limits)) json_object_set(args, "limits", limits);
+  if (json_object_size(env)) json_object_set(args, "env", env);
+  if (json_array_size(allow)) json_object_set(args, "allowedHosts", allow);
+  sbx_client c;
+  rc = 1;
+  if (open_client(&c, NULL) < 0) goto out;
+  json_t *r = call(&c, "createSandbox", json_incref(args), NULL, NULL);
+  sbx_client_close(&c);
+  if (!r) goto out;
+  json_t *text = json_object_get(json_array_get(json_object_get(r, "content"), 0), "text");
+  printf("%s\n", json_string_value(text) ?: "");
+  json_decref(r);
+  rc = 0;
+  goto out;
+bad:
+  usage_of("create");
+out:
+  json_decref(args), json_decref(limits), json_decref(env), json_decref(allow);
+  return rc;
+}
+
 static int cmd_destroy(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "sbx destroy: which sandbox?\n");
@@ -815,6 +884,7 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "logs")) return cmd_logs(argc - 1, argv + 1);
   if (!strcmp(cmd, "kill")) return cmd_kill(argc - 1, argv + 1);
   if (!strcmp(cmd, "destroy")) return cmd_destroy(argc - 1, argv + 1);
+  if (!strcmp(cmd, "create")) return cmd_create(argc - 1, argv + 1);
   if (!strcmp(cmd, "cp")) return sbx_cp_main(argc - 1, argv + 1, open_client);
   if (!strcmp(cmd, "doctor")) return cmd_doctor();
   if (!strcmp(cmd, "mount")) return cmd_mount(argc - 1, argv + 1);

@@ -66,6 +66,19 @@ def test_ls_destroy(t, x):
     t.eq((r.returncode, r.stderr), (1, b"sbx: no sandbox 'gone' (`sbx ls` lists them)\n"), 'so does ps of one')
 
 
+def test_create(t, x):
+    r = x.env.run(['create', 'made', '--memory', '256', '--disk', '512', '--sleep-after', '5m', '-e', 'A=1', '--network', 'egress'])
+    t.eq((r.returncode, r.stdout.splitlines()[0] if r.stdout else b''), (0, b'sandbox made created'), 'sbx create makes a sandbox', r.stderr)
+    r = x.env.run(['exec', '-s', 'made', '--', 'echo $A; df -m /workspace | tail -1 | awk "{print \\$2}"; ip -o link | grep -vc " lo:"'])
+    out = r.stdout.decode().split()
+    t.ok(out[0] == '1' and int(out[1]) <= 512 and int(out[2]) >= 1, 'with its environment, disk and network', out)
+    r = x.env.run(['create', 'made', '--network', 'none'])
+    t.ok(r.returncode == 0 and b'NOT changed' in r.stdout and b'network' in r.stdout,
+         'on one that exists it names what needs a new sandbox', r.stdout)
+    t.eq(x.env.run(['create', 'made', '--memory', 'lots']).returncode, 2, 'a bad value is a usage error')
+    x.env.run(['destroy', 'made'])
+
+
 def test_notices(t, x):
     """What the daemon tells an agent beside a result, the CLI tells on stderr."""
     x.env.run(['exec', '-s', 'note', '--', 'true'])
@@ -456,6 +469,6 @@ def test_daemon_http_while_running(t, x):
 
 
 if __name__ == '__main__':
-    sys.exit(run_tests([test_exec, test_stdin, test_never_guesses, test_default_id, test_ls_destroy, test_notices, test_cp, test_cp_hostile_sandbox, test_cp_symlink_race, test_background, test_doctor,
+    sys.exit(run_tests([test_exec, test_stdin, test_never_guesses, test_default_id, test_ls_destroy, test_create, test_notices, test_cp, test_cp_hostile_sandbox, test_cp_symlink_race, test_background, test_doctor,
                         test_autostart_and_stop,
                         test_racing_starters, test_help, test_session, test_daemon_http_while_running], Ctx))
