@@ -359,7 +359,10 @@ static int cp_done(sbx_client *c, const char *what) {
       int code = (int)json_integer_value(json_object_get(p, "exitCode"));
       if (code) {
         const char *text = json_string_value(json_object_get(p, "stderr"));
-        fprintf(stderr, "sbx cp: %s: %s", what, text && *text ? text : "tar failed\n");
+        if (text && (strstr(text, "No space left on device") || strstr(text, ": Wrote only ")))
+          fprintf(stderr, "sbx cp: %s: no space left on the sandbox's disk (its diskMB)\n", what);
+        else
+          fprintf(stderr, "sbx cp: %s: %s", what, text && *text ? text : "tar failed\n");
       }
       json_decref(m);
       return code ? 1 : 0;

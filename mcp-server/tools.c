@@ -259,7 +259,8 @@ static void exec_done(void *ud, const sbx_exec_result *r, const sbx_error *err) 
                    r->oom ? ", killed: out of memory" : "", r->truncated ? ", output truncated" : "");
   sbx_buf_append(&t, tail, n);
   if (r->output_path) {
-    n = snprintf(tail, sizeof tail, "\n[full output: %s]", r->output_path);
+    n = snprintf(tail, sizeof tail, r->output_short ? "\n[output so far: %s (the rest did not fit: the sandbox's disk is full)]"
+                                                    : "\n[full output: %s]", r->output_path);
     sbx_buf_append(&t, tail, n);
   }
   if (hint) {

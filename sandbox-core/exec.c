@@ -68,6 +68,7 @@ struct stream {
   size_t carry_len;
   int file_fd;
   char *path;
+  bool short_file; /* the sandbox's disk filled up: the file holds only what fit */
 };
 
 typedef struct sbx_shell sbx_shell;
@@ -292,6 +293,7 @@ static void finish(sbx_exec *x) {
   free(raw[0]);
   free(raw[1]);
   res.output_path = x->s[0].path ? x->s[0].path : x->s[1].path;
+  res.output_short = x->s[0].path ? x->s[0].short_file : x->s[1].short_file;
   if (x->cg.n) cg_release(x->sb, &x->cg);
   x->on_done(x->ud, &res, NULL);
   free(res.out);
@@ -366,13 +368,14 @@ static void spill(sbx_exec *x, int i, const char *p, size_t n) {
       st->path = strdup(path);
       size_t len;
       char *prev = sbx_headtail_render(&st->ht, &len);
-      if (sbx_write_all(st->file_fd, prev, len) < 0) close(st->file_fd), st->file_fd = -1;
+      if (sbx_write_all(st->file_fd, prev, len) < 0) close(st->file_fd), st->file_fd = -1, st->short_file = true;
       free(prev);
     }
   }
   if (st->file_fd >= 0 && sbx_write_all(st->file_fd, p, n) < 0) {
     close(st->file_fd); /* the sandbox's disk is full: the file keeps what fit */
     st->file_fd = -1;
+    st->short_file = true;
   }
 }
 

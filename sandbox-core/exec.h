@@ -38,6 +38,7 @@ typedef struct sbx_exec_result {
   bool timed_out, cancelled, truncated, oom;
   uint64_t duration_ms;
   char *output_path; /* inside the sandbox, when truncated */
+  bool output_short; /* ...holding only what fit on the sandbox's disk */
 } sbx_exec_result;
 
 /* stream: 1 stdout, 2 stderr; data is valid UTF-8 ending on a code point. */

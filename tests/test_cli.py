@@ -77,6 +77,15 @@ def test_create(t, x):
          'on one that exists it names what needs a new sandbox', r.stdout)
     t.eq(x.env.run(['create', 'made', '--memory', 'lots']).returncode, 2, 'a bad value is a usage error')
     x.env.run(['destroy', 'made'])
+    x.env.run(['create', 'tiny', '--disk', '32'])
+    big = os.path.join(x.env.root, 'big.bin')
+    with open(big, 'wb') as f:
+        f.truncate(50 << 20)
+    r = x.env.run(['cp', big, 'tiny:big.bin'])
+    t.eq((r.returncode, r.stderr), (1, b"sbx cp: big.bin: no space left on the sandbox's disk (its diskMB)\n"),
+         'sbx cp past a sandbox\'s disk says so')
+    os.unlink(big)
+    x.env.run(['destroy', 'tiny'])
 
 
 def test_notices(t, x):

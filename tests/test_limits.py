@@ -84,6 +84,10 @@ def test_disk(t, x):
     mb = int(out.strip().split()[-1])
     t.ok(mb <= 32, 'file bounded by diskMB (%d MB)' % mb)
     r = x.c.sh('touch /usr/bin/zzz 2>&1; echo rc=$?', sandbox='disk')
+    res, _ = x.c.call('exec', {'sandboxId': 'disk', 'command': 'seq 1 3000000'}, 60)
+    text = res['content'][0]['text']
+    t.ok('did not fit' in text and "disk is full" in text and 'full output' not in text,
+         'output spilled to a full disk is said to be short, not full', text[-300:])
     x.c.sh('rm -f /workspace/fill', sandbox='disk')
     t.eq(x.c.sh('echo ok > /workspace/after && cat /workspace/after', sandbox='disk')['stdout'], 'ok\n',
          'space is back after deleting')
