@@ -235,11 +235,16 @@ while True:
     _current[0] = req.get('id')
     error = None
     timer = None
+    timed_out = []
     timeout = req.get('timeout') or 0
+
+    def _expire():
+        timed_out.append(True)
+        os.kill(os.getpid(), signal.SIGINT)
     try:
         _running.set()
         if timeout > 0:
-            timer = threading.Timer(timeout / 1000.0, lambda: os.kill(os.getpid(), signal.SIGINT))
+            timer = threading.Timer(timeout / 1000.0, _expire)
             timer.daemon = True
             timer.start()
         try:
@@ -257,6 +262,9 @@ while True:
             # the driver's own frames are not the user's business
             tb = [t for t in tb if 'File "<string>"' not in t]
             error = {'name': type(e).__name__, 'value': str(e), 'traceback': tb}
+            if timed_out and isinstance(e, KeyboardInterrupt):  # said as JavaScript's driver says it
+                msg = 'the run was interrupted after %d ms; the context keeps its state' % timeout
+                error = {'name': 'TimeoutError', 'value': msg, 'traceback': tb[:-1] + ['TimeoutError: %s\n' % msg]}
         try:
             _flush_figures()
         except Exception:
