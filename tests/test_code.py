@@ -113,6 +113,7 @@ def test_javascript(t, x):
     r = run(x, 'null.x', language='javascript')
     t.eq(r.get('error', {}).get('name'), 'TypeError', 'JS errors with their name', r)
     t.ok(any('<code>' in line for line in r['error']['traceback']), 'and the stack', r['error'])
+    t.ok(not any('[eval]' in line for line in r['error']['traceback']), 'without the driver\'s own frames', r['error'])
     r = run(x, 'while (true) {}', language='javascript', timeout=1000)
     t.eq(r.get('error', {}).get('name'), 'TimeoutError', 'timeout stops a JS busy loop', r)
     r = run(x, 'await new Promise(() => {})', language='javascript', timeout=1000)

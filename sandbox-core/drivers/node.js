@@ -119,7 +119,7 @@ function errorOf(e) {
   let name = e.name || 'Error', value = e.message;
   if (e.code === 'ERR_SCRIPT_EXECUTION_TIMEOUT') name = 'TimeoutError';
   if (e.code === 'ERR_SCRIPT_EXECUTION_INTERRUPTED') name = 'KeyboardInterrupt';
-  const stack = String(e.stack || '').split('\n').filter((l) => !/\(node:|node:internal|\[worker eval\]/.test(l));
+  const stack = String(e.stack || '').split('\n').filter((l) => !/\(node:|node:internal|\[worker eval\]|\(\[eval\]:/.test(l)); // the driver's own frames
   return { name, value, traceback: stack };
 }
 
