@@ -168,6 +168,22 @@ static int open_client(sbx_client *c, const char *sandbox) {
   return 0;
 }
 
+/* The daemon's messages name tools, for agents: here, the commands. */
+static const char *for_the_cli(const char *msg) {
+  static const char *const names[][2] = {{"see listProcesses", "sbx ps lists them"},
+                                         {"destroySandbox, then createSandbox", "sbx destroy, then sbx create"},
+                                         {"createSandbox", "sbx create"}, {"destroySandbox", "sbx destroy"}};
+  static char out[1024];
+  snprintf(out, sizeof out, "%s", msg ? msg : "");
+  for (size_t i = 0; i < SBX_ARRAY_SIZE(names); i++)
+    for (char *at; (at = strstr(out, names[i][0]));) {
+      char rest[1024];
+      snprintf(rest, sizeof rest, "%s", at + strlen(names[i][0]));
+      snprintf(at, sizeof out - (at - out), "%s%s", names[i][1], rest);
+    }
+  return out;
+}
+
 /* Calls a tool; prints a tool error; returns the result or NULL. */
 static char last_code[64]; /* the error code of the last call that failed */
 
@@ -197,7 +213,7 @@ static json_t *call(sbx_client *c, const char *tool, json_t *args, sbx_progress_
     if (!strcmp(code, "SANDBOX_NOT_FOUND") && *id) /* the daemon's advice is for agents */
       fprintf(stderr, "sbx: no sandbox '%s' (`sbx ls` lists them)\n", id);
     else
-      fprintf(stderr, "sbx: %s: %s: %s\n", tool, code, json_string_value(json_object_get(e, "message")));
+      fprintf(stderr, "sbx: %s: %s: %s\n", tool, code, for_the_cli(json_string_value(json_object_get(e, "message"))));
     snprintf(last_code, sizeof last_code, "%s", json_string_value(json_object_get(e, "code")) ?: "");
     json_decref(r);
     return NULL;

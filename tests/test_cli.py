@@ -313,7 +313,7 @@ def test_background(t, x):
     t.eq((r.stdout, r.stderr), (b'', b''), 'a process killed by SIGTERM has nothing in its logs it did not write')
     t.eq(x.env.run(['kill', '-s', 'bg', '--signal', 'STOP', sl]).returncode, 2, 'a signal it does not send is a usage error')
     r = x.env.run(['logs', '-s', 'bg', 'nosuch'])
-    t.ok(r.returncode == 1 and b'PROCESS_NOT_FOUND' in r.stderr, 'a process that is not there is an error', r.stderr)
+    t.ok(r.returncode == 1 and b'PROCESS_NOT_FOUND' in r.stderr and b'(sbx ps lists them)' in r.stderr, 'a process that is not there is an error, with advice for the command line', r.stderr)
     t.eq(x.env.run(['exec', '-d', '-i', '--', 'true']).returncode, 2, '-d with -i is a usage error')
 
 
