@@ -409,6 +409,14 @@ static void *fanotify_main(void *arg) {
     if (n <= 0) continue;
     pthread_mutex_lock(&V.lock);
     for (struct fanotify_event_metadata *m = (void *)buf; FAN_EVENT_OK(m, n); m = FAN_EVENT_NEXT(m, n)) {
+      if (m->mask & FAN_Q_OVERFLOW) { /* changes were lost: every cached name and page of every sandbox goes */
+        for (sbox *b = V.boxes; b; b = b->next)
+          if (b->present) queue_inval(FUSE_ROOT_ID, b->id, 0); /* its whole tree of dentries */
+        for (size_t h = 0; h < HASH_SIZE; h++)
+          for (vnode *v = V.hash[h]; v; v = v->hnext)
+            if (!v->dead) queue_inval(0, NULL, (fuse_ino_t)(uintptr_t)v);
+        continue;
+      }
       if (m->pid == getpid()) continue; /* our own doing: the kernel knows already */
       /* only these change a directory; a write or a chmod changes the
        * file alone, and the host's dentry of it stays right */
