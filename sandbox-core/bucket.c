@@ -816,6 +816,26 @@ static int make_fuse(sbx_sandbox *sb, const sbx_bucket *b, int *devfd, sbx_error
   return fds[1];
 }
 
+static uint64_t local_mb(void) {
+  const sbx_config *c = sbx_config_get();
+  return c && c->local_mb ? c->local_mb : 65536;
+}
+
+/* What local buckets' images may still take (MB): each can grow to its
+ * size, so sizes are counted, not blocks in use. */
+static uint64_t local_budget_left(const char *dir) {
+  uint64_t used = 0;
+  DIR *d = opendir(dir);
+  for (struct dirent *e; d && (e = readdir(d));) {
+    size_t l = strlen(e->d_name);
+    struct stat st;
+    if (l > 4 && !strcmp(e->d_name + l - 4, ".img") && fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0)
+      used += (uint64_t)st.st_size >> 20;
+  }
+  if (d) closedir(d);
+  return used >= local_mb() ? 0 : local_mb() - used;
+}
+
 /* A local bucket, as root with loop devices: an ext4 image of its own
  * ($SBX_STATE_DIR/buckets/NAME.img), sized by the diskMB of the sandbox
  * that made it, so that a sandbox cannot fill the host's disk through it;
@@ -831,6 +851,11 @@ static int local_tree(sbx_sandbox *sb, const sbx_bucket *b, sbx_error *err) {
   sbx_mkdir_p(parent, 0700);
   struct stat st;
   if (sbx_disk_quota_enforced() && stat(dir, &st) < 0) {
+    if (stat(img, &st) < 0 && local_budget_left(parent) < sb->opts.limits.disk_mb)
+      return sbx_err(err, "RESOURCE_LIMIT",
+                     "a new local bucket of %llu MB (the sandbox's diskMB) would take the local buckets past "
+                     "buckets.localMB (%llu MB): mount one that exists, or have one deleted from %s",
+                     (unsigned long long)sb->opts.limits.disk_mb, (unsigned long long)local_mb(), parent);
     if (sbx_disk_make_image(img, sb->opts.limits.disk_mb, err) < 0) return -1;
     char what[200];
     snprintf(what, sizeof what, "local bucket %s", b->bucket);

@@ -22,6 +22,7 @@ void sbx_config_defaults(sbx_config *c) {
       .max_sandboxes = 1024,
       .limits = {.memory_mb = 2048, .cpus = 1, .pids = 1024, .disk_mb = 8192},
       .preview_port = 8787,
+      .local_mb = 65536,
   };
   sbx_config_path(c->path, sizeof c->path);
 }
@@ -108,7 +109,7 @@ static int parse_limits(sbx_config *c, json_t *l, char *err, size_t errlen) {
 }
 
 static int parse_buckets(sbx_config *c, json_t *b, char *err, size_t errlen) {
-  static const char *const keys[] = {"allowedEndpoints", "profiles", NULL};
+  static const char *const keys[] = {"allowedEndpoints", "profiles", "localMB", NULL};
   static const char *const pkeys[] = {"endpoint", "region", "accessKeyId", "secretAccessKey", NULL};
   if (!json_is_object(b)) FAIL("buckets must be an object");
   if (only_keys(b, "buckets", keys, err, errlen) < 0) return -1;
@@ -124,6 +125,12 @@ static int parse_buckets(sbx_config *c, json_t *b, char *err, size_t errlen) {
         FAIL("buckets.allowedEndpoints[%zu] must be a string starting with https:// or http://", i);
       c->allowed_endpoints[c->n_allowed++] = strdup(s);
     }
+  }
+  json_t *lm = json_object_get(b, "localMB");
+  if (lm) {
+    if (!json_is_integer(lm) || json_integer_value(lm) < 1 || json_integer_value(lm) > (1 << 30))
+      FAIL("buckets.localMB must be an integer of MB from 1 to 1073741824");
+    c->local_mb = (uint64_t)json_integer_value(lm);
   }
   json_t *p = json_object_get(b, "profiles");
   if (p) {
@@ -261,6 +268,7 @@ json_t *sbx_config_json(const sbx_config *c) {
                         c->preview_port, "buckets", "allowedEndpoints",
                         c->n_allowed ? strings(c->allowed_endpoints, c->n_allowed) : json_string("public https only"),
                         "profiles", profiles);
+  json_object_set_new(json_object_get(j, "buckets"), "localMB", json_integer((json_int_t)c->local_mb));
   if (c->http) json_object_set_new(j, "http", json_string(c->http));
   if (c->mount) json_object_set_new(j, "mount", json_string(c->mount));
   json_object_set_new(j, "dnsServer", json_string(c->dns_server ? c->dns_server : "the host's resolver"));

@@ -30,6 +30,7 @@ typedef struct sbx_config {
   size_t n_allowed;
   sbx_bucket_profile *profiles;
   size_t n_profiles;
+  uint64_t local_mb; /* what all local buckets' images may take together */
 } sbx_config;
 
 /* Where the configuration lives: $SBX_CONFIG, else /etc/sbx/config.json

@@ -25,6 +25,7 @@ class Ctx:
         cfg = os.path.join(self.env.root, 'config.json')
         with open(cfg, 'w') as f:
             json.dump({'buckets': {
+                'localMB': 16600,  # test_local_bucket's 8192 and test_local_bucket_quota's 64, then no more of 9000
                 'allowedEndpoints': ['http://127.0.0.1:', 'http://sbx-test.invalid'],
                 'profiles': {'loopback': {'endpoint': self.s3.endpoint, 'accessKeyId': AK,
                                           'secretAccessKey': SK}}}}, f)
@@ -253,8 +254,16 @@ def test_local_bucket_quota(t, x):
     c.ok('mountBucket', {'sandboxId': 'lq2', 'bucket': 'small', 'mountPath': '/small', 'localBucket': True})
     t.eq(c.sh('cat /small/s; ls -a /small', sandbox='lq2')['stdout'], 'shared\n.\n..\ns\n',
          'another sandbox mounting it shares its files (and nothing of mkfs\'s)')
-    c.ok('destroySandbox', {'sandboxId': 'lq'})
-    c.ok('destroySandbox', {'sandboxId': 'lq2'})
+    c.ok('createSandbox', {'sandboxId': 'lq3', 'limits': {'diskMB': 9000}})
+    res, _ = c.call('mountBucket', {'sandboxId': 'lq3', 'bucket': 'more', 'mountPath': '/more', 'localBucket': True})
+    err = res['structuredContent'].get('error', {})
+    t.ok(res.get('isError') and err.get('code') == 'RESOURCE_LIMIT' and 'buckets.localMB' in err.get('message', ''),
+         'local buckets together stay within buckets.localMB: a new one past it is refused, saying so', err)
+    t.ok(not os.path.exists(os.path.join(x.env.state, 'buckets', 'more.img')), 'and nothing is made for it')
+    c.ok('mountBucket', {'sandboxId': 'lq3', 'bucket': 'small', 'mountPath': '/small', 'localBucket': True})
+    t.eq(c.sh('cat /small/s', sandbox='lq3')['stdout'], 'shared\n', 'one that exists still mounts')
+    for s in ('lq', 'lq2', 'lq3'):
+        c.ok('destroySandbox', {'sandboxId': s})
 
 
 def test_reset_keeps_bucket(t, x):
