@@ -90,6 +90,7 @@ typedef struct sbox {
   bool own_disk; /* its /workspace is on a filesystem of its own (an ext4 image on a loop device) */
   bool present;
   unsigned long nodes; /* nodes holding an fd: at most V.max_nodes */
+  time_t flushed;      /* when its cached tree was last dropped for holding too many */
   struct sbox *next;
 } sbox;
 
@@ -109,7 +110,8 @@ static struct {
   bool rootless;
   bool allow_other;
   double timeout; /* attribute and entry cache */
-  unsigned long max_nodes; /* per sandbox: three quarters of the fds, so one cannot take them all */
+  unsigned long max_nodes; /* per sandbox: half of the fds, so one cannot take them all */
+  unsigned long all_nodes, max_all; /* every sandbox's together: seven eighths (open files need some) */
   bool stateless_dirs; /* no opendir (v_opendir) */
   int fan;        /* fanotify (root), or -1 */
   bool passthrough; /* as root: regular files in FUSE passthrough mode */
@@ -171,6 +173,7 @@ static vnode *node_get(sbox *sb, int fd, const struct stat *st, bool *used_fd) {
   if (!v) return NULL;
   *v = (vnode){.nlookup = 1, .fd = fd, .dev = st->st_dev, .ino = st->st_ino, .sb = sb, .gen = sb->gen, .counted = true};
   sb->nodes++;
+  V.all_nodes++;
   v->hnext = V.hash[h];
   V.hash[h] = v;
   *used_fd = true;
@@ -192,7 +195,7 @@ static void node_forget(vnode *v, uint64_t n) {
   if (v->nlookup <= n) {
     node_unhash(v);
     if (v->sb && v->sb->root == v) v->sb->root = NULL;
-    if (v->counted) v->sb->nodes--;
+    if (v->counted) v->sb->nodes--, V.all_nodes--;
     if (v->fd >= 0) close(v->fd);
     free(v);
   } else {
@@ -445,6 +448,30 @@ static void *fanotify_main(void *arg) {
   return NULL;
 }
 
+/* ---- how many nodes ------------------------------------------------------ */
+
+/* Every node the kernel knows holds an fd, and as root the kernel keeps
+ * names for a day. A sandbox at its share, or all of them at theirs, get
+ * ENFILE for new names, and the tree of the sandbox holding the most is
+ * dropped from the kernel's cache (at most once a second), whose FORGETs
+ * give the fds back: a host walk of a huge tree goes on, slowly, and the
+ * other sandboxes are served. */
+static bool too_many_nodes(sbox *sb) {
+  pthread_mutex_lock(&V.lock);
+  sbox *flush = NULL;
+  if (sb->nodes >= V.max_nodes) flush = sb;
+  else if (V.all_nodes >= V.max_all)
+    for (sbox *b = V.boxes; b; b = b->next)
+      if (!flush || b->nodes > flush->nodes) flush = b;
+  time_t now = time(NULL);
+  if (flush && flush->present && flush->flushed != now) {
+    flush->flushed = now;
+    queue_inval(FUSE_ROOT_ID, flush->id, 0);
+  }
+  pthread_mutex_unlock(&V.lock);
+  return flush != NULL;
+}
+
 /* ---- replies ----------------------------------------------------------- */
 
 static vfile *file_of(struct fuse_file_info *fi) { return (vfile *)(uintptr_t)fi->fh; }
@@ -509,7 +536,7 @@ static int do_lookup(fuse_req_t req, vnode *parent, const char *name, struct fus
   if (!v) {
     /* a sandbox with more files than the view can hold open (the host
      * walking a huge tree it made) runs out alone, never the others */
-    if (parent->sb->nodes >= V.max_nodes) return ENFILE;
+    if (too_many_nodes(parent->sb)) return ENFILE;
     if ((fd = openat(pfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC)) < 0) return errno;
     if (fstatat(fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0) { /* what the fd is, raced or not */
       int err = errno;
@@ -1400,9 +1427,10 @@ int sbx_view_main(const char *mountpoint, const sbx_view_opts *o) {
     if (!V.rootless && nr_open > nofile.rlim_max) nofile.rlim_max = nr_open;
     nofile.rlim_cur = nofile.rlim_max;
     if (setrlimit(RLIMIT_NOFILE, &nofile) < 0) getrlimit(RLIMIT_NOFILE, &nofile);
-    V.max_nodes = nofile.rlim_cur / 4 * 3;
+    V.max_nodes = nofile.rlim_cur / 2;
+    V.max_all = nofile.rlim_cur / 8 * 7;
   }
-  if (V.max_nodes < 256) V.max_nodes = 256;
+  if (V.max_nodes < 256) V.max_nodes = 256, V.max_all = 448;
   V.null_path = open("/dev/null", O_PATH | O_CLOEXEC);
   V.null_rw = open("/dev/null", O_RDWR | O_CLOEXEC);
   if (!realpath(mountpoint, V.mountpoint)) {
