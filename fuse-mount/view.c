@@ -210,11 +210,24 @@ static sbox *box_find(const char *id) {
   return NULL;
 }
 
-/* Inode numbers are unique across sandboxes (each has its own disk). */
+/* Inode numbers are unique across sandboxes (each has its own disk), and
+ * across the filesystems of one (a bucket mounted under /workspace): bits
+ * 32-39 tell those apart, 0 for its own disk. */
 static void present_attr(const sbox *sb, struct stat *st) {
-  st->st_ino = ((uint64_t)(sb ? sb->index : 0) << 40) ^ st->st_ino;
+  uint64_t other = 0;
+  if (sb && st->st_dev != sb->dev) {
+    uint64_t h = (uint64_t)st->st_dev * 0x9e3779b97f4a7c15ull;
+    other = ((h >> 56) | 1) << 32;
+  }
+  st->st_ino = ((uint64_t)(sb ? sb->index : 0) << 40) ^ other ^ st->st_ino;
   if (V.rootless) st->st_uid = st->st_gid = 65534; /* foreign to every host user */
 }
+
+/* Whether changes inside to files of this filesystem are pushed to the
+ * kernel (fanotify watches the sandbox's own disk): then caches are long,
+ * else (a bucket mounted under /workspace, or rootless) a second. */
+static bool watched(const sbox *sb, dev_t dev) { return V.fan >= 0 && sb && dev == sb->dev; }
+static double cache_time(const sbox *sb, dev_t dev) { return watched(sb, dev) ? V.timeout : 1.0; }
 
 /* A sandbox's root node, opened through the daemon when it was lazy. */
 static int resolve_root(vnode *v) {
@@ -558,6 +571,7 @@ static int do_lookup(fuse_req_t req, vnode *parent, const char *name, struct fus
   if (!v) return ENOMEM;
   e->ino = (uintptr_t)v;
   e->attr = st;
+  e->attr_timeout = e->entry_timeout = cache_time(parent->sb, st.st_dev);
   present_attr(parent->sb, &e->attr);
   return 0;
 }
@@ -569,7 +583,7 @@ static void v_lookup(fuse_req_t req, fuse_ino_t parent, const char *name) {
     /* "not there" is cached as well: a creation inside pushes an
      * invalidation of the name */
     memset(&e, 0, sizeof e);
-    e.entry_timeout = V.timeout;
+    e.entry_timeout = cache_time(node_of(parent)->sb, node_of(parent)->dev);
     return (void)fuse_reply_entry(req, &e);
   }
   if (err) fuse_reply_err(req, err);
@@ -609,8 +623,9 @@ static void v_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
   act_as(v->sb);
   if (fstatat(fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0) return (void)fuse_reply_err(req, errno);
   if (v->dead) return (void)fuse_reply_err(req, ENOENT);
+  double t = cache_time(v->sb, st.st_dev);
   present_attr(v->sb, &st);
-  fuse_reply_attr(req, &st, V.timeout);
+  fuse_reply_attr(req, &st, t);
 }
 
 static void proc_path(int fd, char out[64]) { snprintf(out, 64, "/proc/self/fd/%d", fd); }
@@ -947,7 +962,7 @@ static void v_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
   /* the page cache stays valid between opens: changes from inside are
    * pushed as invalidations (as root); rootless it is dropped each open;
    * in passthrough mode the sandbox's own page cache serves */
-  fi->keep_cache = !V.rootless && !backing;
+  fi->keep_cache = !V.rootless && !backing && watched(v->sb, st.st_dev);
   fi->noflush = 1; /* writes are not cached here: a close has nothing to flush */
   if (backing) sbx_passthrough_reply_open(req, fi, backing);
   else fuse_reply_open(req, fi);
@@ -970,7 +985,9 @@ static void v_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t
   }
   struct fuse_entry_param e;
   err = do_lookup(req, p, name, &e);
-  if (!err && (e.attr.st_dev != st.st_dev || e.attr.st_ino != (((uint64_t)p->sb->index << 40) ^ st.st_ino))) {
+  struct stat made = st;
+  present_attr(p->sb, &made); /* as do_lookup presents what it found */
+  if (!err && (e.attr.st_dev != made.st_dev || e.attr.st_ino != made.st_ino)) {
     node_forget(node_of(e.ino), 1); /* the name was renamed over meanwhile, inside */
     err = EAGAIN;
   }
@@ -987,7 +1004,7 @@ static void v_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t
   }
   fi->fh = (uintptr_t)f;
   int backing = file_backing(req, f, e.attr.st_dev, true);
-  fi->keep_cache = !V.rootless && !backing;
+  fi->keep_cache = !V.rootless && !backing && watched(p->sb, e.attr.st_dev);
   fi->noflush = 1;
   if (backing) sbx_passthrough_reply_create(req, &e, fi, backing);
   else fuse_reply_create(req, &e, fi);
@@ -1128,7 +1145,7 @@ static void v_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
   fi->fh = (uintptr_t)f;
   /* listings stay cached between opens (as root: a change inside pushes
    * an invalidation of the directory) */
-  fi->cache_readdir = fi->keep_cache = !V.rootless && v != &V.root;
+  fi->cache_readdir = fi->keep_cache = !V.rootless && v != &V.root && watched(v->sb, v->dev);
   fuse_reply_open(req, fi);
 }
 

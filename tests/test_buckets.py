@@ -437,6 +437,9 @@ def test_view_shows_bucket(t, x):
         p = os.path.join(mnt, 'b1', 'bk', 'v.txt')
         wait_until(lambda: os.path.exists(p), 10, 'the view to show the bucket mount')
         t.eq(open(p).read(), 'from-sandbox\n', 'the FUSE view shows a bucket mounted under /workspace')
+        x.c.sh('echo changed-in-the-sandbox-longer > /workspace/bk/v.txt')
+        t.ok(wait_until(lambda: open(p).read() == 'changed-in-the-sandbox-longer\n', 10, 'the change through the view'),
+             'a change inside to a bucket file is seen through the view, not its old pages (no pushed invalidations there)')
         with open(os.path.join(mnt, 'b1', 'bk', 'h.txt'), 'w') as f:
             f.write('from-host\n')
         x.s3.wait_object('test', 'view/h.txt', b'from-host\n')
