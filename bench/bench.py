@@ -164,9 +164,14 @@ def bench_many(n):
                 c.ok('destroySandbox', {'sandboxId': 'p%d' % i})
             lat_each(pair, 5)
             cr = lat_each(pair, 60)
-            # creates as an agent makes them (bench_create's pacing), destroyed after
-            paced = lat_each(lambda i: c.ok('createSandbox', {'sandboxId': 'q%d' % i}), 40, CREATE_GAP)
+            # creates as an agent makes them (bench_create's pacing); each is
+            # destroyed after it was timed, in the gap before the next
+            paced = []
             for i in range(40):
+                time.sleep(CREATE_GAP)
+                t0 = time.perf_counter()
+                c.ok('createSandbox', {'sandboxId': 'q%d' % i})
+                paced.append((time.perf_counter() - t0) * 1000)
                 c.ok('destroySandbox', {'sandboxId': 'q%d' % i})
             ex = lat_each(lambda i: c.ok('exec', {'sandboxId': 'probe', 'command': 'true'}), 200)
             return cr, paced, ex

@@ -89,7 +89,7 @@ typedef struct sbox {
   __fsid_t fsid;
   bool own_disk; /* its /workspace is on a filesystem of its own (an ext4 image on a loop device) */
   bool present;
-  unsigned long nodes; /* nodes holding an fd: at most V.max_nodes */
+  unsigned long nodes; /* nodes holding an fd (see too_many_nodes) */
   time_t flushed;      /* when its cached tree was last dropped for holding too many */
   struct sbox *next;
 } sbox;
@@ -110,8 +110,7 @@ static struct {
   bool rootless;
   bool allow_other;
   double timeout; /* attribute and entry cache */
-  unsigned long max_nodes; /* per sandbox: half of the fds, so one cannot take them all */
-  unsigned long all_nodes, max_all; /* every sandbox's together: seven eighths (open files need some) */
+  unsigned long all_nodes, max_all; /* every sandbox's together: seven eighths of the fds (open files need some) */
   bool stateless_dirs; /* no opendir (v_opendir) */
   int fan;        /* fanotify (root), or -1 */
   bool passthrough; /* as root: regular files in FUSE passthrough mode */
@@ -464,16 +463,17 @@ static void *fanotify_main(void *arg) {
 /* ---- how many nodes ------------------------------------------------------ */
 
 /* Every node the kernel knows holds an fd, and as root the kernel keeps
- * names for a day. A sandbox at its share, or all of them at theirs, get
- * ENFILE for new names, and the tree of the sandbox holding the most is
- * dropped from the kernel's cache (at most once a second), whose FORGETs
- * give the fds back: a host walk of a huge tree goes on, slowly, and the
- * other sandboxes are served. */
-static bool too_many_nodes(sbox *sb) {
+ * names for a day. Once the nodes of all sandboxes take seven eighths of
+ * the fds, a new name gets ENFILE and the tree of the sandbox holding the
+ * most is dropped from the kernel's cache (at most once a second), whose
+ * FORGETs give the fds back: no sandbox keeps the others from being
+ * served, and a host walk of a huge tree goes on after a moment. A share
+ * per sandbox would fail ordinary work (git status of a big repository)
+ * where the fd limit cannot be raised. */
+static bool too_many_nodes(void) {
   pthread_mutex_lock(&V.lock);
   sbox *flush = NULL;
-  if (sb->nodes >= V.max_nodes) flush = sb;
-  else if (V.all_nodes >= V.max_all)
+  if (V.all_nodes >= V.max_all)
     for (sbox *b = V.boxes; b; b = b->next)
       if (!flush || b->nodes > flush->nodes) flush = b;
   time_t now = time(NULL);
@@ -547,9 +547,8 @@ static int do_lookup(fuse_req_t req, vnode *parent, const char *name, struct fus
   int fd = -1;
   bool used = false;
   if (!v) {
-    /* a sandbox with more files than the view can hold open (the host
-     * walking a huge tree it made) runs out alone, never the others */
-    if (too_many_nodes(parent->sb)) return ENFILE;
+    /* past the fds the view has for nodes: see too_many_nodes */
+    if (too_many_nodes()) return ENFILE;
     if ((fd = openat(pfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC)) < 0) return errno;
     if (fstatat(fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0) { /* what the fd is, raced or not */
       int err = errno;
@@ -1444,10 +1443,9 @@ int sbx_view_main(const char *mountpoint, const sbx_view_opts *o) {
     if (!V.rootless && nr_open > nofile.rlim_max) nofile.rlim_max = nr_open;
     nofile.rlim_cur = nofile.rlim_max;
     if (setrlimit(RLIMIT_NOFILE, &nofile) < 0) getrlimit(RLIMIT_NOFILE, &nofile);
-    V.max_nodes = nofile.rlim_cur / 2;
     V.max_all = nofile.rlim_cur / 8 * 7;
   }
-  if (V.max_nodes < 256) V.max_nodes = 256, V.max_all = 448;
+  if (V.max_all < 448) V.max_all = 448;
   V.null_path = open("/dev/null", O_PATH | O_CLOEXEC);
   V.null_rw = open("/dev/null", O_RDWR | O_CLOEXEC);
   if (!realpath(mountpoint, V.mountpoint)) {
