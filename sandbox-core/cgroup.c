@@ -492,11 +492,9 @@ void sbx_cg_kill_except(const sbx_cgroup *c, pid_t keep) {
   if (fz >= 0) sbx_write_string(path, "THAWED");
 }
 
-static void signal_pid(pid_t pid, void *ud) { kill(pid, *(int *)ud); }
-
-int sbx_cg_signal(const sbx_cgroup *c, int sig) {
+int sbx_cg_each_pid(const sbx_cgroup *c, void (*fn)(pid_t pid, void *ud), void *ud) {
   const char *d = any_dir(c);
-  return d ? for_each_pid(d, 0, signal_pid, &sig) : 0;
+  return d ? for_each_pid(d, 0, fn, ud) : 0;
 }
 
 bool sbx_cg_populated(const sbx_cgroup *c) {

@@ -58,8 +58,8 @@ int sbx_cg_kill(const sbx_cgroup *cg);
 /* Kills every process in the cgroup and below but one. */
 void sbx_cg_kill_except(const sbx_cgroup *cg, pid_t keep);
 bool sbx_cg_populated(const sbx_cgroup *cg);
-/* Sends sig to every process in the cgroup and below. */
-int sbx_cg_signal(const sbx_cgroup *cg, int sig); /* how many processes it signalled */
+/* fn for every process in the cgroup and below; how many. */
+int sbx_cg_each_pid(const sbx_cgroup *cg, void (*fn)(pid_t pid, void *ud), void *ud);
 uint64_t sbx_cg_oom_kills(const sbx_cgroup *cg);
 /* Memory charged to it (bytes) and how much of that is page cache. */
 int sbx_cg_memory(const sbx_cgroup *cg, uint64_t *usage, uint64_t *cache);

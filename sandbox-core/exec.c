@@ -93,6 +93,13 @@ struct sbx_exec {
   uv_write_t in_req;
   char *stdin_copy;
   uv_timer_t timer, drain;
+  uv_timer_t resig; /* a signal's second look for processes forked after it went */
+  int resig_sig, resig_left;
+  struct {
+    pid_t pid;
+    char comm[16]; /* what it ran when signalled */
+  } signalled[32];
+  int nsignalled;
   struct stream s[2];
   sbx_buf state;
   bool state_overflow, bash;
@@ -302,6 +309,7 @@ static void finish(sbx_exec *x) {
   close_handle(x, (uv_handle_t *)&x->drain);
   if (x->sh) return;
   close_handle(x, (uv_handle_t *)&x->pidpoll);
+  if (x->handles && x->resig.type == UV_TIMER) close_handle(x, (uv_handle_t *)&x->resig);
   for (int i = 0; i < 3; i++) close_handle(x, (uv_handle_t *)&x->pipes[i]);
   if (x->in_open) close_handle(x, (uv_handle_t *)&x->in);
 }
@@ -590,12 +598,62 @@ void sbx_exec_cancel(sbx_exec *x) {
   kill_tree(x);
 }
 
+static void comm_of(pid_t pid, char out[16]) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/comm", pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  ssize_t n = fd >= 0 ? read(fd, out, 15) : -1;
+  if (fd >= 0) close(fd);
+  out[n > 0 ? n : 0] = 0;
+}
+
+/* One process of the command's cgroup: signalled once, and again if it
+ * has executed something else since (see resig_cb). */
+static void signal_once(pid_t pid, void *ud) {
+  sbx_exec *x = ud;
+  char comm[16];
+  comm_of(pid, comm);
+  for (int i = 0; i < x->nsignalled; i++)
+    if (x->signalled[i].pid == pid) {
+      if (!strcmp(x->signalled[i].comm, comm)) return;
+      memcpy(x->signalled[i].comm, comm, sizeof comm);
+      kill(pid, x->resig_sig);
+      return;
+    }
+  if (x->nsignalled < (int)SBX_ARRAY_SIZE(x->signalled)) {
+    x->signalled[x->nsignalled].pid = pid;
+    memcpy(x->signalled[x->nsignalled++].comm, comm, sizeof comm);
+  }
+  kill(pid, x->resig_sig);
+}
+
+/* A signal can miss: bash (whose exit trap makes it catch SIGTERM and act
+ * on it only once its command ends) forks its command, and a SIGTERM that
+ * reaches the child before it executes is caught by bash's handler there
+ * and lost with the exec; a child forked after the cgroup was listed gets
+ * none. The command then ran on, and bash waited for it. The cgroup is
+ * looked at again for two seconds: what is new there, or has executed
+ * something else since, gets the signal too. */
+static void resig_cb(uv_timer_t *t) {
+  sbx_exec *x = t->data;
+  if (x->done || --x->resig_left <= 0) uv_timer_stop(t);
+  if (!x->done) sbx_cg_each_pid(&x->cg, signal_once, x);
+}
+
 void sbx_exec_signal(sbx_exec *x, int sig) {
   if (x->done) return;
+  if (x->cg.n) {
+    x->resig_sig = sig;
+    x->nsignalled = 0;
+    int n = sbx_cg_each_pid(&x->cg, signal_once, x);
+    if (x->resig.type == UV_TIMER && !uv_is_closing((uv_handle_t *)&x->resig)) {
+      x->resig_left = 20;
+      uv_timer_start(&x->resig, resig_cb, 100, 100);
+    }
+    if (n > 0) return;
+  }
   /* a command that has not joined its cgroup yet (it does just before it
-   * executes) is killed by its supervisor, which kills the command's group:
-   * a signal sent the moment it started was lost, and the command ran on */
-  if (x->cg.n && sbx_cg_signal(&x->cg, sig) > 0) return;
+   * executes) is killed by its supervisor, which kills the command's group */
   if (x->pidfd >= 0) sbx_pidfd_send_signal(x->pidfd, SIGTERM);
 }
 
@@ -1041,9 +1099,10 @@ int sbx_exec_start(uv_loop_t *loop, sbx_sandbox *sb, const sbx_exec_opts *o, sbx
 
   uv_timer_init(loop, &x->timer);
   uv_timer_init(loop, &x->drain);
+  uv_timer_init(loop, &x->resig);
   uv_poll_init(loop, &x->pidpoll, x->pidfd);
-  x->timer.data = x->drain.data = x->pidpoll.data = x;
-  x->handles = 3;
+  x->timer.data = x->drain.data = x->resig.data = x->pidpoll.data = x;
+  x->handles = 4;
   for (int i = 0; i < 3; i++) {
     uv_pipe_init(loop, &x->pipes[i], 0);
     x->pipes[i].data = x;
