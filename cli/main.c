@@ -49,7 +49,9 @@ static const struct help {
      "its process id (see sbx ps, sbx logs, sbx kill). --timeout takes 30s, 2m, 500ms or\n"
      "milliseconds. Exit code: the command's; 124 when it timed out; 130 when interrupted."},
     {"ps", "sbx ps [-s ID]", "Lists the sandbox's background processes (sbx exec -d): id, pid, status, exit code, command."},
-    {"logs", "sbx logs [-s ID] PROCESS", "Prints what a background process wrote so far: its stdout, then its stderr on stderr."},
+    {"logs", "sbx logs [-s ID] [-f] PROCESS",
+     "Prints what a background process wrote so far: its stdout, then its stderr on stderr.\n"
+     "-f follows it: what it writes next, as it comes, until it ends."},
     {"kill", "sbx kill [-s ID] [--signal SIG] PROCESS",
      "Stops a background process and everything it started (SIGTERM unless --signal says SIGKILL,\n"
      "SIGINT, SIGHUP, SIGQUIT, SIGUSR1 or SIGUSR2)."},
@@ -295,7 +297,7 @@ static int cmd_exec(int argc, char **argv) {
       json_object_set_new(env, optarg, json_string(eq + 1));
       break;
     }
-    default: usage(stderr); return 2;
+    default: return usage_of("exec");
     }
   }
   if (optind >= argc) {
@@ -451,11 +453,25 @@ static int cmd_ps(int argc, char **argv) {
 
 static int cmd_logs(int argc, char **argv) {
   const char *sandbox = NULL, *name = NULL;
+  bool follow = false;
+  for (int i = 1; i < argc; i++) /* -f, wherever it is */
+    if (!strcmp(argv[i], "-f") || !strcmp(argv[i], "--follow")) {
+      follow = true;
+      memmove(argv + i, argv + i + 1, (argc - i - 1) * sizeof *argv);
+      argc--, i--;
+    }
   if (proc_args(argc, argv, &sandbox, &name, NULL) < 0) {
     return usage_of("logs");
   }
   sbx_client c;
   if (open_client(&c, sandbox) < 0) return 1;
+  if (follow) { /* what it wrote so far, then live until it ends (or ^C) */
+    json_t *r = call(&c, "streamProcessLogs", json_pack("{s:s}", "processId", name), exec_progress, NULL);
+    sbx_client_close(&c);
+    if (!r) return interrupted ? 130 : 1;
+    json_decref(r);
+    return 0;
+  }
   json_t *r = call(&c, "getProcessLogs", json_pack("{s:s}", "processId", name), NULL, NULL);
   sbx_client_close(&c);
   if (!r) return 1;

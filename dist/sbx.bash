@@ -28,7 +28,8 @@ _sbx() {
     mcp) COMPREPLY=($(compgen -W "--sandbox --tools --read-only --help" -- "$cur")) ;;
     daemon) COMPREPLY=($(compgen -W "stop --http --http-allow-remote --mount --help" -- "$cur")) ;;
     exec) [[ "$cur" == -* ]] && COMPREPLY=($(compgen -W "-s --sandbox -i -d --detach --session --cwd --timeout -e --help --" -- "$cur")) ;;
-    ps|logs) [[ "$cur" == -* ]] && COMPREPLY=($(compgen -W "-s --sandbox --help" -- "$cur")) ;;
+    ps) [[ "$cur" == -* ]] && COMPREPLY=($(compgen -W "-s --sandbox --help" -- "$cur")) ;;
+    logs) [[ "$cur" == -* ]] && COMPREPLY=($(compgen -W "-s --sandbox -f --follow --help" -- "$cur")) ;;
     kill) [[ "$prev" == --signal ]] && COMPREPLY=($(compgen -W "SIGTERM SIGKILL SIGINT SIGHUP SIGQUIT SIGUSR1 SIGUSR2" -- "$cur")) ||
           { [[ "$cur" == -* ]] && COMPREPLY=($(compgen -W "-s --sandbox --signal --help" -- "$cur")); } ;;
     session)

@@ -94,7 +94,7 @@ struct sbx_exec {
   char *stdin_copy;
   uv_timer_t timer, drain;
   uv_timer_t resig; /* a signal's second look for processes forked after it went */
-  int resig_sig, resig_left;
+  int resig_sig, resig_left, resig_missed; /* resig_missed: -1, or counting (signal_once) */
   struct {
     pid_t pid;
     char comm[16]; /* what it ran when signalled */
@@ -598,6 +598,8 @@ void sbx_exec_cancel(sbx_exec *x) {
   kill_tree(x);
 }
 
+static pid_t command_pid(sbx_exec *x);
+
 static void comm_of(pid_t pid, char out[16]) {
   char path[64];
   snprintf(path, sizeof path, "/proc/%d/comm", pid);
@@ -608,22 +610,23 @@ static void comm_of(pid_t pid, char out[16]) {
 }
 
 /* One process of the command's cgroup: signalled once, and again if it
- * has executed something else since (see resig_cb). */
+ * has executed something else since (see resig_cb); with x->resig_missed
+ * it is only counted: a pass that finds some first signals the command
+ * itself again, so that bash, with a signal of its own pending when the
+ * child ends, ends quietly instead of reporting it ("Terminated"). */
 static void signal_once(pid_t pid, void *ud) {
   sbx_exec *x = ud;
   char comm[16];
   comm_of(pid, comm);
-  for (int i = 0; i < x->nsignalled; i++)
-    if (x->signalled[i].pid == pid) {
-      if (!strcmp(x->signalled[i].comm, comm)) return;
-      memcpy(x->signalled[i].comm, comm, sizeof comm);
-      kill(pid, x->resig_sig);
-      return;
-    }
-  if (x->nsignalled < (int)SBX_ARRAY_SIZE(x->signalled)) {
-    x->signalled[x->nsignalled].pid = pid;
-    memcpy(x->signalled[x->nsignalled++].comm, comm, sizeof comm);
+  int i = 0;
+  while (i < x->nsignalled && x->signalled[i].pid != pid) i++;
+  if (i < x->nsignalled && !strcmp(x->signalled[i].comm, comm)) return;
+  if (x->resig_missed >= 0) {
+    x->resig_missed++;
+    return;
   }
+  if (i == x->nsignalled && x->nsignalled < (int)SBX_ARRAY_SIZE(x->signalled)) x->signalled[x->nsignalled++].pid = pid;
+  if (i < x->nsignalled) memcpy(x->signalled[i].comm, comm, sizeof comm);
   kill(pid, x->resig_sig);
 }
 
@@ -637,13 +640,22 @@ static void signal_once(pid_t pid, void *ud) {
 static void resig_cb(uv_timer_t *t) {
   sbx_exec *x = t->data;
   if (x->done || --x->resig_left <= 0) uv_timer_stop(t);
-  if (!x->done) sbx_cg_each_pid(&x->cg, signal_once, x);
+  if (x->done) return;
+  x->resig_missed = 0;
+  sbx_cg_each_pid(&x->cg, signal_once, x);
+  bool missed = x->resig_missed > 0;
+  x->resig_missed = -1;
+  if (!missed) return;
+  pid_t cmd = command_pid(x);
+  if (cmd > 0) kill(cmd, x->resig_sig);
+  sbx_cg_each_pid(&x->cg, signal_once, x);
 }
 
 void sbx_exec_signal(sbx_exec *x, int sig) {
   if (x->done) return;
   if (x->cg.n) {
     x->resig_sig = sig;
+    x->resig_missed = -1;
     x->nsignalled = 0;
     int n = sbx_cg_each_pid(&x->cg, signal_once, x);
     if (x->resig.type == UV_TIMER && !uv_is_closing((uv_handle_t *)&x->resig)) {
