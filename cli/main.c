@@ -156,11 +156,14 @@ static bool view_place(char id[64], char inside[4096]) {
   return sbx_valid_id(id);
 }
 
+static bool bad_usage; /* a refusal that is a usage error, found past the parsing (a bad sandbox id) */
+
 static int open_client(sbx_client *c, const char *sandbox) {
   char err[600], view_id[64], view_cwd[4096];
   if (!sandbox && view_place(view_id, view_cwd)) sandbox = view_id; /* in a sandbox's directory of a view */
   if (sandbox && !sbx_valid_id(sandbox)) { /* never a guess: a bad id is not some other sandbox */
     fprintf(stderr, "sbx: invalid sandbox id '%.100s': ids are 1-63 of [a-z0-9-]\n", sandbox);
+    bad_usage = true;
     return -1;
   }
   if (sbx_client_open(c, sandbox, err, sizeof err) < 0) {
@@ -851,7 +854,14 @@ static int cmd_umount(int argc, char **argv) {
   return 0;
 }
 
+static int run(int argc, char **argv);
+
 int main(int argc, char **argv) {
+  int rc = run(argc, argv);
+  return bad_usage && rc == 1 ? 2 : rc;
+}
+
+static int run(int argc, char **argv) {
   if (argc < 2) {
     usage(stderr);
     return 2;

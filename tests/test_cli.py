@@ -431,7 +431,7 @@ def test_never_guesses(t, x):
     before = x.env.run(['ls']).stdout
     for bad in ('BAD_ID', 'Has Space', '../../etc', '', 'a' * 100):
         r = x.env.run(['exec', '-s', bad, '--', 'true'])
-        t.ok(r.returncode != 0 and b'invalid sandbox id' in r.stderr, 'exec -s %r is refused with the rule' % bad[:20],
+        t.ok(r.returncode == 2 and b'invalid sandbox id' in r.stderr, 'exec -s %r is refused with the rule, a usage error' % bad[:20],
              (r.returncode, r.stderr[-200:]))
         r = x.env.run(['destroy', bad or "''"]) if bad else x.env.run(['destroy', ''])
         t.ok(r.returncode != 0 and b'invalid sandbox id' in r.stderr, 'destroy %r too' % bad[:20], r.stderr[-200:])
