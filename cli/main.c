@@ -127,33 +127,52 @@ static bool asks_help(const char *cmd, int argc, char **argv) {
   return false;
 }
 
+struct view_search {
+  const char *cwd;
+  char best[4096]; /* the deepest view the cwd is in */
+};
+
+static bool view_above(const char *mnt, const char *fstype, void *ud) {
+  struct view_search *s = ud;
+  size_t l = strlen(mnt);
+  if (!strcmp(fstype, "fuse.sbx-view") && !strncmp(s->cwd, mnt, l) && s->cwd[l] == '/' && l > strlen(s->best))
+    snprintf(s->best, sizeof s->best, "%s", mnt);
+  return false;
+}
+
 /* In a sandbox's directory of a view (`sbx mount`)? Its id, and the
- * directory inside the sandbox that the current one shows. */
+ * directory inside the sandbox that the current one shows. Looked up once. */
 static bool view_place(char id[64], char inside[4096]) {
-  char cwd[4096];
-  if (!getcwd(cwd, sizeof cwd)) return false;
-  FILE *f = fopen("/proc/self/mountinfo", "re");
-  if (!f) return false;
-  char line[8192], best[4096] = "";
-  while (fgets(line, sizeof line, f)) {
-    char mp[4096], *sep = strstr(line, " - ");
-    if (!sep || sscanf(line, "%*s %*s %*s %*s %4095s", mp) != 1 || strncmp(sep + 3, "fuse.sbx-view ", 14)) continue;
-    char *w = mp; /* the kernel writes space, tab, newline and \ as octal */
-    for (char *r = mp; *r; r++)
-      if (r[0] == '\\' && r[1] >= '0' && r[1] <= '3' && r[2] && r[3]) *w++ = (char)((r[1] - '0') * 64 + (r[2] - '0') * 8 + (r[3] - '0')), r += 3;
-      else *w++ = *r;
-    *w = 0;
-    size_t l = strlen(mp);
-    if (!strncmp(cwd, mp, l) && cwd[l] == '/' && l > strlen(best)) snprintf(best, sizeof best, "%s", mp);
+  static int looked; /* 0 not yet, 1 found, -1 not in a view */
+  static char found_id[64], found_inside[4096];
+  if (!looked) {
+    char cwd[4096];
+    struct view_search s = {.cwd = cwd};
+    looked = -1;
+    if (getcwd(cwd, sizeof cwd)) sbx_fuse_each_mount(view_above, &s);
+    if (*s.best) {
+      const char *rest = cwd + strlen(s.best) + 1, *slash = strchrnul(rest, '/');
+      if ((size_t)(slash - rest) < sizeof found_id) {
+        memcpy(found_id, rest, slash - rest);
+        found_id[slash - rest] = 0;
+        snprintf(found_inside, sizeof found_inside, "/workspace%s", slash);
+        if (sbx_valid_id(found_id)) looked = 1;
+      }
+    }
   }
-  fclose(f);
-  if (!*best) return false;
-  const char *rest = cwd + strlen(best) + 1, *slash = strchrnul(rest, '/');
-  if ((size_t)(slash - rest) >= 64) return false;
-  memcpy(id, rest, slash - rest);
-  id[slash - rest] = 0;
-  snprintf(inside, 4096, "/workspace%s", slash);
-  return sbx_valid_id(id);
+  if (looked < 0) return false;
+  memcpy(id, found_id, sizeof found_id);
+  memcpy(inside, found_inside, sizeof found_inside);
+  return true;
+}
+
+/* -e KEY=VALUE into env; false without an =. */
+static bool env_arg(json_t *env, char *kv) {
+  char *eq = strchr(kv, '=');
+  if (!eq) return false;
+  *eq = 0; /* argv is ours to cut */
+  json_object_set_new(env, kv, json_string(eq + 1));
+  return true;
 }
 
 static bool bad_usage; /* a refusal that is a usage error, found past the parsing (a bad sandbox id) */
@@ -290,16 +309,12 @@ static int cmd_exec(int argc, char **argv) {
         return 2;
       }
       break;
-    case 'e': {
-      char *eq = strchr(optarg, '=');
-      if (!eq) {
+    case 'e':
+      if (!env_arg(env, optarg)) {
         fprintf(stderr, "sbx exec: -e takes KEY=VALUE\n");
         return 2;
       }
-      *eq = 0;
-      json_object_set_new(env, optarg, json_string(eq + 1));
       break;
-    }
     default: return usage_of("exec");
     }
   }
@@ -566,13 +581,9 @@ static int cmd_create(int argc, char **argv) {
       json_object_set_new(limits, o == 'm' ? "memoryMB" : o == 'p' ? "pids" : "diskMB", json_integer(v));
       break;
     }
-    case 'e': {
-      char *eq = strchr(optarg, '=');
-      if (!eq) goto bad;
-      *eq = 0;
-      json_object_set_new(env, optarg, json_string(eq + 1));
+    case 'e':
+      if (!env_arg(env, optarg)) goto bad;
       break;
-    }
     default: goto bad;
     }
   }
@@ -622,10 +633,6 @@ static int cmd_destroy(int argc, char **argv) {
   return rc;
 }
 
-static const char *key_of(char *kv, char *eq) {
-  *eq = 0; /* argv is ours to cut */
-  return kv;
-}
 
 static int cmd_session(int argc, char **argv) {
   const char *sandbox = NULL, *cwd = NULL, *verb = NULL, *name = NULL;
@@ -635,12 +642,10 @@ static int cmd_session(int argc, char **argv) {
     if ((!strcmp(argv[i], "-s") || !strcmp(argv[i], "--sandbox")) && i + 1 < argc) sandbox = argv[++i];
     else if (!strcmp(argv[i], "--cwd") && i + 1 < argc) cwd = argv[++i];
     else if ((!strcmp(argv[i], "-e") || !strcmp(argv[i], "--env")) && i + 1 < argc) {
-      char *eq = strchr(argv[++i], '=');
-      if (!eq) {
+      if (!env_arg(env, argv[++i])) {
         fprintf(stderr, "sbx session: -e takes KEY=VALUE\n");
         goto out;
       }
-      json_object_set_new(env, key_of(argv[i], eq), json_string(eq + 1));
     } else if (argv[i][0] == '-') {
       fprintf(stderr, "sbx session: unknown option %s\n", argv[i]);
       goto out;

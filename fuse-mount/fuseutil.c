@@ -73,18 +73,32 @@ static int fusermount(const char *mountpoint, char *err, size_t errlen) {
   return fd;
 }
 
-bool sbx_fuse_is_ours(const char *mountpoint) {
+bool sbx_fuse_each_mount(bool (*fn)(const char *mnt, const char *fstype, void *ud), void *ud) {
   FILE *f = fopen("/proc/self/mountinfo", "re");
-  char line[4096];
-  bool ours = false;
-  while (f && !ours && fgets(line, sizeof line, f)) {
-    char mnt[4096], *dash = strstr(line, " - ");
-    if (dash && sscanf(line, "%*s %*s %*s %*s %4095s", mnt) == 1)
-      ours = !strcmp(mnt, mountpoint) && strstr(dash, "fuse.sbx");
+  char line[8192];
+  bool stop = false;
+  while (f && !stop && fgets(line, sizeof line, f)) {
+    char mnt[4096], fstype[64], *dash = strstr(line, " - ");
+    if (!dash || sscanf(line, "%*s %*s %*s %*s %4095s", mnt) != 1 || sscanf(dash + 3, "%63s", fstype) != 1) continue;
+    if (strncmp(fstype, "fuse.sbx", 8)) continue;
+    char *w = mnt; /* the kernel writes space, tab, newline and \ as octal */
+    for (char *r = mnt; *r; r++)
+      if (r[0] == '\\' && r[1] >= '0' && r[1] <= '3' && r[2] && r[3])
+        *w++ = (char)((r[1] - '0') * 64 + (r[2] - '0') * 8 + (r[3] - '0')), r += 3;
+      else *w++ = *r;
+    *w = 0;
+    stop = fn(mnt, fstype, ud);
   }
   if (f) fclose(f);
-  return ours;
+  return stop;
 }
+
+static bool is_mountpoint(const char *mnt, const char *fstype, void *ud) {
+  (void)fstype;
+  return !strcmp(mnt, ud);
+}
+
+bool sbx_fuse_is_ours(const char *mountpoint) { return sbx_fuse_each_mount(is_mountpoint, (void *)mountpoint); }
 
 int sbx_fuse_mount(struct fuse_session *se, const char *mountpoint, char *err, size_t errlen) {
   struct stat st;

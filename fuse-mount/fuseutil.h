@@ -20,6 +20,10 @@ int sbx_fuse_daemonize(int ready_fd);
 /* Serves until the session ends (SIGTERM, SIGINT, unmount); writes a byte
  * to ready_fd first when it is >= 0. */
 int sbx_fuse_loop(struct fuse_session *se, int ready_fd);
+/* fn for each sbx filesystem mounted in this mount namespace (its mount
+ * point, unescaped, and its type: fuse.sbx-view, fuse.sbx-bucket...) until
+ * fn returns true; whether one did. */
+bool sbx_fuse_each_mount(bool (*fn)(const char *mnt, const char *fstype, void *ud), void *ud);
 /* Whether an sbx filesystem (the view, a bucket) is mounted there (an
  * absolute path without symlinks, as /proc/self/mountinfo has it). */
 bool sbx_fuse_is_ours(const char *mountpoint);

@@ -172,7 +172,7 @@ static vnode *node_get(sbox *sb, int fd, const struct stat *st, bool *used_fd) {
   if (!v) return NULL;
   *v = (vnode){.nlookup = 1, .fd = fd, .dev = st->st_dev, .ino = st->st_ino, .sb = sb, .gen = sb->gen, .counted = true};
   sb->nodes++;
-  V.all_nodes++;
+  __atomic_add_fetch(&V.all_nodes, 1, __ATOMIC_RELAXED); /* read without the lock in too_many_nodes */
   v->hnext = V.hash[h];
   V.hash[h] = v;
   *used_fd = true;
@@ -194,7 +194,7 @@ static void node_forget(vnode *v, uint64_t n) {
   if (v->nlookup <= n) {
     node_unhash(v);
     if (v->sb && v->sb->root == v) v->sb->root = NULL;
-    if (v->counted) v->sb->nodes--, V.all_nodes--;
+    if (v->counted) v->sb->nodes--, __atomic_sub_fetch(&V.all_nodes, 1, __ATOMIC_RELAXED);
     if (v->fd >= 0) close(v->fd);
     free(v);
   } else {
@@ -471,6 +471,8 @@ static void *fanotify_main(void *arg) {
  * per sandbox would fail ordinary work (git status of a big repository)
  * where the fd limit cannot be raised. */
 static bool too_many_nodes(void) {
+  /* the common answer without the lock: a lookup is a hot path */
+  if (__atomic_load_n(&V.all_nodes, __ATOMIC_RELAXED) < V.max_all) return false;
   pthread_mutex_lock(&V.lock);
   sbox *flush = NULL;
   if (V.all_nodes >= V.max_all)
@@ -930,7 +932,7 @@ static void open_flags(struct fuse_file_info *fi, int *flags) {
 static int opened_regular(int fd, const struct fuse_file_info *fi, struct stat *st) {
   if (fstat(fd, st) < 0) return errno;
   if (!S_ISREG(st->st_mode)) return S_ISDIR(st->st_mode) ? EISDIR : EACCES;
-  if (!(fi->flags & O_NONBLOCK)) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  if (!(fi->flags & O_NONBLOCK)) fcntl(fd, F_SETFL, fi->flags); /* what F_SETFL takes of them is as opened */
   return 0;
 }
 

@@ -156,9 +156,13 @@ static off_t file_size(const char *path) {
 /* The last line written to path past offset from, if any. */
 static bool last_line_since(const char *path, off_t from, char *out, size_t len) {
   int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) < 0) {
+    if (fd >= 0) close(fd);
+    return false;
+  }
   char buf[4096];
-  off_t size = file_size(path), start = size - (off_t)sizeof buf + 1 > from ? size - (off_t)sizeof buf + 1 : from;
+  off_t size = st.st_size, start = size - (off_t)sizeof buf + 1 > from ? size - (off_t)sizeof buf + 1 : from;
   ssize_t n = start < size ? pread(fd, buf, sizeof buf - 1, start) : 0;
   close(fd);
   if (n <= 0) return false;

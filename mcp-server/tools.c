@@ -682,8 +682,7 @@ static void git_done(void *ud, const sbx_exec_result *r, const sbx_error *err) {
       last = strrchr(t, '\n');
       last = last ? last + 1 : t;
     }
-    sbx_sandbox *sb = sbx_sandbox_find(call->sandbox_id);
-    bool offline = sb && !sb->opts.egress && no_network_hint(call, r);
+    bool offline = no_network_hint(call, r) != NULL;
     sbx_err(&e, "GIT_CLONE_FAILED", "git clone %s failed: %s%s%s", g->shown, *last ? last : "(no message)",
             offline ? "; " : "", offline ? NO_NETWORK_HINT : "");
     free(t);
@@ -1384,15 +1383,11 @@ static void h_run_code(mcp_call *call, json_t *args, sbx_sandbox *sb) {
   if (str(args, "contextId")) {
     sbx_code_ctx *c = find_context(call, args, sb);
     if (!c) return;
-    json_t *desc = sbx_code_json(c);
-    const char *has = json_string_value(json_object_get(desc, "language"));
-    if (lang && has && strcmp(lang, has)) { /* never code of one language run by the other */
+    if (lang && strcmp(lang, sbx_code_language(c))) { /* never code of one language run by the other */
       sbx_err(&err, "VALIDATION_FAILED", "context %s runs %s, not %s (omit language, or use another context)",
-              str(args, "contextId"), has, lang);
-      json_decref(desc);
+              str(args, "contextId"), sbx_code_language(c), lang);
       return mcp_call_fail(call, &err);
     }
-    json_decref(desc);
     return run_in(call, args, c);
   }
   /* a default context per language, made on first use */

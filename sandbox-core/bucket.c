@@ -818,7 +818,7 @@ static int make_fuse(sbx_sandbox *sb, const sbx_bucket *b, int *devfd, sbx_error
 
 static uint64_t local_mb(void) {
   const sbx_config *c = sbx_config_get();
-  return c && c->local_mb ? c->local_mb : 65536;
+  return c && c->local_mb ? c->local_mb : SBX_LOCAL_MB_DEFAULT;
 }
 
 /* What local buckets' images may still take (MB): each can grow to its
@@ -841,14 +841,11 @@ static uint64_t local_budget_left(const char *dir) {
  * that made it, so that a sandbox cannot fill the host's disk through it;
  * every sandbox that mounts it shares its filesystem. A directory
  * (buckets/NAME/) where there is one already (a bucket made before), and
- * rootless. Returns a detached mount, or -1. */
-static int local_tree(sbx_sandbox *sb, const sbx_bucket *b, sbx_error *err) {
-  char dir[1400], img[1410];
-  local_dir(b->bucket, dir, sizeof dir);
+ * rootless (made here). Returns a detached mount, -2 rootless (the
+ * directory is ready for the helper to bind), or -1. */
+static int local_tree(sbx_sandbox *sb, const sbx_bucket *b, const char *parent, const char *dir, sbx_error *err) {
+  char img[1410];
   snprintf(img, sizeof img, "%s.img", dir);
-  char parent[1400];
-  snprintf(parent, sizeof parent, "%s/buckets", sbx_engine_cfg()->state_dir);
-  sbx_mkdir_p(parent, 0700);
   struct stat st;
   if (sbx_disk_quota_enforced() && stat(dir, &st) < 0) {
     if (stat(img, &st) < 0 && local_budget_left(parent) < sb->opts.limits.disk_mb)
@@ -865,23 +862,23 @@ static int local_tree(sbx_sandbox *sb, const sbx_bucket *b, sbx_error *err) {
     return m;
   }
   if (mkdir(dir, 0755) < 0 && errno != EEXIST) return sbx_err_errno(err, "MOUNT_FAILED", errno, "making %s", dir);
+  if (sbx_engine_cfg()->rootless) return -2; /* the directory is ready: the helper binds it */
   int mfd = open_tree(AT_FDCWD, dir, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
   if (mfd < 0) return sbx_err_errno(err, "MOUNT_FAILED", errno, "cloning %s", dir);
   return mfd;
 }
 
 static int mount_local(sbx_sandbox *sb, const sbx_bucket *b, sbx_error *err) {
-  if (sbx_engine_cfg()->rootless) {
-    char dir[1400], parent[1400];
-    local_dir(b->bucket, dir, sizeof dir);
-    snprintf(parent, sizeof parent, "%s/buckets", sbx_engine_cfg()->state_dir);
-    sbx_mkdir_p(parent, 0700);
-    if (mkdir(dir, 0755) < 0 && errno != EEXIST) return sbx_err_errno(err, "MOUNT_FAILED", errno, "making %s", dir);
+  char dir[1400], parent[1400];
+  local_dir(b->bucket, dir, sizeof dir);
+  snprintf(parent, sizeof parent, "%s/buckets", sbx_engine_cfg()->state_dir);
+  sbx_mkdir_p(parent, 0700);
+  /* stored as the sandbox sees them (root is 0): owners survive a new uid range */
+  int mfd = local_tree(sb, b, parent, dir, err);
+  if (mfd == -2) {
     helper h = {.op = H_LOCAL_ROOTLESS, .path = b->mount_path, .host_dir = dir, .read_only = b->read_only};
     return run_helper(sb, &h, NULL, err);
   }
-  /* stored as the sandbox sees them (root is 0): owners survive a new uid range */
-  int mfd = local_tree(sb, b, err);
   if (mfd < 0) return -1;
   char ns[64];
   snprintf(ns, sizeof ns, "/proc/%d/ns/user", sb->init_pid);

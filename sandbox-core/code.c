@@ -455,6 +455,8 @@ int sbx_code_create(uv_loop_t *loop, sbx_sandbox *sb, const char *language, cons
   return 0;
 }
 
+const char *sbx_code_language(const sbx_code_ctx *c) { return c->language; }
+
 bool sbx_code_dead(const sbx_code_ctx *c) { return c->dead; }
 
 void sbx_code_delete(sbx_code_ctx *c) {

@@ -35,6 +35,7 @@ int sbx_code_submit(sbx_code_ctx *c, const char *code, size_t len, int64_t timeo
 void sbx_code_cancel(sbx_code_run *r);
 void sbx_code_delete(sbx_code_ctx *c);
 bool sbx_code_dead(const sbx_code_ctx *c);
+const char *sbx_code_language(const sbx_code_ctx *c); /* "python" or "javascript" */
 json_t *sbx_code_json(const sbx_code_ctx *c);
 /* {contexts: [...]} of a sandbox */
 json_t *sbx_code_list(const char *sandbox);

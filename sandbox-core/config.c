@@ -22,7 +22,7 @@ void sbx_config_defaults(sbx_config *c) {
       .max_sandboxes = 1024,
       .limits = {.memory_mb = 2048, .cpus = 1, .pids = 1024, .disk_mb = 8192},
       .preview_port = 8787,
-      .local_mb = 65536,
+      .local_mb = SBX_LOCAL_MB_DEFAULT,
   };
   sbx_config_path(c->path, sizeof c->path);
 }

@@ -31,6 +31,7 @@ typedef struct sbx_config {
   sbx_bucket_profile *profiles;
   size_t n_profiles;
   uint64_t local_mb; /* what all local buckets' images may take together */
+#define SBX_LOCAL_MB_DEFAULT 65536
 } sbx_config;
 
 /* Where the configuration lives: $SBX_CONFIG, else /etc/sbx/config.json

@@ -94,7 +94,7 @@ struct sbx_exec {
   char *stdin_copy;
   uv_timer_t timer, drain;
   uv_timer_t resig; /* a signal's second look for processes forked after it went */
-  int resig_sig, resig_left, resig_missed; /* resig_missed: -1, or counting (signal_once) */
+  int resig_sig, resig_left;
   struct {
     pid_t pid;
     char comm[16]; /* what it ran when signalled */
@@ -309,7 +309,7 @@ static void finish(sbx_exec *x) {
   close_handle(x, (uv_handle_t *)&x->drain);
   if (x->sh) return;
   close_handle(x, (uv_handle_t *)&x->pidpoll);
-  if (x->handles && x->resig.type == UV_TIMER) close_handle(x, (uv_handle_t *)&x->resig);
+  close_handle(x, (uv_handle_t *)&x->resig);
   for (int i = 0; i < 3; i++) close_handle(x, (uv_handle_t *)&x->pipes[i]);
   if (x->in_open) close_handle(x, (uv_handle_t *)&x->in);
 }
@@ -609,22 +609,25 @@ static void comm_of(pid_t pid, char out[16]) {
   out[n > 0 ? n : 0] = 0;
 }
 
-/* One process of the command's cgroup: signalled once, and again if it
- * has executed something else since (see resig_cb); with x->resig_missed
- * it is only counted: a pass that finds some first signals the command
- * itself again, so that bash, with a signal of its own pending when the
- * child ends, ends quietly instead of reporting it ("Terminated"). */
+/* A pass over the command's cgroup: each process is signalled once, and
+ * again if it has executed something else since (see resig_cb); a pass
+ * that only looks counts those it would signal. */
+struct signal_pass {
+  sbx_exec *x;
+  bool look;
+  int missed;
+};
+
 static void signal_once(pid_t pid, void *ud) {
-  sbx_exec *x = ud;
+  struct signal_pass *p = ud;
+  sbx_exec *x = p->x;
   char comm[16];
   comm_of(pid, comm);
   int i = 0;
   while (i < x->nsignalled && x->signalled[i].pid != pid) i++;
   if (i < x->nsignalled && !strcmp(x->signalled[i].comm, comm)) return;
-  if (x->resig_missed >= 0) {
-    x->resig_missed++;
-    return;
-  }
+  p->missed++;
+  if (p->look) return;
   if (i == x->nsignalled && x->nsignalled < (int)SBX_ARRAY_SIZE(x->signalled)) x->signalled[x->nsignalled++].pid = pid;
   if (i < x->nsignalled) memcpy(x->signalled[i].comm, comm, sizeof comm);
   kill(pid, x->resig_sig);
@@ -641,27 +644,25 @@ static void resig_cb(uv_timer_t *t) {
   sbx_exec *x = t->data;
   if (x->done || --x->resig_left <= 0) uv_timer_stop(t);
   if (x->done) return;
-  x->resig_missed = 0;
-  sbx_cg_each_pid(&x->cg, signal_once, x);
-  bool missed = x->resig_missed > 0;
-  x->resig_missed = -1;
-  if (!missed) return;
+  struct signal_pass look = {x, true, 0}, send = {x, false, 0};
+  sbx_cg_each_pid(&x->cg, signal_once, &look);
+  if (!look.missed) return;
+  /* the command itself first: bash, with a signal of its own pending when
+   * its child ends, ends quietly instead of reporting it ("Terminated") */
   pid_t cmd = command_pid(x);
   if (cmd > 0) kill(cmd, x->resig_sig);
-  sbx_cg_each_pid(&x->cg, signal_once, x);
+  sbx_cg_each_pid(&x->cg, signal_once, &send);
 }
 
 void sbx_exec_signal(sbx_exec *x, int sig) {
   if (x->done) return;
-  if (x->cg.n) {
+  if (x->cg.n) { /* only spawned commands have one, and their resig timer */
     x->resig_sig = sig;
-    x->resig_missed = -1;
     x->nsignalled = 0;
-    int n = sbx_cg_each_pid(&x->cg, signal_once, x);
-    if (x->resig.type == UV_TIMER && !uv_is_closing((uv_handle_t *)&x->resig)) {
-      x->resig_left = 20;
-      uv_timer_start(&x->resig, resig_cb, 100, 100);
-    }
+    struct signal_pass send = {x, false, 0};
+    int n = sbx_cg_each_pid(&x->cg, signal_once, &send);
+    x->resig_left = 20;
+    uv_timer_start(&x->resig, resig_cb, 100, 100);
     if (n > 0) return;
   }
   /* a command that has not joined its cgroup yet (it does just before it

@@ -60,6 +60,12 @@ static void stop_running_async(sbx_sandbox *sb, bool wait);
 static void bury_all(void);
 static int session_new(sbx_sandbox *sb, const char *id, const char *cwd, const sbx_env *env, sbx_session **out,
                        sbx_error *err);
+
+/* The session every call without a sessionId uses, fresh when it is not there. */
+static void ensure_default_session(sbx_sandbox *sb) {
+  sbx_session *def;
+  if (!sbx_session_find(sb, "default")) session_new(sb, "default", "/workspace", &sb->opts.env, &def, NULL);
+}
 static uint64_t wall_ms(void);
 
 /* ---- environments ------------------------------------------------------ */
@@ -849,10 +855,7 @@ static int start_finish(sbx_sandbox *sb, int sock, sbx_error *err) {
     sb->state = SBX_STOPPED;
     return -1;
   }
-  if (!sbx_session_find(sb, "default")) {
-    sbx_session *def;
-    session_new(sb, "default", "/workspace", &sb->opts.env, &def, NULL);
-  }
+  ensure_default_session(sb);
   sbx_bucket_start_all(sb);
   return 0;
 }
@@ -1135,10 +1138,7 @@ int sbx_session_delete(sbx_sandbox *sb, const char *id, sbx_error *err) {
   sbx_session *s = *pp;
   *pp = s->next;
   sbx_session_free(s);
-  if (!strcmp(id, "default")) { /* every call without a sessionId uses it: it starts again, fresh */
-    sbx_session *def;
-    session_new(sb, "default", "/workspace", &sb->opts.env, &def, NULL);
-  }
+  ensure_default_session(sb); /* every call without a sessionId uses it: deleted, it starts again, fresh */
   sbx_sandbox_save(sb);
   return 0;
 }
