@@ -361,6 +361,8 @@ static int cp_done(sbx_client *c, const char *what) {
         const char *text = json_string_value(json_object_get(p, "stderr"));
         if (text && (strstr(text, "No space left on device") || strstr(text, ": Wrote only ")))
           fprintf(stderr, "sbx cp: %s: no space left on the sandbox's disk (its diskMB)\n", what);
+        else if (text && strstr(text, "No such file or directory")) /* tar's or cd's words for it */
+          fprintf(stderr, "sbx cp: %s: No such file or directory\n", what);
         else
           fprintf(stderr, "sbx cp: %s: %s", what, text && *text ? text : "tar failed\n");
       }

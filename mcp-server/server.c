@@ -180,9 +180,7 @@ static void view_message(client *c, json_t *msg) {
  * on one end of a socketpair; the other end goes to sbx cp with the reply,
  * and "sbx/cp/done" tells how tar ended. */
 
-static const char cp_create[] = "if ! [ -e \"$SBX_CP_PATH\" ] && ! [ -L \"$SBX_CP_PATH\" ]; then "
-                                "echo 'No such file or directory' >&2; exit 1; fi; "
-                                "cd -- \"$(dirname -- \"$SBX_CP_PATH\")\" && "
+static const char cp_create[] = "cd -- \"$(dirname -- \"$SBX_CP_PATH\")\" && "
                                 "exec tar --format=gnu -cf - -- \"$(basename -- \"$SBX_CP_PATH\")\"";
 static const char cp_extract[] =
     "P=$SBX_CP_PATH; case $P in */) mkdir -p -- \"$P\" || exit 1;; esac\n"
