@@ -2,11 +2,13 @@
 #include "passthrough.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <linux/fuse.h>
 #include <stdatomic.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 /* From the kernel's protocol 7.40, which Debian 12's headers predate. */
@@ -25,6 +27,7 @@ struct sbx_fuse_backing_map {
 
 static struct {
   int fd;
+  bool wanted; /* passthrough asked for at attach */
   atomic_bool offered; /* the kernel's INIT said it can */
   atomic_bool killpriv_v2;
   atomic_bool on;
@@ -34,9 +37,85 @@ static struct {
 /* The backing id for the open or create reply this thread is sending. */
 static __thread int reply_backing;
 
+/* ---- reading requests ---------------------------------------------------
+ *
+ * A request's time through the view is mostly two wakeups: of a server
+ * thread asleep on /dev/fuse, then of the process asleep on the reply. On a
+ * machine whose idle CPUs sleep deeply (a VM's vCPUs most of all) each
+ * wakeup costs more than the work. So a thread that has answered a request
+ * looks for the next one a while before it sleeps (non-blocking reads of a
+ * clone of the session's fd), one thread at a time; the others sleep on the
+ * session's fd as libfuse has them. How long it looks adapts as the kernel's
+ * haltpoll does: the window doubles when a request came soon after the
+ * looking stopped, and halves when none came within the longest window, so
+ * a view used in bursts looks and an idle one does not. A reply goes to the
+ * fd its request was read from (the kernel matches them per fd). */
+
+#define LOOK_MAX_NS 100000u
+#define LOOK_MIN_NS 10000u
+
+static struct {
+  int fd; /* the clone, non-blocking; -1: plain blocking reads */
+  atomic_bool looking;
+  _Atomic uint32_t window;    /* ns */
+  _Atomic uint64_t missed_at; /* when a look that found nothing began */
+} rd = {.fd = -1};
+
+/* The fd this thread read its request from: its reply goes there. */
+static __thread int reply_fd = -1;
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ volatile("yield");
+#endif
+}
+
+static uint64_t now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+static ssize_t look_read(int fd, void *buf, size_t len) {
+  reply_fd = fd;
+  ssize_t n;
+  if (rd.fd >= 0 && !atomic_exchange(&rd.looking, true)) {
+    uint64_t t0 = now_ns();
+    uint32_t w = atomic_load(&rd.window);
+    while ((n = read(rd.fd, buf, len)) < 0 && errno == EAGAIN && now_ns() - t0 < w) cpu_relax();
+    int err = errno;
+    atomic_store(&rd.missed_at, n < 0 && err == EAGAIN ? t0 : 0);
+    atomic_store(&rd.looking, false);
+    if (n >= 0) {
+      reply_fd = rd.fd;
+      return n;
+    }
+    if (err != EAGAIN) { /* ENODEV at unmount, as the session's fd would say */
+      errno = err;
+      return n;
+    }
+  }
+  n = read(fd, buf, len);
+  int err = errno;
+  /* whoever gets the request a look missed judges the window */
+  uint64_t missed = n >= 0 ? atomic_exchange(&rd.missed_at, 0) : 0;
+  if (missed) {
+    uint32_t w = atomic_load(&rd.window);
+    if (now_ns() - missed <= LOOK_MAX_NS) /* a longer look would have caught it */
+      atomic_store(&rd.window, w ? (w * 2 > LOOK_MAX_NS ? LOOK_MAX_NS : w * 2) : LOOK_MIN_NS);
+    else
+      atomic_store(&rd.window, w / 2 < LOOK_MIN_NS ? 0 : w / 2);
+  }
+  errno = err;
+  return n;
+}
+
 static ssize_t pt_read(int fd, void *buf, size_t len, void *ud) {
   (void)ud;
-  ssize_t n = read(fd, buf, len);
+  ssize_t n = look_read(fd, buf, len);
+  if (!pt.wanted) return n;
   if (n >= (ssize_t)(sizeof(struct fuse_in_header) + sizeof(struct fuse_init_in)) &&
       atomic_load(&pt.init_unique) == 0) {
     const struct fuse_in_header *h = buf;
@@ -53,7 +132,8 @@ static ssize_t pt_read(int fd, void *buf, size_t len, void *ud) {
 static ssize_t pt_writev(int fd, struct iovec *iov, int count, void *ud) {
   (void)ud;
   const struct fuse_out_header *h = iov[0].iov_base;
-  if (count == 2 && h->error == 0) {
+  if (reply_fd >= 0) fd = reply_fd; /* notifications, from threads that read nothing: either */
+  if (pt.wanted && count == 2 && h->error == 0) {
     if (reply_backing > 0 &&
         (iov[1].iov_len == sizeof(struct fuse_open_out) ||
          iov[1].iov_len == sizeof(struct fuse_entry_out) + sizeof(struct fuse_open_out))) {
@@ -83,13 +163,22 @@ static ssize_t pt_writev(int fd, struct iovec *iov, int count, void *ud) {
   return writev(fd, iov, count);
 }
 
-int sbx_passthrough_attach(struct fuse_session *se) {
+int sbx_fuse_io_attach(struct fuse_session *se, bool passthrough) {
   static const struct fuse_custom_io io = {.read = pt_read, .writev = pt_writev};
   int fd = fuse_session_fd(se);
   if (fd < 0) return -EBADF;
   int r = fuse_session_custom_io(se, &io, fd);
   if (r < 0) return r;
   pt.fd = fd;
+  pt.wanted = passthrough;
+  /* the clone is made now, before any thread acts as a sandbox's root; a
+   * kernel or a /dev/fuse that does not allow it leaves plain blocking reads */
+  uint32_t session_fd = (uint32_t)fd;
+  rd.fd = open("/dev/fuse", O_RDWR | O_CLOEXEC | O_NONBLOCK);
+  if (rd.fd >= 0 && ioctl(rd.fd, FUSE_DEV_IOC_CLONE, &session_fd) < 0) {
+    close(rd.fd);
+    rd.fd = -1;
+  }
   return 0;
 }
 

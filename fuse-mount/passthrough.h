@@ -1,17 +1,19 @@
-/* FUSE passthrough (kernel 6.9+) for a libfuse that predates it: a regular
+/* The view's own /dev/fuse I/O: requests are read by one leading thread
+ * that looks for the next one a while before it sleeps (see lead_read), and
+ * FUSE passthrough (kernel 6.9+) for a libfuse that predates it: a regular
  * file's reads, writes and mmap go from the kernel straight to the file the
  * server opened, with no round trip. libfuse 3.14 knows neither the INIT flag
  * nor the open reply's backing id, so the session's replies pass through
- * sbx_passthrough_attach's writev, which amends them on their way out. */
+ * sbx_fuse_io_attach's writev, which amends them on their way out. */
 #pragma once
 #define FUSE_USE_VERSION 314
 #include <fuse_lowlevel.h>
 #include <stdbool.h>
 
 /* Takes over the session's I/O on its /dev/fuse fd (after mounting, before
- * the loop): the INIT reply then asks for passthrough when the kernel
+ * the loop); with passthrough, the INIT reply asks for it when the kernel
  * offers it. Returns 0 or -errno. */
-int sbx_passthrough_attach(struct fuse_session *se);
+int sbx_fuse_io_attach(struct fuse_session *se, bool passthrough);
 /* Whether the kernel offered passthrough and this server asked for it (known
  * once INIT was answered). */
 bool sbx_passthrough_on(void);

@@ -1478,7 +1478,8 @@ int sbx_view_main(const char *mountpoint, const sbx_view_opts *o) {
     return 1;
   }
   /* backing files need CAP_SYS_ADMIN: as root only */
-  V.passthrough = !V.rootless && !o->no_passthrough && sbx_passthrough_attach(V.se) == 0;
+  bool passthrough = !V.rootless && !o->no_passthrough;
+  V.passthrough = sbx_fuse_io_attach(V.se, passthrough) == 0 && passthrough;
   if (!o->foreground && sbx_fuse_daemonize(o->ready_fd) < 0) return 1;
   /* threads only now: they would not survive the fork to the background */
   if (viewlink_run() < 0) return 1;

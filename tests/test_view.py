@@ -276,9 +276,13 @@ def test_workloads(t, x):
     r = sh('rsync -a %s/ %s/rs/ && rsync -a %s/rs/ %s/rs-back/ && diff -r %s %s/rs-back && echo same'
            % (src, ws, ws, native, src, native))
     t.ok(r.stdout.strip().endswith('same'), 'rsync -a round trip', r.stdout[-500:] + r.stderr[-500:])
-    r = sh('find %s/rs -printf "%%P %%m %%T@ %%s\\n" | sort > %s/a && find %s -printf "%%P %%m %%T@ %%s\\n" | sort > %s/b && '
-           'diff %s/a %s/b && echo same' % (ws, native, src, native, native, native))
-    t.ok(r.stdout.strip().endswith('same'), 'with modes and mtimes kept', r.stdout[-500:])
+    # times are checked on cp -a's copy: rsync -a (3.5) itself leaves some
+    # directories' and symlinks' times unset now and then, on the host's own
+    # disk too (4 runs of 30 here)
+    r = sh('cp -a %s %s/cpa && find %s/cpa -printf "%%P %%m %%T@ %%s\\n" | sort > %s/a && '
+           'find %s -printf "%%P %%m %%T@ %%s\\n" | sort > %s/b && diff %s/a %s/b && echo same'
+           % (src, ws, ws, native, src, native, native, native))
+    t.ok(r.stdout.strip().endswith('same'), 'cp -a into the view keeps modes and mtimes', r.stdout[-500:])
     job = ('fio --name=verify --directory=%s --size=32M --bs=4k --rw=randwrite --ioengine=psync --verify=crc32c '
            '--do_verify=1 --verify_fatal=1 --numjobs=2 --group_reporting')
     os.makedirs(os.path.join(ws, 'fio'))
