@@ -609,13 +609,21 @@ void mcp_wait_cancel(void *wait) {
 
 /* git runs inside the sandbox; the URL, branch and directory reach it as
  * variables, never as shell text. Exit 3: the target is in the way. */
+/* With force over a non-empty target, the clone goes to a hidden sibling
+ * first and replaces the target only once it succeeded: a failed clone (a
+ * wrong URL or branch, a timeout) leaves the target as it was. A sibling
+ * left by a clone killed on its timeout is removed by the next try. */
 static const char git_script[] =
-    "if [ -e \"$SBX_GIT_DIR\" ] && [ -n \"$(ls -A \"$SBX_GIT_DIR\" 2>/dev/null)\" ]; then\n"
-    "  if [ \"$SBX_GIT_FORCE\" = 1 ]; then rm -rf -- \"$SBX_GIT_DIR\"; else exit 3; fi\n"
-    "fi\n"
     "command -v git >/dev/null || exit 127\n"
+    "to=\"$SBX_GIT_DIR\"\n"
+    "if [ -e \"$SBX_GIT_DIR\" ] && [ -n \"$(ls -A \"$SBX_GIT_DIR\" 2>/dev/null)\" ]; then\n"
+    "  [ \"$SBX_GIT_FORCE\" = 1 ] || exit 3\n"
+    "  to=\"$(dirname -- \"$SBX_GIT_DIR\")/.$(basename -- \"$SBX_GIT_DIR\").sbx-clone\"\n"
+    "  rm -rf -- \"$to\"\n"
+    "fi\n"
     "git clone --progress ${SBX_GIT_BRANCH:+--branch \"$SBX_GIT_BRANCH\"} ${SBX_GIT_DEPTH:+--depth \"$SBX_GIT_DEPTH\"} "
-    "-- \"$SBX_GIT_URL\" \"$SBX_GIT_DIR\" || exit 4\n"
+    "-- \"$SBX_GIT_URL\" \"$to\" || { [ \"$to\" = \"$SBX_GIT_DIR\" ] || rm -rf -- \"$to\"; exit 4; }\n"
+    "if [ \"$to\" != \"$SBX_GIT_DIR\" ]; then rm -rf -- \"$SBX_GIT_DIR\" && mv -- \"$to\" \"$SBX_GIT_DIR\" || exit 5; fi\n"
     "cd \"$SBX_GIT_DIR\" && git rev-parse HEAD && git rev-parse --abbrev-ref HEAD\n";
 
 struct git_call {

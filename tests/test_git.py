@@ -95,8 +95,15 @@ def test_target_in_the_way(t, x):
     res, _ = x.c.call('gitCheckout', args, 120)
     t.eq(res['structuredContent'].get('error', {}).get('code'), 'FILE_EXISTS', 'a non-empty target is refused', res)
     t.eq(x.c.sh('cat /workspace/busy/keep')['stdout'], 'mine\n', 'and left as it was')
+    for bad in ({'repoUrl': 'git://127.0.0.1:9418/nope.git'}, {'branch': 'no-such-branch'}):
+        res, _ = x.c.call('gitCheckout', dict(args, force=True, **bad), 120)
+        t.eq(res['structuredContent'].get('error', {}).get('code'), 'GIT_CLONE_FAILED', 'force: true, failing: %s' % bad)
+        t.eq(x.c.sh('cat /workspace/busy/keep; ls -A /workspace | grep -c busy')['stdout'], 'mine\n1\n',
+             'the target is kept as it was, and no partial clone is left beside it')
     r = x.c.ok('gitCheckout', dict(args, force=True), 120)
     t.eq(r['commit'], x.main, 'force: true replaces it')
+    t.eq(x.c.sh('ls -A /workspace/busy; ls -A /workspace | grep -c busy')['stdout'], '.git\nf\ng\n1\n',
+         'with the clone alone')
 
 
 def test_bad_urls(t, x):
