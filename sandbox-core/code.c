@@ -326,8 +326,9 @@ static void on_output(void *ud, int stream, const char *data, size_t len) {
     size_t take = nl ? (size_t)(nl - data) : len;
     if (!c->skipping) {
       if (c->line.len + take > MAX_LINE) {
-        c->skipping = true; /* too big to be ours: dropped */
+        c->skipping = true; /* too big to be ours: dropped, and the run says something is missing */
         c->line.len = 0;
+        if (c->runs && c->runs->sent) c->runs->truncated = true;
       } else {
         sbx_buf_append(&c->line, data, take);
       }

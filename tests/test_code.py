@@ -131,6 +131,22 @@ def test_javascript(t, x):
          'cancelling a JS busy loop interrupts it (SIGINT) and the context goes on')
 
 
+def test_big_output(t, x):
+    r = run(x, "'z' * (9 * 1024 * 1024)")
+    t.ok(r['results'] == [] and r.get('truncated') is True, 'a result too big to carry is left out and the run says truncated',
+         {k: v for k, v in r.items() if k != 'logs'})
+    r = run(x, "import sys\nsys.stdout.write('a' * (10 * 1024 * 1024))\n7")
+    out = ''.join(r['logs']['stdout'])
+    t.ok(len(out) == 1024 * 1024 and set(out) == {'a'} and r.get('truncated') is True,
+         'one huge write keeps the first MiB of it, truncated', len(out))
+    t.eq(r['results'][0]['text'], '7', 'and the run goes on to its result')
+    r = run(x, "'z'.repeat(9 * 1024 * 1024)", language='javascript')
+    t.ok(r['results'] == [] and r.get('truncated') is True, 'JS: the same', {k: v for k, v in r.items() if k != 'logs'})
+    r = run(x, "process.stdout.write('b'.repeat(10 * 1024 * 1024)); 8", language='javascript')
+    t.ok(len(''.join(r['logs']['stdout'])) == 1024 * 1024 and r.get('truncated') is True and r['results'][0]['text'] == '8',
+         'JS: one huge write keeps its first MiB, truncated')
+
+
 def test_lying_driver(t, x):
     # code that writes fake protocol lines and garbage straight to the channel
     code = ('import os\n'
@@ -202,5 +218,5 @@ def test_missing_interpreter(t, x):
 
 if __name__ == '__main__':
     sys.exit(run_tests([test_state_and_results, test_exception, test_plot_and_dataframe, test_timeout_and_cancel,
-                        test_contexts_independent, test_javascript, test_lying_driver, test_queued_run_cancelled, test_reset_ends_contexts,
+                        test_contexts_independent, test_javascript, test_big_output, test_lying_driver, test_queued_run_cancelled, test_reset_ends_contexts,
                         test_missing_interpreter], setup=lambda: Ctx('code')))

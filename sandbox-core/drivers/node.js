@@ -28,7 +28,8 @@ function send(m) {
 function stream(name) {
   return new Writable({
     write(chunk, enc, cb) {
-      send({ id: current, stream: name, text: chunk.toString() });
+      const text = chunk.toString(); // in pieces a message can carry (the daemon takes up to 8 MiB a line)
+      for (let i = 0; i < text.length; i += 1 << 19) send({ id: current, stream: name, text: text.slice(i, i + (1 << 19)) });
       cb();
     },
   });

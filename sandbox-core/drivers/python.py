@@ -75,8 +75,9 @@ class _Stream:
     def write(self, s):
         if not isinstance(s, str):
             raise TypeError('write() argument must be str, not %s' % type(s).__name__)
-        if s:
-            _send({'id': _current[0], 'stream': self.name, 'text': s})
+        # in pieces a message can carry (the daemon takes up to 8 MiB a line)
+        for i in range(0, len(s), 1 << 19):
+            _send({'id': _current[0], 'stream': self.name, 'text': s[i:i + (1 << 19)]})
         return len(s)
 
     def flush(self):
