@@ -35,6 +35,7 @@
 #include <limits.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sys/resource.h>
 #include <sys/fanotify.h>
 #include <sys/file.h>
@@ -60,6 +61,7 @@ typedef struct vnode {
   bool dead;
   bool lazy;        /* a sandbox's root, not opened yet (it is not running) */
   bool counted;     /* one of its sandbox's nodes (sbox.nodes) */
+  bool dir;         /* a directory (deep_flush reads it) */
   struct vnode *parent; /* symlinks: the directory they were found in */
   struct vnode *hnext;
   int backing;      /* passthrough: the kernel's id of its backing file, or 0 */
@@ -91,6 +93,7 @@ typedef struct sbox {
   bool present;
   unsigned long nodes; /* nodes holding an fd (see too_many_nodes) */
   time_t flushed;      /* when its cached tree was last dropped for holding too many */
+  _Atomic int64_t used_ms; /* when the daemon was last told it is in use (box_used) */
   struct sbox *next;
 } sbox;
 
@@ -120,6 +123,7 @@ static struct {
   pthread_cond_t notify_cond;
   struct inval {
     fuse_ino_t parent, ino;
+    struct sbox *deep; /* instead: every name of this sandbox the kernel may hold (deep_flush) */
     char name[256];
     struct inval *next;
   } *inval_head, *inval_tail;
@@ -170,7 +174,8 @@ static vnode *node_get(sbox *sb, int fd, const struct stat *st, bool *used_fd) {
   if (v) return v;
   v = calloc(1, sizeof *v);
   if (!v) return NULL;
-  *v = (vnode){.nlookup = 1, .fd = fd, .dev = st->st_dev, .ino = st->st_ino, .sb = sb, .gen = sb->gen, .counted = true};
+  *v = (vnode){.nlookup = 1, .fd = fd, .dev = st->st_dev, .ino = st->st_ino, .sb = sb, .gen = sb->gen, .counted = true,
+               .dir = S_ISDIR(st->st_mode)};
   sb->nodes++;
   __atomic_add_fetch(&V.all_nodes, 1, __ATOMIC_RELAXED); /* read without the lock in too_many_nodes */
   v->hnext = V.hash[h];
@@ -247,6 +252,7 @@ static int resolve_root(vnode *v) {
     v->fd = fd;
     v->dev = st.st_dev;
     v->ino = st.st_ino;
+    v->dir = true;
     v->lazy = false;
     v->sb->uid = uid;
     v->sb->gid = gid;
@@ -269,10 +275,23 @@ static int resolve_root(vnode *v) {
   return dead ? -ENOENT : 0;
 }
 
+/* Work on a sandbox's files through the view is activity, as a tool call
+ * is: the daemon does not reset the sandbox for being idle while a host
+ * editor works in it. Told at most twice a second (the shortest sleepAfter
+ * is a second), without waiting. */
+static void box_used(sbox *sb) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &t);
+  int64_t now = (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000, was = atomic_load_explicit(&sb->used_ms, memory_order_relaxed);
+  if (now - was >= 500 && atomic_compare_exchange_strong(&sb->used_ms, &was, now)) viewlink_touch(sb->id);
+}
+
 /* The fd of a node for an operation, or -errno: dead nodes are gone. The
- * fd stays valid (a dead node's becomes /dev/null, never another file). */
+ * fd stays valid (a dead node's becomes /dev/null, never another file).
+ * Every operation on a sandbox's files comes here. */
 static int node_fd(vnode *v) {
   if (v->dead) return -ENOENT;
+  if (v->sb) box_used(v->sb);
   if (v->lazy) {
     int r = resolve_root(v);
     if (r < 0) return r;
@@ -303,16 +322,79 @@ static void box_kill(sbox *sb) {
 
 /* ---- invalidations ------------------------------------------------------ */
 
+/* For the notifier thread. Lock held. */
+static void queue_inval_of(struct inval *i) {
+  if (V.inval_tail) V.inval_tail->next = i;
+  else V.inval_head = i;
+  V.inval_tail = i;
+  pthread_cond_signal(&V.notify_cond);
+}
+
 static void queue_inval(fuse_ino_t parent, const char *name, fuse_ino_t ino) {
   struct inval *i = calloc(1, sizeof *i);
   if (!i) return;
   i->parent = parent;
   i->ino = ino;
   if (name) snprintf(i->name, sizeof i->name, "%s", name);
-  if (V.inval_tail) V.inval_tail->next = i;
-  else V.inval_head = i;
-  V.inval_tail = i;
-  pthread_cond_signal(&V.notify_cond);
+  queue_inval_of(i);
+}
+
+/* Whether the view holds a node for (dev, ino) of sb. Lock held. */
+static bool node_held(const sbox *sb, dev_t dev, ino_t ino) {
+  for (vnode *v = V.hash[hash_of(dev, ino)]; v; v = v->hnext)
+    if (!v->dead && v->dev == dev && v->ino == ino && v->sb == sb) return true;
+  return false;
+}
+
+/* Drops every name of a sandbox the kernel may hold, one by one: each
+ * directory the view has a node for is read, and each of its names that
+ * is a node the view holds is invalidated. Dropping the sandbox's entry in
+ * the view's root is not enough once a host process works in a directory
+ * inside (its cwd): the kernel keeps that directory, cut off from the
+ * root, and a walk from there fills the view's nodes again under it, where
+ * the root's entry no longer reaches (it is gone already: the invalidation
+ * fails), and every sandbox's new names got ENFILE until something looked
+ * the sandbox up again. On the notifier thread, as root: reading a
+ * directory is not a request to the view. */
+static void deep_flush(sbox *sb) {
+  struct dir_node {
+    fuse_ino_t ino;
+    int fd;
+    dev_t dev;
+  } *dirs = NULL;
+  size_t n = 0, cap = 0;
+  pthread_mutex_lock(&V.lock);
+  for (size_t h = 0; h < HASH_SIZE; h++)
+    for (vnode *v = V.hash[h]; v; v = v->hnext) {
+      if (v->sb != sb || v->dead || !v->dir || v->fd < 0) continue;
+      if (n == cap) {
+        struct dir_node *d = realloc(dirs, (cap = cap ? 2 * cap : 64) * sizeof *dirs);
+        if (!d) break;
+        dirs = d;
+      }
+      /* a copy: the node may be forgotten and its fd number reused meanwhile */
+      int fd = fcntl(v->fd, F_DUPFD_CLOEXEC, 0);
+      if (fd >= 0) dirs[n++] = (struct dir_node){.ino = (fuse_ino_t)(uintptr_t)v, .fd = fd, .dev = v->dev};
+    }
+  pthread_mutex_unlock(&V.lock);
+  for (size_t k = 0; k < n; k++) {
+    int dfd = openat(dirs[k].fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NONBLOCK);
+    close(dirs[k].fd);
+    DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
+    if (!d) {
+      if (dfd >= 0) close(dfd);
+      continue;
+    }
+    for (struct dirent *e; (e = readdir(d));) {
+      if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+      pthread_mutex_lock(&V.lock);
+      bool held = node_held(sb, dirs[k].dev, e->d_ino);
+      pthread_mutex_unlock(&V.lock);
+      if (held) fuse_lowlevel_notify_inval_entry(V.se, dirs[k].ino, e->d_name, strlen(e->d_name));
+    }
+    closedir(d);
+  }
+  free(dirs);
 }
 
 static void *notifier_main(void *arg) {
@@ -327,7 +409,8 @@ static void *notifier_main(void *arg) {
     V.inval_head = i->next;
     if (!V.inval_head) V.inval_tail = NULL;
     pthread_mutex_unlock(&V.lock);
-    if (V.se) {
+    if (V.se && i->deep) deep_flush(i->deep);
+    else if (V.se) {
       if (i->name[0]) fuse_lowlevel_notify_inval_entry(V.se, i->parent, i->name, strlen(i->name));
       if (i->ino) fuse_lowlevel_notify_inval_inode(V.se, i->ino, 0, 0);
     }
@@ -481,7 +564,12 @@ static bool too_many_nodes(void) {
   time_t now = time(NULL);
   if (flush && flush->present && flush->flushed != now) {
     flush->flushed = now;
-    queue_inval(FUSE_ROOT_ID, flush->id, 0);
+    queue_inval(FUSE_ROOT_ID, flush->id, 0); /* all of its tree no process is in */
+    struct inval *deep = calloc(1, sizeof *deep);
+    if (deep) { /* and what a process's cwd keeps (deep_flush) */
+      deep->deep = flush;
+      queue_inval_of(deep);
+    }
   }
   pthread_mutex_unlock(&V.lock);
   return flush != NULL;

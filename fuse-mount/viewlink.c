@@ -276,6 +276,22 @@ int viewlink_open(const char *id, uid_t *uid, gid_t *gid) {
   return p.fd;
 }
 
+void viewlink_touch(const char *id) {
+  json_t *m = json_pack("{s:s, s:s, s:{s:s}}", "jsonrpc", "2.0", "method", "sbx/view/touch", "params", "sandboxId", id);
+  char *s = m ? json_dumps(m, JSON_COMPACT) : NULL;
+  json_decref(m);
+  if (!s) return;
+  size_t n = strlen(s);
+  s[n] = '\n';
+  pthread_mutex_lock(&L.lock);
+  /* never waits on the daemon: a line that cannot go now is not sent (the
+   * next use of the sandbox sends another); one that went in part is ended */
+  ssize_t w = L.fd >= 0 ? send(L.fd, s, n + 1, MSG_DONTWAIT | MSG_NOSIGNAL) : -1;
+  if (w > 0 && (size_t)w < n + 1) (void)sbx_write_all(L.fd, s + w, n + 1 - (size_t)w);
+  pthread_mutex_unlock(&L.lock);
+  free(s);
+}
+
 void viewlink_stop(void) {
   L.stopping = true;
   (void)!write(L.wake[1], "q", 1);

@@ -27,4 +27,7 @@ void viewlink_wait_listed(int timeout_ms);
 /* The O_PATH fd of a sandbox's /workspace (the daemon wakes it when it is
  * stopped or asleep) and its root's host uid; -errno. */
 int viewlink_open(const char *id, uid_t *uid, gid_t *gid);
+/* Tells the daemon that a sandbox's files are in use through the view, so
+ * that it is not reset for being idle meanwhile. Never blocks. */
+void viewlink_touch(const char *id);
 void viewlink_stop(void);

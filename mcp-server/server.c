@@ -149,6 +149,12 @@ static void view_message(client *c, json_t *msg) {
   c->view = true;
   json_t *id = json_object_get(msg, "id");
   const char *method = json_string_value(json_object_get(msg, "method"));
+  if (!strcmp(method, "sbx/view/touch")) { /* its files in use through the view: activity (not a wake) */
+    const char *sid = json_string_value(json_object_get(json_object_get(msg, "params"), "sandboxId"));
+    sbx_sandbox *sb = sid ? sbx_sandbox_find(sid) : NULL;
+    if (sb && sb->state != SBX_ASLEEP) sbx_sandbox_touch(sb);
+    return;
+  }
   if (!id) return;
   if (!strcmp(method, "sbx/view/subscribe")) {
     json_t *list = json_array();
