@@ -108,6 +108,15 @@ def test_javascript(t, x):
     t.eq(r['results'][0]['text'], '41', 'top-level await')
     r = run(x, 'got * 2 + a', language='javascript')
     t.eq(r['results'][0]['text'], '120', 'let/const survive between runs, awaited ones too')
+    for code, want in (('const v = await Promise.resolve(5); v', '5'), ("let s = 'I await you'\ns", 'I await you'),
+                       ('// a comment\nawait 1', '1'), ('async function f() { return 3 }; await f()', '3'),
+                       ('const {p, r} = await Promise.resolve({p: 1, r: 2})\np + r', '3'),
+                       ('class K { m() { return 9 } }\nawait null\nnew K().m()', '9'),
+                       ('const t = `x${await 1};${"z"}`\nt', 'x1;z'), ('const o = await {a: 1}\no.a\n+ 1', '2'),
+                       ('p * 10 + r + new K().m()', '21')):
+        r = run(x, code, language='javascript')
+        t.eq((r['results'][0]['text'] if r['results'] else None, r.get('error')), (want, None),
+             'JS with await: %r is %s' % (code, want))
     r = run(x, '({x: [1, 2]})', language='javascript')
     t.eq(r['results'][0].get('json'), {'x': [1, 2]}, 'an object also comes back as json')
     r = run(x, 'null.x', language='javascript')

@@ -60,33 +60,178 @@ function bundle(v) {
 
 globalThis.display = (...vs) => { for (const v of vs) send({ id: current, result: bundle(v) }); };
 
-const NOT_EXPR = /^(let|const|var|function|async\s+function|class|if|for|while|do|return|try|catch|finally|switch|throw|import|export|break|continue|\}|\)|\]|\/\/|\/\*|\*)/;
+// ---- code with top-level await ----------------------------------------
+// It runs in an async function: its top-level declarations are made
+// globals (as a script's would persist) and its last statement, when it is
+// an expression, is the result. Statements are found by a small tokenizer
+// (strings, templates, comments, regular expressions, brackets) with the
+// rules of automatic semicolon insertion at newlines; V8 checks the result
+// and, should it not compile, the code runs as written, without a result.
 
-// code with top-level await: an async function whose top-level declarations
-// (at the start of a line) become globals and whose last line, when it is an
-// expression, is the result
-function asyncWrap(code) {
-  const lines = code.split('\n');
-  const exported = [];
-  for (let i = 0; i < lines.length; i++) {
-    let m = /^(let|const|var)\s+([A-Za-z_$][\w$]*)\s*=/.exec(lines[i]);
-    if (m) {
-      lines[i] = lines[i].replace(/^(let|const|var)\s+/, '');
+const WORD = /[A-Za-z0-9_$\u0080-\uffff]/;
+// after these a `/` starts a regular expression; after other words, a division
+const BEFORE_EXPR = new Set(['return', 'typeof', 'instanceof', 'in', 'of', 'new', 'delete', 'void', 'throw', 'case',
+  'do', 'else', 'await', 'yield']);
+// a newline after these ends the statement (restricted productions)
+const ENDS_AT_NEWLINE = new Set(['return', 'break', 'continue', 'yield', 'debugger']);
+// a statement that ends with the block that closes it
+const BLOCK_STATEMENT = /^(?:function|async\s+function|class|if|for|while|try|switch|do|with)\b|^\{/;
+// tokens that, first on a line, continue the statement before
+const CONTINUES = new Set(['(', '[', '.', '?.', ',', '?', ':', '=', '+', '-', '*', '/', '%', '&', '|', '^', '<', '>',
+  '`', '=>', 'in', 'instanceof', 'of']);
+const CONTINUED_BY = new Set(['else', 'catch', 'finally', 'while']);
+
+// Tokens of code: {t: text, at: index, nl: a newline before it, type}.
+function tokens(code) {
+  const out = [];
+  const templates = []; // bracket depth at each open template's `${`
+  let i = 0, nl = false, depth = 0;
+  const push = (type, start, end) => { out.push({ type, t: code.slice(start, end), at: start, end, nl, depth }); nl = false; };
+  const template = (start) => { // from after a backquote or a `}` closing `${`: to the next `${` or the end
+    let j = start;
+    while (j < code.length && code[j] !== '`') {
+      if (code[j] === '\\') j += 2;
+      else if (code[j] === '$' && code[j + 1] === '{') { templates.push(depth); depth++; return j + 2; }
+      else j++;
+    }
+    return j + 1;
+  };
+  while (i < code.length) {
+    const c = code[i];
+    if (c === '\n' || c === '\u2028' || c === '\u2029') { nl = true; i++; continue; }
+    if (/\s/.test(c)) { i++; continue; }
+    if (c === '/' && code[i + 1] === '/') { while (i < code.length && code[i] !== '\n') i++; continue; }
+    if (c === '/' && code[i + 1] === '*') {
+      const e = code.indexOf('*/', i + 2), end = e < 0 ? code.length : e + 2;
+      if (code.slice(i, end).includes('\n')) nl = true;
+      i = end;
       continue;
     }
-    m = /^(?:async\s+)?(function\*?|class)\s+([A-Za-z_$][\w$]*)/.exec(lines[i]);
-    if (m) exported.push(m[2]);
+    const start = i;
+    if (c === '"' || c === "'") {
+      i++;
+      while (i < code.length && code[i] !== c && code[i] !== '\n') i += code[i] === '\\' ? 2 : 1;
+      push('str', start, ++i);
+    } else if (c === '`') {
+      i = template(i + 1);
+      push('str', start, i);
+    } else if (c === '}' && templates.length && templates[templates.length - 1] === depth - 1) {
+      templates.pop();
+      depth--;
+      i = template(i + 1);
+      push('str', start, i);
+    } else if (WORD.test(c)) {
+      while (i < code.length && WORD.test(code[i])) i++;
+      if (/^[0-9]/.test(code.slice(start, i)) && code[i] === '.') { i++; while (i < code.length && WORD.test(code[i])) i++; }
+      push('word', start, i);
+    } else if (c === '/') {
+      const p = out[out.length - 1];
+      const regex = !p || (p.type === 'punct' && !/^[)\]]$/.test(p.t)) || (p.type === 'word' && BEFORE_EXPR.has(p.t));
+      if (regex) {
+        i++;
+        let cls = false;
+        while (i < code.length && code[i] !== '\n' && (cls || code[i] !== '/')) {
+          if (code[i] === '\\') i++;
+          else if (code[i] === '[') cls = true;
+          else if (code[i] === ']') cls = false;
+          i++;
+        }
+        i++;
+        while (i < code.length && WORD.test(code[i])) i++;
+        push('regex', start, i);
+      } else {
+        i++;
+        push('punct', start, i);
+      }
+    } else {
+      const two = code.slice(i, i + 2);
+      if (two === '++' || two === '--' || two === '=>' || two === '?.') i += 2;
+      else i++;
+      if ('([{'.includes(c)) depth++;
+      push('punct', start, i);
+      if (')]}'.includes(c)) { depth--; out[out.length - 1].depth = depth; }
+    }
   }
-  let last = lines.length - 1;
-  while (last >= 0 && !lines[last].trim()) last--;
-  let ret = '';
-  if (last >= 0 && !/^\s/.test(lines[last]) && !NOT_EXPR.test(lines[last]) && !/[{,(\[]\s*$/.test(lines[last]) &&
-      (last === 0 || /[;})\]]\s*$/.test(lines[last - 1]) || !lines[last - 1].trim())) {
-    ret = lines[last].replace(/;\s*$/, '');
-    lines[last] = '';
+  return out;
+}
+
+// The top-level statements of code, as [start, end) spans of it.
+function statements(code) {
+  const toks = tokens(code), spans = [];
+  let first = 0; // index of the statement's first token
+  const end = (k) => { // the statement ends after token k
+    spans.push([toks[first].at, toks[k].end]);
+    first = k + 1;
+  };
+  for (let k = 0; k < toks.length; k++) {
+    const tk = toks[k], next = toks[k + 1];
+    if (tk.depth !== 0) continue;
+    if (tk.t === ';') { end(k); continue; }
+    if (!next) break;
+    const head = code.slice(toks[first].at, tk.end);
+    if (tk.t === '}' && BLOCK_STATEMENT.test(head) && !CONTINUED_BY.has(next.t)) { end(k); continue; }
+    if (!next.nl) continue;
+    if (next.t === '++' || next.t === '--' || (tk.type === 'word' && ENDS_AT_NEWLINE.has(tk.t))) { end(k); continue; }
+    const ends = tk.type === 'str' || tk.type === 'regex' || tk.t === ')' || tk.t === ']' || tk.t === '}' ||
+      tk.t === '++' || tk.t === '--' || (tk.type === 'word' && !BEFORE_EXPR.has(tk.t) &&
+      !/^(?:let|const|var|async|function|class|extends|if|for|while|with|switch|import|export)$/.test(tk.t));
+    const continues = CONTINUES.has(next.t) || (next.t === '!' && code[next.at + 1] === '=');
+    if (ends && !continues) end(k);
   }
-  const tail = exported.map((n) => `globalThis.${n} = ${n};`).join(' ');
-  return `(async () => {\n${lines.join('\n')}\n${tail}\n${ret ? `return (${ret}\n);` : ''}\n})()`;
+  if (first < toks.length) spans.push([toks[first].at, toks[toks.length - 1].end]);
+  return spans;
+}
+
+const DECL = /^(let|const|var)(?=[\s{[])/;
+const NAMED = /^(?:async\s+)?(?:function\s*\*?|class)\s*([A-Za-z_$][\w$]*)/;
+const NOT_EXPR = /^(?:let|const|var|function|async\s+function|class|if|for|while|do|return|try|switch|throw|import|export|break|continue|debugger|with)\b|^[{;]/;
+
+// `let a = 1, {b} = f(), c` as assignments to globals:
+// `void ((a = 1), ({b} = f()), (c = undefined))` (`var c` keeps c's value).
+function assignments(text) {
+  const kind = DECL.exec(text)[1];
+  const body = text.replace(DECL, '').replace(/;\s*$/, '');
+  const parts = [];
+  let from = 0;
+  for (const tk of tokens(body)) {
+    if (tk.t === ',' && tk.depth === 0) {
+      parts.push(body.slice(from, tk.at));
+      from = tk.end;
+    }
+  }
+  parts.push(body.slice(from));
+  const set = parts.map((d) => d.trim()).filter(Boolean).map((d) => {
+    if (d.includes('=')) return `(${d})`;
+    return kind === 'var' ? `(globalThis.${d} = globalThis.${d})` : `(${d} = undefined)`;
+  });
+  return set.length ? `void (${set.join(', ')});` : ';';
+}
+
+function asyncWrap(code) {
+  const spans = statements(code);
+  let out = '', at = 0, ret = '';
+  spans.forEach(([s, e], n) => {
+    const text = code.slice(s, e);
+    out += code.slice(at, s);
+    at = e;
+    if (DECL.test(text)) {
+      out += assignments(text);
+    } else if (n === spans.length - 1 && !NOT_EXPR.test(text)) {
+      ret = text.replace(/;\s*$/, '');
+    } else {
+      out += text;
+      const m = NAMED.exec(text);
+      if (m) out += `\n;globalThis.${m[1]} = ${m[1]};`;
+    }
+  });
+  out += code.slice(at);
+  const wrapped = `(async () => {\n${out}\n${ret ? `return (${ret}\n);` : ''}\n})()`;
+  try {
+    new vm.Script(wrapped, { filename: '<code>' });
+    return wrapped;
+  } catch (e) {
+    return `(async () => {\n${code}\n})()`; // as written: V8 says what is wrong with it
+  }
 }
 
 let abandon = null; // rejects the awaited run when interrupted or timed out
@@ -95,7 +240,7 @@ process.on('SIGINT', () => { if (abandon) abandon(Object.assign(new Error('inter
 async function run(req) {
   const timeout = req.timeout > 0 ? req.timeout : undefined;
   const code = String(req.code || '');
-  const isAsync = /\bawait\b/.test(code);
+  const isAsync = /\bawait\b/.test(code) && tokens(code).some((tk) => tk.type === 'word' && tk.t === 'await');
   const opts = { filename: '<code>', breakOnSigint: true, timeout };
   let value = vm.runInThisContext(isAsync ? asyncWrap(code) : code, opts);
   if (isAsync || (value && typeof value.then === 'function' && isAsync)) {
