@@ -417,10 +417,12 @@ static int cmd_expose(int argc, char **argv) {
   json_t *e;
   json_array_foreach(r ? json_object_get(sc(r), "ports") : NULL, i, e) {
     if (json_integer_value(json_object_get(e, "port")) == port) {
-      printf("%s\n", json_string_value(json_object_get(e, "url")));
+      const char *warning = json_string_value(json_object_get(sc(r), "warning"));
+      if (warning) fprintf(stderr, "sbx expose: %s\n", warning); /* a URL that answers nothing is not printed */
+      else printf("%s\n", json_string_value(json_object_get(e, "url")));
       json_decref(r);
       sbx_client_close(&c);
-      return 0;
+      return warning ? 1 : 0;
     }
   }
   json_decref(r);
@@ -787,6 +789,16 @@ static int cmd_doctor(void) {
                       "the next command starts the new one)"
                     : path);
     problems += replaced;
+    sbx_client c; /* what the daemon cannot do now */
+    json_t *r = NULL;
+    if (sbx_client_open(&c, NULL, err, sizeof err) == 0) {
+      r = sbx_client_request(&c, "sbx/daemon/status", json_object(), err, sizeof err);
+      sbx_client_close(&c);
+    }
+    const char *preview = json_string_value(json_object_get(r, "previewProblem"));
+    if (preview) printf("%-4s %-22s %s\n", "--", "preview URLs", preview);
+    problems += preview != NULL;
+    json_decref(r);
   }
   printf("%d problem%s\n", problems, problems == 1 ? "" : "s");
   return problems ? 1 : 0;

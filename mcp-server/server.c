@@ -286,6 +286,11 @@ static void daemon_message(client *c, json_t *msg) {
   const char *method = json_string_value(json_object_get(msg, "method"));
   const char *addr = json_string_value(json_object_get(params, "address"));
   if (!id) return;
+  if (!strcmp(method, "sbx/daemon/status")) { /* for sbx doctor: what this daemon cannot do now */
+    const char *problem = sbx_preview_problem();
+    mcp_conn_send_result(c->conn, id, json_pack("{s:s?}", "previewProblem", problem));
+    return;
+  }
   if (strcmp(method, "sbx/daemon/http") || !addr) {
     mcp_conn_send_error(c->conn, id, -32601, "unknown daemon method");
     return;

@@ -875,6 +875,14 @@ static void h_exposed(mcp_call *call, json_t *args, sbx_sandbox *sb) {
   (void)args;
   json_t *a = json_array();
   sbx_buf t = {0};
+  /* the ports stay exposed (the record keeps them), but their URLs answer
+   * nothing of this daemon while its proxy cannot listen: said so */
+  const char *problem = sbx_preview_problem();
+  if (problem && sb->exposures) {
+    sbx_buf_append(&t, "these URLs do not work now: ", 28);
+    sbx_buf_append(&t, problem, strlen(problem));
+    sbx_buf_append(&t, "\n", 1);
+  }
   for (const sbx_exposure *e = sb->exposures; e; e = e->next) {
     json_t *o = exposure_json(sb, e);
     char line[400];
@@ -884,7 +892,8 @@ static void h_exposed(mcp_call *call, json_t *args, sbx_sandbox *sb) {
     json_array_append_new(a, o);
   }
   sbx_buf_append(&t, "", 1);
-  mcp_call_ok(call, json_pack("{s:o}", "ports", a), t.len > 1 ? t.data : "no exposed ports");
+  mcp_call_ok(call, json_pack("{s:o, s:s?}", "ports", a, "warning", problem && sb->exposures ? problem : NULL),
+              t.len > 1 ? t.data : "no exposed ports");
   sbx_buf_free(&t);
 }
 

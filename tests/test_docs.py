@@ -18,6 +18,18 @@ def test_tools_md(t):
         t.ok(f.read() == made, 'docs/tools.md is up to date with mcp-server/tools.json (scripts/tools_md.py docs/tools.md)')
 
 
+def test_error_codes(t):
+    sys.path.insert(0, os.path.join(ROOT, 'scripts'))
+    import tools_md
+    used = set()
+    for d in ('mcp-server', 'sandbox-core', 'cli'):
+        for name in os.listdir(os.path.join(ROOT, d)):
+            if name.endswith('.c'):
+                with open(os.path.join(ROOT, d, name)) as f:
+                    used |= set(re.findall(r'sbx_err\([^,]+, "([A-Z_]+)"', f.read()))
+    t.eq(sorted(used - set(tools_md.ERRORS)), [], 'every error code the daemon gives is in the tool reference\'s list')
+
+
 def test_self_contained(t):
     for doc in ('README.md', 'BENCHMARKS.md', 'examples/README.md', 'docs/tools.md'):
         with open(os.path.join(ROOT, doc)) as f:
@@ -30,4 +42,4 @@ def test_self_contained(t):
 
 
 if __name__ == '__main__':
-    sys.exit(run_tests([test_tools_md, test_self_contained]))
+    sys.exit(run_tests([test_tools_md, test_error_codes, test_self_contained]))

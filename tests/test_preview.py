@@ -427,7 +427,33 @@ def test_kept_across_restart(t, x):
     t.eq(request(x, host_of(x.url), '/again')[0], 200, 'and the same URL reaches it again')
 
 
+def test_port_taken(t, x):
+    """A daemon whose proxy cannot listen (its port taken by another
+    program) hands out no URL that answers nothing, and says why."""
+    x.env.run(['daemon', 'stop'])
+    squatter = socket.socket()
+    squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    squatter.bind(('127.0.0.1', x.port))
+    squatter.listen()
+    try:
+        c = x.env.mcp(['--sandbox', 'web'])
+        c.initialize()
+        x.c = c
+        r = c.ok('getExposedPorts')
+        t.ok(r['ports'] and 'cannot listen' in r.get('warning', ''), 'getExposedPorts lists the ports with a warning', r)
+        r = x.env.run(['expose', 'web', '8000'])
+        t.ok(r.returncode == 1 and not r.stdout and b'cannot listen' in r.stderr,
+             'sbx expose of a port exposed already prints no URL and says why', (r.returncode, r.stdout, r.stderr))
+        t.ok('cannot listen' in c.call('exposePort', {'port': 8002})[0]['content'][0]['text'], 'exposePort says why')
+        r = x.env.run(['doctor'])
+        t.ok(r.returncode == 1 and b'preview URLs' in r.stdout and b'cannot listen' in r.stdout, 'sbx doctor says it',
+             r.stdout[-400:])
+    finally:
+        squatter.close()
+
+
 if __name__ == '__main__':
     sys.exit(run_tests([test_expose_and_reach, test_not_found_reveals_nothing, test_keep_alive_every_request,
                         test_no_tricks, test_500_connections, test_chromium, test_streaming, test_websocket,
-                        test_big_download_bounded, test_502_410, test_never_the_hosts_loopback, test_cli_expose, test_kept_across_restart], setup=Ctx))
+                        test_big_download_bounded, test_502_410, test_never_the_hosts_loopback, test_cli_expose, test_kept_across_restart,
+                        test_port_taken], setup=Ctx))
