@@ -59,7 +59,8 @@ static bool validate(const json_t *s, const json_t *v, const char *path, char *m
   if (json_is_string(v)) {
     const json_t *ml = json_object_get(s, "minLength");
     if (json_is_integer(ml) && json_string_length(v) < (size_t)json_integer_value(ml)) {
-      snprintf(what, sizeof what, "must be at least %lld characters", (long long)json_integer_value(ml));
+      if (json_integer_value(ml) == 1) snprintf(what, sizeof what, "must not be empty");
+      else snprintf(what, sizeof what, "must be at least %lld characters", (long long)json_integer_value(ml));
       return fail(msg, len, path, what);
     }
     if (strlen(json_string_value(v)) != json_string_length(v)) return fail(msg, len, path, "must not contain NUL characters");
@@ -80,7 +81,10 @@ static bool validate(const json_t *s, const json_t *v, const char *path, char *m
     const json_t *mn = json_object_get(s, "minimum"), *mx = json_object_get(s, "maximum"),
                  *emn = json_object_get(s, "exclusiveMinimum");
     if ((mn && d < json_number_value(mn)) || (mx && d > json_number_value(mx)) || (emn && d <= json_number_value(emn))) {
-      snprintf(what, sizeof what, "is out of range");
+      if (mn && mx) snprintf(what, sizeof what, "must be from %.15g to %.15g", json_number_value(mn), json_number_value(mx));
+      else if (mn) snprintf(what, sizeof what, "must be at least %.15g", json_number_value(mn));
+      else if (emn) snprintf(what, sizeof what, "must be more than %.15g", json_number_value(emn));
+      else snprintf(what, sizeof what, "must be at most %.15g", json_number_value(mx));
       return fail(msg, len, path, what);
     }
   }

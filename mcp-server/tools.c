@@ -1078,9 +1078,11 @@ static void h_list_files(mcp_call *call, json_t *args, sbx_sandbox *sb) {
 static void h_mkdir(mcp_call *call, json_t *args, sbx_sandbox *sb) {
   sbx_error err = {0};
   char abs[4096];
-  if (sbx_fs_abspath(str(args, "path"), abs, &err) < 0 || sbx_fs_mkdir(sb, abs, flag(args, "recursive"), &err) < 0)
-    return mcp_call_fail(call, &err);
-  mcp_call_ok(call, json_pack("{s:s, s:b}", "path", abs, "created", 1), abs);
+  int made = sbx_fs_abspath(str(args, "path"), abs, &err) < 0 ? -1 : sbx_fs_mkdir(sb, abs, flag(args, "recursive"), &err);
+  if (made < 0) return mcp_call_fail(call, &err);
+  char text[4200];
+  snprintf(text, sizeof text, "%s%s", abs, made ? "" : " (a directory already)");
+  mcp_call_ok(call, json_pack("{s:s, s:b}", "path", abs, "created", made), text);
 }
 
 static void h_delete(mcp_call *call, json_t *args, sbx_sandbox *sb) {

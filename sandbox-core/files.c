@@ -40,11 +40,29 @@ static int openat2_in(int root, const char *path, int flags, mode_t mode) {
   return fd;
 }
 
+/* Absolute (relative paths are under /workspace) and clean, as path
+ * tools take them: no empty or "." components, ".." taken lexically (at
+ * "/" it stays there, as the kernel has it), no trailing slash. */
 int sbx_fs_abspath(const char *path, char out[4096], sbx_error *err) {
   if (!path || !*path) return sbx_err(err, "VALIDATION_FAILED", "path must not be empty");
-  int n = path[0] == '/' ? snprintf(out, 4096, "%s", path) : snprintf(out, 4096, "/workspace/%s", path);
-  if (n >= 4096) return sbx_err(err, "VALIDATION_FAILED", "path is longer than 4095 bytes");
-  while (n > 1 && out[n - 1] == '/') out[--n] = 0;
+  char raw[4096];
+  int n = path[0] == '/' ? snprintf(raw, sizeof raw, "%s", path) : snprintf(raw, sizeof raw, "/workspace/%s", path);
+  if (n >= (int)sizeof raw) return sbx_err(err, "VALIDATION_FAILED", "path is longer than 4095 bytes");
+  size_t o = 0;
+  for (char *p = raw, *save = NULL, *c; (c = strtok_r(p, "/", &save)); p = NULL) {
+    if (!strcmp(c, ".")) continue;
+    if (!strcmp(c, "..")) {
+      while (o > 0 && out[o - 1] != '/') o--;
+      if (o > 0) o--; /* the slash before it */
+      continue;
+    }
+    size_t l = strlen(c);
+    out[o++] = '/';
+    memcpy(out + o, c, l);
+    o += l;
+  }
+  if (o == 0) out[o++] = '/';
+  out[o] = 0;
   return 0;
 }
 
@@ -88,9 +106,11 @@ static int open_parent(sbx_sandbox *sb, const char *abs, char **base, sbx_error 
   return fd;
 }
 
+/* 1 when it made abs, 0 when abs was a directory already, -1 on error. */
 static int mkdir_p_in(sbx_sandbox *sb, const char *abs, sbx_error *err) {
   char cur[4096];
   size_t n = strlen(abs);
+  int made = 0;
   for (size_t i = 1; i <= n; i++) {
     if (abs[i] != '/' && abs[i] != 0) continue;
     memcpy(cur, abs, i);
@@ -101,9 +121,10 @@ static int mkdir_p_in(sbx_sandbox *sb, const char *abs, sbx_error *err) {
     char *base;
     _cleanup_close_ int pfd = open_parent(sb, cur, &base, err);
     if (pfd < 0) return -1;
-    if (mkdirat(pfd, base, 0755) < 0 && errno != EEXIST) return fail_errno(err, errno, "creating", cur);
+    if (mkdirat(pfd, base, 0755) == 0) made = i == n;
+    else if (errno != EEXIST) return fail_errno(err, errno, "creating", cur);
   }
-  return 0;
+  return made;
 }
 
 int sbx_fs_check_dir(sbx_sandbox *sb, const char *path, sbx_error *err) {
@@ -222,7 +243,7 @@ int sbx_fs_mkdir(sbx_sandbox *sb, const char *path, bool recursive, sbx_error *e
   _cleanup_close_ int dfd = open_parent(sb, abs, &base, err);
   if (dfd < 0) return -1;
   if (mkdirat(dfd, base, 0755) < 0) return fail_errno(err, errno, "creating", abs);
-  return 0;
+  return 1;
 }
 
 int sbx_fs_delete(sbx_sandbox *sb, const char *path, bool recursive, sbx_error *err) {

@@ -8,8 +8,8 @@
 #define SBX_MAX_WRITE (32 * 1024 * 1024)
 #define SBX_MAX_LIST 10000
 
-/* Absolute form of a path (relative → under /workspace); -1 + err when
- * empty or too long. */
+/* Absolute, clean form of a path (relative → under /workspace; "." and
+ * ".." taken lexically); -1 + err when empty or too long. */
 int sbx_fs_abspath(const char *path, char out[4096], sbx_error *err);
 
 int sbx_fs_check_dir(sbx_sandbox *sb, const char *path, sbx_error *err);
@@ -21,6 +21,7 @@ int sbx_fs_create(sbx_sandbox *sb, const char *path, mode_t mode, sbx_error *err
 int sbx_fs_write(sbx_sandbox *sb, const char *path, const void *data, size_t len, sbx_error *err);
 /* *data is malloc'd (NUL-terminated for convenience). */
 int sbx_fs_read(sbx_sandbox *sb, const char *path, size_t max, char **data, size_t *len, sbx_error *err);
+/* 1: made; 0: a directory already (recursive only); -1 + err. */
 int sbx_fs_mkdir(sbx_sandbox *sb, const char *path, bool recursive, sbx_error *err);
 int sbx_fs_delete(sbx_sandbox *sb, const char *path, bool recursive, sbx_error *err);
 /* into_dir: when `to` is an existing directory, move `from` inside it. */

@@ -93,8 +93,13 @@ def test_list_100000(t, x):
 
 def test_mkdir_delete_rename(t, x):
     t.eq(x.c.err('mkdir', {'path': '/workspace/m/n'}), 'FILE_NOT_FOUND', 'mkdir without recursive needs the parent')
-    x.c.ok('mkdir', {'path': '/workspace/m/n', 'recursive': True})
-    x.c.ok('mkdir', {'path': '/workspace/m/n', 'recursive': True})
+    t.eq(x.c.ok('mkdir', {'path': '/workspace/m/n', 'recursive': True})['created'], True, 'mkdir recursive makes it')
+    t.eq(x.c.ok('mkdir', {'path': '/workspace/m/n', 'recursive': True})['created'], False,
+         'and again: an existing directory is accepted, created false')
+    t.eq(x.c.ok('writeFile', {'path': './m//./n/../n/f.txt', 'content': 'x'})['path'], '/workspace/m/n/f.txt',
+         'paths come back clean (".", "..", "//")')
+    t.eq([f['path'] for f in x.c.ok('listFiles', {'path': 'm/./n'})['files']], ['/workspace/m/n/f.txt'],
+         'listFiles of "m/./n" names its entries cleanly')
     t.eq(x.c.err('mkdir', {'path': '/workspace/m'}), 'FILE_EXISTS', 'mkdir of an existing dir')
     x.c.ok('writeFile', {'path': '/workspace/m/n/f', 'content': 'x'})
     t.eq(x.c.err('deleteFile', {'path': '/workspace/m'}), 'IS_DIRECTORY', 'deleteFile refuses a directory')
