@@ -166,10 +166,10 @@ static bool view_place(char id[64], char inside[4096]) {
   return true;
 }
 
-/* -e KEY=VALUE into env; false without an =. */
+/* -e KEY=VALUE into env; false without an = or a KEY. */
 static bool env_arg(json_t *env, char *kv) {
   char *eq = strchr(kv, '=');
-  if (!eq) return false;
+  if (!eq || eq == kv) return false;
   *eq = 0; /* argv is ours to cut */
   json_object_set_new(env, kv, json_string(eq + 1));
   return true;
