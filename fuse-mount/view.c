@@ -63,6 +63,8 @@ typedef struct vnode {
   bool counted;     /* one of its sandbox's nodes (sbox.nodes) */
   bool dir;         /* a directory (deep_flush reads it) */
   struct vnode *parent; /* symlinks: the directory they were found in */
+  uid_t owner;      /* its owner and group when last seen (act_as_node) */
+  gid_t group;
   struct vnode *hnext;
   int backing;      /* passthrough: the kernel's id of its backing file, or 0 */
   unsigned nbacked; /* open files using it */
@@ -85,6 +87,7 @@ typedef struct sbox {
   unsigned index; /* stable while the view runs: high bits of inode numbers */
   uid_t uid;      /* sandbox root on the host: what the server acts as */
   gid_t gid;
+  unsigned uids;  /* host ids it has from uid and gid on (0: not known yet) */
   uint64_t gen;   /* bumped on reset, destroy, restart: older nodes are dead */
   vnode *root;
   dev_t dev;
@@ -139,13 +142,29 @@ static struct {
  * drops set-id bits on writes, as the kernel expects of this server
  * (handle_killpriv_v2, see passthrough.c). fsuid is per thread. */
 static __thread uid_t cur_fsuid = (uid_t)-1;
-static void act_as(const sbox *sb) {
-  uid_t u = sb ? sb->uid : V.uid;
-  gid_t g = sb ? sb->gid : V.gid;
-  if (cur_fsuid == u) return;
+static __thread gid_t cur_fsgid = (gid_t)-1;
+static void act_with(uid_t u, gid_t g) {
+  if (cur_fsuid == u && cur_fsgid == g) return;
   setfsgid(g);
   setfsuid(u);
   cur_fsuid = u;
+  cur_fsgid = g;
+}
+
+static void act_as(const sbox *sb) { act_with(sb ? sb->uid : V.uid, sb ? sb->gid : V.gid); }
+
+/* An operation on an existing file or directory of another of the
+ * sandbox's users (its owner a uid of the sandbox's range, not its root's)
+ * acts as that user: the sandbox's root may read, search and change such
+ * files (its capabilities inside), the server acting as the root's host uid
+ * may not, and acting as one of the sandbox's own uids gives nothing
+ * outside it. New files are still made as the sandbox's root. */
+static void act_as_node(const vnode *v) {
+  const sbox *sb = v->sb;
+  uid_t o = v->owner;
+  gid_t g = v->group;
+  if (V.rootless || !sb || o == sb->uid || o - sb->uid >= sb->uids) return act_as(sb);
+  act_with(o, g - sb->gid < sb->uids ? g : sb->gid);
 }
 
 /* ---- nodes -------------------------------------------------------------- */
@@ -175,7 +194,7 @@ static vnode *node_get(sbox *sb, int fd, const struct stat *st, bool *used_fd) {
   v = calloc(1, sizeof *v);
   if (!v) return NULL;
   *v = (vnode){.nlookup = 1, .fd = fd, .dev = st->st_dev, .ino = st->st_ino, .sb = sb, .gen = sb->gen, .counted = true,
-               .dir = S_ISDIR(st->st_mode)};
+               .dir = S_ISDIR(st->st_mode), .owner = st->st_uid, .group = st->st_gid};
   sb->nodes++;
   __atomic_add_fetch(&V.all_nodes, 1, __ATOMIC_RELAXED); /* read without the lock in too_many_nodes */
   v->hnext = V.hash[h];
@@ -238,7 +257,8 @@ static int resolve_root(vnode *v) {
   if (!v->lazy) return 0;
   uid_t uid;
   gid_t gid;
-  int fd = viewlink_open(v->sb->id, &uid, &gid);
+  unsigned uids;
+  int fd = viewlink_open(v->sb->id, &uid, &gid, &uids);
   if (fd < 0) return fd;
   struct stat st;
   struct statfs sf;
@@ -256,6 +276,7 @@ static int resolve_root(vnode *v) {
     v->lazy = false;
     v->sb->uid = uid;
     v->sb->gid = gid;
+    v->sb->uids = uids;
     v->sb->dev = st.st_dev;
     v->sb->fsid = sf.f_fsid;
     v->sb->own_disk = major(st.st_dev) == 7 /* LOOP_MAJOR */ && sf.f_type == 0xEF53 /* EXT4_SUPER_MAGIC */;
@@ -625,7 +646,7 @@ static int do_lookup(fuse_req_t req, vnode *parent, const char *name, struct fus
   }
   int pfd = node_fd(parent);
   if (pfd < 0) return -pfd;
-  act_as(parent->sb);
+  act_as_node(parent); /* search permission: the directory's owner's */
   struct stat st;
   /* a file that already has a node (the kernel forgot the name, or a
    * listing names it again) is found by what it is, with no fd opened:
@@ -655,6 +676,10 @@ static int do_lookup(fuse_req_t req, vnode *parent, const char *name, struct fus
   }
   if (!v) v = node_get(parent->sb, fd, &st, &used);
   if (v && S_ISLNK(st.st_mode)) v->parent = parent;
+  if (v) {
+    v->owner = st.st_uid;
+    v->group = st.st_gid;
+  }
   pthread_mutex_unlock(&V.lock);
   if (!used && fd >= 0) close(fd);
   if (!v) return ENOMEM;
@@ -712,6 +737,8 @@ static void v_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
   act_as(v->sb);
   if (fstatat(fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0) return (void)fuse_reply_err(req, errno);
   if (v->dead) return (void)fuse_reply_err(req, ENOENT);
+  v->owner = st.st_uid;
+  v->group = st.st_gid;
   double t = cache_time(v->sb, st.st_dev);
   present_attr(v->sb, &st);
   fuse_reply_attr(req, &st, t);
@@ -733,6 +760,33 @@ static int truncate_now(const char *path, off_t size) {
   return r;
 }
 
+/* Setattr acts as the file's owner as it is now (see act_as_node). */
+static void act_as_owner(vnode *v, int fd) {
+  struct stat st;
+  if (fstatat(fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) == 0) {
+    v->owner = st.st_uid;
+    v->group = st.st_gid;
+  }
+  act_as_node(v);
+}
+
+/* An id of another sandbox's range becomes the same id of this one's: a
+ * file moved or copied with its owner (mv, cp -a) from one sandbox to
+ * another through the view is owned inside the second as it was inside the
+ * first (the kernel refused the first one's host ids, and cp -a failed). */
+static uint32_t own_id(const sbox *sb, uint32_t id, bool gid) {
+  pthread_mutex_lock(&V.lock);
+  for (const sbox *b = V.boxes; b; b = b->next) {
+    uint32_t base = gid ? b->gid : b->uid;
+    if (b != sb && b->uids > 1 && id - base < b->uids && id - base < sb->uids) {
+      id = (gid ? sb->gid : sb->uid) + (id - base);
+      break;
+    }
+  }
+  pthread_mutex_unlock(&V.lock);
+  return id;
+}
+
 static void v_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int valid, struct fuse_file_info *fi) {
   vnode *v = node_of(ino);
   if (v == &V.root) return (void)fuse_reply_err(req, EPERM);
@@ -741,7 +795,7 @@ static void v_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int val
   int ffd = fi ? ((vfile *)(uintptr_t)fi->fh)->fd : -1;
   char pp[64];
   proc_path(ifd, pp);
-  act_as(v->sb);
+  act_as_owner(v, ifd);
   int r = 0;
   if (valid & FUSE_SET_ATTR_MODE) r = ffd >= 0 ? fchmod(ffd, attr->st_mode) : chmod(pp, attr->st_mode);
   if (!r && (valid & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID))) {
@@ -750,8 +804,19 @@ static void v_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int val
     uid_t u = valid & FUSE_SET_ATTR_UID ? attr->st_uid : (uid_t)-1;
     gid_t g = valid & FUSE_SET_ATTR_GID ? attr->st_gid : (gid_t)-1;
     if (u == V.uid) u = v->sb->uid;
+    else if (u != (uid_t)-1) u = own_id(v->sb, u, false);
     if (g == V.gid) g = v->sb->gid;
+    else if (g != (gid_t)-1) g = own_id(v->sb, g, true);
+    /* the sandbox's root may give a file any of the sandbox's ids; acting
+     * as its root's host uid the server has no CAP_CHOWN, so a chown within
+     * that range is done as root, and no other */
+    bool own = !V.rootless && (u == (uid_t)-1 || u - v->sb->uid < v->sb->uids) &&
+               (g == (gid_t)-1 || g - v->sb->gid < v->sb->uids);
+    if (own) act_with(0, 0);
     r = fchownat(ifd, "", u, g, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW);
+    int e = errno;
+    act_as_owner(v, ifd); /* its new owner, for what follows */
+    errno = e;
     if (r < 0 && errno == EOVERFLOW) errno = EPERM;
   }
   if (!r && (valid & FUSE_SET_ATTR_SIZE)) r = ffd >= 0 ? ftruncate(ffd, attr->st_size) : truncate_now(pp, attr->st_size);
@@ -777,7 +842,7 @@ static void v_access(fuse_req_t req, fuse_ino_t ino, int mask) {
   if (fd < 0) return (void)fuse_reply_err(req, -fd);
   char pp[64];
   proc_path(fd, pp);
-  act_as(v->sb);
+  act_as_node(v);
   fuse_reply_err(req, faccessat(AT_FDCWD, pp, mask, AT_EACCESS) < 0 ? errno : 0);
 }
 
@@ -1028,7 +1093,7 @@ static void v_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
   vnode *v = node_of(ino);
   int fd = node_fd(v);
   if (fd < 0) return (void)fuse_reply_err(req, -fd);
-  act_as(v->sb);
+  act_as_node(v);
   int flags;
   open_flags(fi, &flags);
   char pp[64];
@@ -1201,7 +1266,7 @@ static void v_statfs(fuse_req_t req, fuse_ino_t ino) {
 static int dir_open(vnode *v, vfile **out) {
   int fd = node_fd(v);
   if (fd < 0) return -fd;
-  act_as(v->sb);
+  act_as_node(v);
   int dfd = openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd < 0) return errno;
   vfile *f = file_new(v, dfd);
@@ -1292,7 +1357,7 @@ static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, s
 static void readdir_from(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, vfile *f, bool plus) {
   if (!f->vn) return root_readdir(req, size, off, plus);
   if (!file_live(f)) return (void)fuse_reply_err(req, EIO);
-  act_as(f->vn->sb);
+  act_as_node(f->vn);
   char *buf = calloc(1, size), *p = buf;
   if (!buf) return (void)fuse_reply_err(req, ENOMEM);
   size_t rem = size;
@@ -1382,7 +1447,9 @@ static int xattr_path(fuse_req_t req, fuse_ino_t ino, char pp[64]) {
   struct stat st;
   if (fstatat(fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0) return -errno;
   if (S_ISLNK(st.st_mode)) return -ENOTSUP;
-  act_as(v->sb);
+  v->owner = st.st_uid;
+  v->group = st.st_gid;
+  act_as_node(v);
   proc_path(fd, pp);
   (void)req;
   return 0;

@@ -20,6 +20,7 @@ typedef struct pending {
   int fd, err;
   uid_t uid;
   gid_t gid;
+  unsigned uids;
   struct pending *next;
 } pending;
 
@@ -93,6 +94,7 @@ static bool on_line(void *ud, const char *msg, size_t len) {
         memmove(L.fdq, L.fdq + 1, --L.nfdq * sizeof(int));
         p->uid = (uid_t)json_integer_value(json_object_get(res, "uid"));
         p->gid = (gid_t)json_integer_value(json_object_get(res, "gid"));
+        p->uids = (unsigned)json_integer_value(json_object_get(res, "uids"));
       } else {
         p->err = map_code(json_string_value(json_object_get(json_object_get(json_object_get(m, "error"), "data"), "code")));
       }
@@ -227,7 +229,7 @@ void viewlink_wait_listed(int timeout_ms) {
   pthread_mutex_unlock(&L.lock);
 }
 
-int viewlink_open(const char *id, uid_t *uid, gid_t *gid) {
+int viewlink_open(const char *id, uid_t *uid, gid_t *gid, unsigned *uids) {
   pthread_mutex_lock(&L.lock);
   if (L.fd < 0) { /* the daemon went away: this use of the view starts one */
     pthread_mutex_unlock(&L.lock);
@@ -273,6 +275,7 @@ int viewlink_open(const char *id, uid_t *uid, gid_t *gid) {
   if (p.fd < 0) return -(p.err ? p.err : EIO);
   *uid = p.uid;
   *gid = p.gid;
+  *uids = p.uids ? p.uids : 1;
   return p.fd;
 }
 

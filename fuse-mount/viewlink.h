@@ -25,8 +25,9 @@ int viewlink_run(void);
  * timeout_ms passed): a view that says it is ready shows every sandbox. */
 void viewlink_wait_listed(int timeout_ms);
 /* The O_PATH fd of a sandbox's /workspace (the daemon wakes it when it is
- * stopped or asleep) and its root's host uid; -errno. */
-int viewlink_open(const char *id, uid_t *uid, gid_t *gid);
+ * stopped or asleep), its root's host uid and gid and how many host ids it
+ * has from them; -errno. */
+int viewlink_open(const char *id, uid_t *uid, gid_t *gid, unsigned *uids);
 /* Tells the daemon that a sandbox's files are in use through the view, so
  * that it is not reset for being idle meanwhile. Never blocks. */
 void viewlink_touch(const char *id);

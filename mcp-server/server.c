@@ -172,8 +172,9 @@ static void view_message(client *c, json_t *msg) {
   int fd = sbx_fs_open_dir(sb, "/workspace", &err);
   if (fd < 0) return view_error(c, id, err.code, err.message);
   view_send(c,
-            json_pack("{s:s, s:O, s:{s:s, s:I, s:I}}", "jsonrpc", "2.0", "id", id, "result", "sandboxId", sb->id, "uid",
-                      (json_int_t)sb->uid_base, "gid", (json_int_t)sb->uid_base),
+            json_pack("{s:s, s:O, s:{s:s, s:I, s:I, s:I}}", "jsonrpc", "2.0", "id", id, "result", "sandboxId", sb->id,
+                      "uid", (json_int_t)sb->uid_base, "gid", (json_int_t)sb->uid_base, "uids",
+                      (json_int_t)sbx_sandbox_uids()),
             fd);
   close(fd);
 }

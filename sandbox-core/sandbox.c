@@ -414,6 +414,8 @@ static uint64_t wall_ms(void) {
 
 void sbx_sandbox_touch(sbx_sandbox *sb) { sb->last_activity_wall_ms = wall_ms(); }
 
+unsigned sbx_sandbox_uids(void) { return eng.cfg.rootless ? 1 : UID_RANGE; }
+
 bool sbx_sandbox_alive(sbx_sandbox *sb) {
   struct pollfd p = {.fd = sb->init_pidfd, .events = POLLIN};
   return sb->state == SBX_RUNNING && sb->init_pidfd >= 0 && poll(&p, 1, 0) == 0;

@@ -63,7 +63,7 @@ typedef struct sbx_sandbox {
   pid_t net_pid; /* pasta, for network "egress" */
   int net_pidfd;
   struct sbx_dns *dns; /* the filtering resolver, for allowedHosts names */
-  uid_t uid_base;
+  uid_t uid_base; /* its root on the host; its uids are uid_base .. + sbx_sandbox_uids() */
   int slot;
   sbx_cgroup cg;
   sbx_cgroup cg_pool[8]; /* idle command cgroups (exec.c) */
@@ -137,6 +137,9 @@ int sbx_sandbox_count(void);
  * second: it also reaps what the cgroups left to reap (sbx_cg_reap). */
 int sbx_sandbox_sweep_idle(char ids[][64], int max);
 void sbx_sandbox_touch(sbx_sandbox *sb);
+/* How many host uids (and gids) a sandbox has from its uid_base: 65536 as
+ * root, 1 rootless (its user alone). */
+unsigned sbx_sandbox_uids(void);
 /* True while the sandbox's init is alive (false while asleep or stopped). */
 bool sbx_sandbox_alive(sbx_sandbox *sb);
 

@@ -119,6 +119,36 @@ def test_use_is_activity(t, x):
     x.c.ok('destroySandbox', {'sandboxId': 'v-busy'})
 
 
+def test_other_users_files(t, x):
+    """Files of a non-root user of a sandbox (mode 640, a directory 700) are
+    the host's through the view as its root's are (the sandbox's root may
+    read and change them), and cp -a from one sandbox to another keeps
+    their owners, as inside."""
+    x.c.sh('mkdir -p /workspace/ou/priv && echo u > /workspace/ou/u && echo s > /workspace/ou/priv/s && '
+           'chown -R 1000:1000 /workspace/ou/u /workspace/ou/priv && chmod 640 /workspace/ou/u && chmod 700 /workspace/ou/priv',
+           sandbox='v-ou1')
+    x.c.sh('true', sandbox='v-ou2')
+    wait_until(lambda: os.path.isdir(os.path.join(x.mnt, 'v-ou2')), 10, 'the sandboxes in the view')
+    src, dst = os.path.join(x.mnt, 'v-ou1', 'ou'), os.path.join(x.mnt, 'v-ou2', 'ou')
+    t.eq((open(os.path.join(src, 'u')).read(), open(os.path.join(src, 'priv', 's')).read()), ('u\n', 's\n'),
+         'a 640 file and a file in a 700 directory of uid 1000 are read through the view')
+    r = sh('cp -a %s %s' % (src, dst))
+    t.eq((r.returncode, r.stderr), (0, ''), 'cp -a of them into another sandbox succeeds')
+    r = x.c.sh('stat -c "%u:%g %a %n" /workspace/ou/u /workspace/ou/priv /workspace/ou/priv/s', sandbox='v-ou2')
+    t.eq(r['stdout'], '1000:1000 640 /workspace/ou/u\n1000:1000 700 /workspace/ou/priv\n1000:1000 644 /workspace/ou/priv/s\n',
+         'with their owners and modes inside the second sandbox')
+    os.chmod(os.path.join(dst, 'u'), 0o600)
+    t.eq(x.c.sh('stat -c %a /workspace/ou/u', sandbox='v-ou2')['stdout'], '600\n', 'chmod of it through the view')
+    try:
+        os.chown(os.path.join(dst, 'u'), 5, 5)
+        err = 0
+    except OSError as e:
+        err = e.errno
+    t.eq(err, 1, 'a chown to a host id that is no id of the sandbox is refused (EPERM)')
+    for sid in ('v-ou1', 'v-ou2'):
+        x.c.ok('destroySandbox', {'sandboxId': sid})
+
+
 def test_syscall_suite(t, x):
     native = tempfile.mkdtemp(prefix='sbxt-native-', dir=x.env.root)
     a = subprocess.run([FSOPS, '--tap', native], capture_output=True, text=True, timeout=120)
@@ -551,7 +581,7 @@ if __name__ == '__main__':
     if os.geteuid() != 0:
         print('1..0 # SKIP the view tests run as root (the rootless view is tested in test_rootless.py)')
         sys.exit(77)
-    sys.exit(run_tests([test_listing, test_use_is_activity, test_syscall_suite, test_passthrough, test_coherence, test_git_dubious_ownership,
+    sys.exit(run_tests([test_listing, test_use_is_activity, test_other_users_files, test_syscall_suite, test_passthrough, test_coherence, test_git_dubious_ownership,
                         test_escapes,
                         test_workloads, test_sandbox_cannot_stall_the_view, test_robustness, test_daemon_runs_the_view, test_held_across_restart,
                         test_doctor], Ctx))
