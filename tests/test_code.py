@@ -117,6 +117,13 @@ def test_javascript(t, x):
         r = run(x, code, language='javascript')
         t.eq((r['results'][0]['text'] if r['results'] else None, r.get('error')), (want, None),
              'JS with await: %r is %s' % (code, want))
+    for code, want in (('let again = 1; again', '1'), ('let again = 2; again', '2'), ('class C { v() { return 1 } }\nnew C().v()', '1'),
+                       ('class C { v() { return 2 } }\nnew C().v()', '2')):
+        r = run(x, code, language='javascript')
+        t.eq((r['results'][0]['text'] if r['results'] else None, r.get('error')), (want, None),
+             'a cell run again declares its let and class again, as in a notebook: %r' % code)
+    r = run(x, 'new Promise(() => {})', language='javascript')
+    t.eq(r['results'][0]['text'], 'Promise { <pending> }', 'a promise as the last value is the result, not awaited')
     r = run(x, '({x: [1, 2]})', language='javascript')
     t.eq(r['results'][0].get('json'), {'x': [1, 2]}, 'an object also comes back as json')
     r = run(x, 'null.x', language='javascript')

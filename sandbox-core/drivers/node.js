@@ -1,9 +1,9 @@
 // sbx's JavaScript code context: one Node process per context, inside the
 // sandbox. Requests come as JSON lines on fd 0 ({"id", "code", "timeout"});
 // an interrupt is SIGINT; everything goes back as JSON lines on fd 1. Code runs in this
-// realm (runInThisContext), so top-level let/const/class persist between
-// runs like consecutive <script>s; code with `await` runs in an async
-// function whose top-level declarations become globals.
+// realm (runInThisContext), rewritten as a cell (see cellWrap): top-level
+// await, declarations that persist between runs as globals, the last
+// expression as the result.
 'use strict';
 const fs = require('fs');
 const util = require('util');
@@ -60,13 +60,13 @@ function bundle(v) {
 
 globalThis.display = (...vs) => { for (const v of vs) send({ id: current, result: bundle(v) }); };
 
-// ---- code with top-level await ----------------------------------------
-// It runs in an async function: its top-level declarations are made
-// globals (as a script's would persist) and its last statement, when it is
-// an expression, is the result. Statements are found by a small tokenizer
-// (strings, templates, comments, regular expressions, brackets) with the
-// rules of automatic semicolon insertion at newlines; V8 checks the result
-// and, should it not compile, the code runs as written, without a result.
+// ---- cells --------------------------------------------------------------
+// A cell runs in an async function (top-level await): its top-level
+// declarations are made globals (so they persist, and can be declared
+// again by a later cell) and its last statement, when it is an expression,
+// is the result. Statements are found by a small tokenizer (strings,
+// templates, comments, regular expressions, brackets) with the rules of
+// automatic semicolon insertion at newlines; V8 checks the rewrite.
 
 const WORD = /[A-Za-z0-9_$\u0080-\uffff]/;
 // after these a `/` starts a regular expression; after other words, a division
@@ -207,7 +207,14 @@ function assignments(text) {
   return set.length ? `void (${set.join(', ')});` : ';';
 }
 
-function asyncWrap(code) {
+// Code as an async function whose top-level declarations become globals
+// and whose last expression is returned as {value} (a promise it names is
+// a result, not awaited): {code, ok}; ok false when the code cannot be
+// rewritten (V8 refuses the rewrite, or it is strict mode code, where
+// assignments do not make globals).
+function cellWrap(code) {
+  const first = tokens(code)[0];
+  if (first && first.type === 'str' && /^['"]use strict['"]$/.test(first.t)) return { ok: false };
   const spans = statements(code);
   let out = '', at = 0, ret = '';
   spans.forEach(([s, e], n) => {
@@ -225,34 +232,43 @@ function asyncWrap(code) {
     }
   });
   out += code.slice(at);
-  const wrapped = `(async () => {\n${out}\n${ret ? `return (${ret}\n);` : ''}\n})()`;
+  const wrapped = `(async () => {\n${out}\n${ret ? `return { value: (${ret}\n) };` : ''}\n})()`;
   try {
     new vm.Script(wrapped, { filename: '<code>' });
-    return wrapped;
+    return { code: wrapped, ok: true };
   } catch (e) {
-    return `(async () => {\n${code}\n})()`; // as written: V8 says what is wrong with it
+    return { ok: false };
   }
 }
 
 let abandon = null; // rejects the awaited run when interrupted or timed out
 process.on('SIGINT', () => { if (abandon) abandon(Object.assign(new Error('interrupted'), { name: 'KeyboardInterrupt' })); });
 
+// Every cell runs rewritten (cellWrap), so that a cell run again, its
+// let, const and class declared again, works as in a notebook or Node's
+// REPL; code that cannot be rewritten runs as written (with await: in an
+// async function, without a result).
 async function run(req) {
   const timeout = req.timeout > 0 ? req.timeout : undefined;
   const code = String(req.code || '');
   const isAsync = /\bawait\b/.test(code) && tokens(code).some((tk) => tk.type === 'word' && tk.t === 'await');
   const opts = { filename: '<code>', breakOnSigint: true, timeout };
-  let value = vm.runInThisContext(isAsync ? asyncWrap(code) : code, opts);
-  if (isAsync || (value && typeof value.then === 'function' && isAsync)) {
+  const cell = cellWrap(code);
+  let value;
+  if (cell.ok || isAsync) {
     let timer;
-    value = await Promise.race([value, new Promise((_, reject) => {
-      abandon = reject;
-      if (timeout) {
-        timer = setTimeout(() => reject(Object.assign(new Error(
-          `the run was abandoned after ${timeout} ms (what it awaits may still finish); the context keeps its state`),
-        { name: 'TimeoutError' })), timeout);
-      }
-    })]).finally(() => { clearTimeout(timer); abandon = null; });
+    const done = await Promise.race([vm.runInThisContext(cell.ok ? cell.code : `(async () => {\n${code}\n})()`, opts),
+      new Promise((_, reject) => {
+        abandon = reject;
+        if (timeout) {
+          timer = setTimeout(() => reject(Object.assign(new Error(
+            `the run was abandoned after ${timeout} ms (what it awaits may still finish); the context keeps its state`),
+          { name: 'TimeoutError' })), timeout);
+        }
+      })]).finally(() => { clearTimeout(timer); abandon = null; });
+    value = cell.ok && done ? done.value : undefined;
+  } else {
+    value = vm.runInThisContext(code, opts);
   }
   if (value !== undefined) {
     globalThis._ = value;
