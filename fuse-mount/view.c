@@ -812,8 +812,29 @@ static void v_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int val
      * that range is done as root, and no other */
     bool own = !V.rootless && (u == (uid_t)-1 || u - v->sb->uid < v->sb->uids) &&
                (g == (gid_t)-1 || g - v->sb->gid < v->sb->uids);
-    if (own) act_with(0, 0);
-    r = fchownat(ifd, "", u, g, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW);
+    if (own) {
+      /* as root, only ever on the node's own inode: a reset or destroy
+       * (box_kill) may put the host's /dev/null under a node's fd number
+       * at any moment, so the chown goes through a copy of the fd taken
+       * while the node was alive, and checked to be its inode */
+      int mine = -1;
+      struct stat st;
+      pthread_mutex_lock(&V.lock);
+      if (!v->dead) mine = fcntl(v->fd, F_DUPFD_CLOEXEC, 0);
+      pthread_mutex_unlock(&V.lock);
+      if (mine < 0 || fstat(mine, &st) < 0 || st.st_dev != v->dev || st.st_ino != v->ino) {
+        r = -1;
+        errno = ENOENT;
+      } else {
+        act_with(0, 0);
+        r = fchownat(mine, "", u, g, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW);
+      }
+      int e = errno;
+      if (mine >= 0) close(mine);
+      errno = e;
+    } else {
+      r = fchownat(ifd, "", u, g, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW);
+    }
     int e = errno;
     act_as_owner(v, ifd); /* its new owner, for what follows */
     errno = e;

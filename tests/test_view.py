@@ -3,6 +3,7 @@ live; the file semantics programs expect (the same answers as a native
 directory); changes made inside seen through it and the other way round;
 nothing in it leads a host process out of the sandbox; it survives what
 happens to sandboxes, to itself and to the daemon; real workloads."""
+import json
 import os
 import signal
 import socket
@@ -147,6 +148,68 @@ def test_other_users_files(t, x):
     t.eq(err, 1, 'a chown to a host id that is no id of the sandbox is refused (EPERM)')
     for sid in ('v-ou1', 'v-ou2'):
         x.c.ok('destroySandbox', {'sandboxId': sid})
+
+
+CHOWN_RACE = r'''
+import json, os, subprocess, sys, threading, time
+sbx, root, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+fake, mnt = os.path.join(root, 'fake'), os.path.join(root, 'mnt')
+os.makedirs(fake)
+os.makedirs(mnt)
+subprocess.run(['mount', '-t', 'tmpfs', 'tmpfs', fake], check=True)
+os.mknod(os.path.join(fake, 'null'), 0o20666, os.makedev(1, 3))
+os.chmod(os.path.join(fake, 'null'), 0o666)
+subprocess.run(['mount', '--bind', os.path.join(fake, 'null'), '/dev/null'], check=True)
+view = subprocess.Popen([sbx, 'mount', '-f', mnt], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+deadline = time.monotonic() + 20
+while not os.path.ismount(mnt) and time.monotonic() < deadline:
+    time.sleep(0.01)
+owners = []
+for i in range(n):
+    sid = 'race%d' % i
+    sh = lambda cmd: subprocess.run([sbx, 'exec', '-s', sid, '--', cmd], capture_output=True, text=True).stdout
+    base = int(sh('touch /workspace/f; cat /proc/self/uid_map').split()[1])
+    path = os.path.join(mnt, sid, 'f')
+    os.stat(path)
+    done, count = threading.Event(), [0]
+
+    def racer():
+        while not done.is_set():
+            try:
+                os.chown(path, base + 5, base + 5)
+                count[0] += 1
+            except OSError:
+                break
+    ths = [threading.Thread(target=racer) for _ in range(4)]
+    for th in ths:
+        th.start()
+    while count[0] < 50 and any(th.is_alive() for th in ths):
+        time.sleep(0.001)
+    subprocess.run([sbx, 'destroy', sid], capture_output=True)
+    done.set()
+    for th in ths:
+        th.join(30)
+    st = os.stat('/dev/null')
+    owners.append([st.st_uid, st.st_gid, count[0]])
+view.kill()
+view.wait()
+subprocess.run(['umount', '-l', mnt])
+print(json.dumps(owners))
+'''
+
+
+def test_chown_racing_destroy(t, x):
+    """Chowns through the view racing a destroy of their sandbox: the view
+    swaps the host's /dev/null in under a destroyed sandbox's nodes, and a
+    chown to one of the sandbox's ids is done as root, so it must never
+    reach /dev/null. Run against a stand-in /dev/null (same device) in a
+    mount namespace of the test's own."""
+    root = tempfile.mkdtemp(dir=x.env.root)
+    r = subprocess.run(['unshare', '-m', '--propagation', 'private', sys.executable, '-c', CHOWN_RACE, SBX, root, '6'],
+                       env=x.env.env, capture_output=True, text=True, timeout=300)
+    owners = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else None
+    t.ok(owners is not None and all(c > 0 for _, _, c in owners), 'chowns ran through the view in 6 destroys', (owners, r.stderr[-500:]))
+    t.ok(owners is not None and all(o[:2] == [0, 0] for o in owners), '/dev/null stayed root\'s in every one', owners)
 
 
 def test_syscall_suite(t, x):
@@ -581,7 +644,8 @@ if __name__ == '__main__':
     if os.geteuid() != 0:
         print('1..0 # SKIP the view tests run as root (the rootless view is tested in test_rootless.py)')
         sys.exit(77)
-    sys.exit(run_tests([test_listing, test_use_is_activity, test_other_users_files, test_syscall_suite, test_passthrough, test_coherence, test_git_dubious_ownership,
+    sys.exit(run_tests([test_listing, test_use_is_activity, test_other_users_files, test_chown_racing_destroy,
+                        test_syscall_suite, test_passthrough, test_coherence, test_git_dubious_ownership,
                         test_escapes,
                         test_workloads, test_sandbox_cannot_stall_the_view, test_robustness, test_daemon_runs_the_view, test_held_across_restart,
                         test_doctor], Ctx))
