@@ -122,6 +122,10 @@ def test_javascript(t, x):
         r = run(x, code, language='javascript')
         t.eq((r['results'][0]['text'] if r['results'] else None, r.get('error')), (want, None),
              'a cell run again declares its let and class again, as in a notebook: %r' % code)
+    r = run(x, "for (;;) console.log('x')", language='javascript', timeout=300)
+    t.eq(r.get('error', {}).get('name'), 'TimeoutError', 'a loop of console.log stopped by its timeout')
+    r = run(x, "process.stdout.write('b'); console.log('c'); 8", language='javascript')
+    t.eq(''.join(r['logs']['stdout']), 'bc\n', 'and what the next run prints is still captured (a write cut short wedged it)')
     r = run(x, 'new Promise(() => {})', language='javascript')
     t.eq(r['results'][0]['text'], 'Promise { <pending> }', 'a promise as the last value is the result, not awaited')
     r = run(x, '({x: [1, 2]})', language='javascript')

@@ -8,7 +8,7 @@
 const fs = require('fs');
 const util = require('util');
 const vm = require('vm');
-const { Writable } = require('stream');
+const { EventEmitter } = require('events');
 
 delete process.env.SBX_DRIVER;
 let current = null;
@@ -25,25 +25,26 @@ function send(m) {
   }
 }
 
-function stream(name) {
-  return new Writable({
-    write(chunk, enc, cb) {
-      const text = chunk.toString(); // in pieces a message can carry (the daemon takes up to 8 MiB a line)
-      for (let i = 0; i < text.length; i += 1 << 19) send({ id: current, stream: name, text: text.slice(i, i + (1 << 19)) });
-      cb();
-    },
-  });
-}
-const out = stream('stdout'), err = stream('stderr');
-globalThis.console = new console.Console({ stdout: out, stderr: err });
-for (const [s, w] of [[process.stdout, out], [process.stderr, err]]) {
+// stdout and stderr: text straight to the control channel, in order with
+// results. Sinks with no state of their own (a Writable stream's was left
+// "writing" for good when a timeout or an interrupt stopped the code inside
+// a write, and the context's output vanished from then on).
+function sink(name) {
+  const s = new EventEmitter(); // console listens for 'error' on it
   s.write = (chunk, enc, cb) => {
-    w.write(typeof chunk === 'string' ? chunk : Buffer.from(chunk));
+    const text = typeof chunk === 'string' ? chunk : Buffer.from(chunk).toString();
+    // in pieces a message can carry (the daemon takes up to 8 MiB a line)
+    for (let i = 0; i < text.length; i += 1 << 19) send({ id: current, stream: name, text: text.slice(i, i + (1 << 19)) });
     if (typeof enc === 'function') enc();
     else if (typeof cb === 'function') cb();
     return true;
   };
+  return s;
 }
+const out = sink('stdout'), err = sink('stderr');
+globalThis.console = new console.Console({ stdout: out, stderr: err });
+process.stdout.write = out.write;
+process.stderr.write = err.write;
 globalThis.require = require;
 globalThis.module = module;
 
