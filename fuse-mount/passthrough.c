@@ -159,6 +159,15 @@ static ssize_t pt_writev(int fd, struct iovec *iov, int count, void *ud) {
   return writev(fd, iov, count);
 }
 
+int sbx_fuse_notify_expire_entry(fuse_ino_t parent, const char *name) {
+  if (pt.fd < 0) return -EBADF;
+  size_t len = strlen(name);
+  struct fuse_notify_inval_entry_out arg = {.parent = parent, .namelen = (uint32_t)len, .flags = FUSE_EXPIRE_ONLY};
+  struct fuse_out_header h = {.len = (uint32_t)(sizeof h + sizeof arg + len + 1), .error = FUSE_NOTIFY_INVAL_ENTRY};
+  struct iovec iov[] = {{&h, sizeof h}, {&arg, sizeof arg}, {(void *)name, len + 1}};
+  return writev(pt.fd, iov, 3) < 0 ? -errno : 0;
+}
+
 int sbx_fuse_io_attach(struct fuse_session *se, bool passthrough) {
   static const struct fuse_custom_io io = {.read = pt_read, .writev = pt_writev};
   int fd = fuse_session_fd(se);

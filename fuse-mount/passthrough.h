@@ -14,6 +14,11 @@
  * the loop); with passthrough, the INIT reply asks for it when the kernel
  * offers it. Returns 0 or -errno. */
 int sbx_fuse_io_attach(struct fuse_session *se, bool passthrough);
+/* Marks a name's cached entry expired, without dropping it (FUSE_EXPIRE_ONLY,
+ * kernel 6.2+; libfuse 3.14 cannot say it): the next use of the name asks
+ * the server again, and a process whose current directory is below it keeps
+ * it (an invalidation cuts such a directory off: getcwd fails). 0 or -errno. */
+int sbx_fuse_notify_expire_entry(fuse_ino_t parent, const char *name);
 /* Whether the kernel offered passthrough and this server asked for it (known
  * once INIT was answered). */
 bool sbx_passthrough_on(void);
