@@ -12,6 +12,9 @@
            /workspace, against the same on the host's disk
   view     the FUSE view (sbx mount) against the same files reached
            directly: sequential, random 4 KiB, creates, stats, git status
+  churn    what a sandbox making and removing one file in a loop costs a
+           mounted view (whose host side has listed that directory): the
+           view's CPU time against the sandbox's own, over the same seconds
   buckets  a bucket on a loopback S3 server (npm s3rver) mounted by
            sbx-bucketfs against Debian's s3fs on the same server: untar of
            2,000 source files and reading them back, 1 GiB sequential write
@@ -31,7 +34,7 @@
            HTTP; the ping difference stdio - socket is what the relay adds
   clients  `exec true` latency and throughput with 1, 8 and 64 socket clients
 
-Usage: bench/bench.py [create|wake|many|disk|view|buckets|code|preview|exec|parallel|transports|clients|all] [--n N] [--s3-tmpfs]. Needs root, a built
+Usage: bench/bench.py [create|wake|many|disk|view|churn|buckets|code|preview|exec|parallel|transports|clients|all] [--n N] [--s3-tmpfs]. Needs root, a built
 build/sbx and bubblewrap (scripts/bootstrap installs it)."""
 import argparse
 import os
@@ -515,6 +518,53 @@ def bench_view(size_mb=1024, opts=None):
         env.close()
 
 
+def bench_churn(seconds=4):
+    """A sandbox makes and removes one file in a loop while a view is
+    mounted and the host has listed the directory: the view's CPU time
+    (/proc/PID/stat) against the sandbox's own (its python process's), in
+    the same seconds."""
+    env = Env()
+    mnt = os.path.join(env.root, 'view')
+    os.makedirs(mnt)
+    try:
+        c = env.socket_client()
+        c.initialize()
+        c.ok('createSandbox', {'sandboxId': 'ch'})
+        c.ok('exec', {'sandboxId': 'ch', 'command': 'mkdir -p /workspace/d && touch /workspace/d/k1 /workspace/d/k2'})
+        r = env.run(['mount', mnt])
+        assert r.returncode == 0, r.stderr
+        os.listdir(os.path.join(mnt, 'ch', 'd'))
+        view = next(int(p) for p in os.listdir('/proc') if p.isdigit() and
+                    open('/proc/%s/cmdline' % p, 'rb').read().split(b'\0')[-2:-1] == [mnt.encode()])
+        loop = ('import os, time\nend = time.time() + %d\nn = 0\nwhile time.time() < end:\n'
+                '    open("f", "w").close()\n    os.unlink("f")\n    n += 1\nprint(n)' % (seconds + 2))
+        c.ok('writeFile', {'sandboxId': 'ch', 'path': '/workspace/d/churn.py', 'content': loop})
+        c.ok('startProcess', {'sandboxId': 'ch', 'processId': 'churn', 'command': 'cd /workspace/d && python3 churn.py'})
+        time.sleep(1)
+
+        def ticks(pid):
+            f = open('/proc/%d/stat' % pid).read().rsplit(')', 1)[1].split()
+            return int(f[11]) + int(f[12])
+        box = next(int(p) for p in os.listdir('/proc') if p.isdigit() and
+                   b'churn.py' in open('/proc/%s/cmdline' % p, 'rb').read() and
+                   open('/proc/%s/comm' % p).read().startswith('python'))
+        v0, s0 = ticks(view), ticks(box)
+        time.sleep(seconds)
+        v1, s1 = ticks(view), ticks(box)
+        n = c.ok('waitForExit', {'sandboxId': 'ch', 'processId': 'churn', 'timeout': 30000}, 60)
+        made = c.ok('getProcessLogs', {'sandboxId': 'ch', 'processId': 'churn'})['stdout'].strip()
+        hz = os.sysconf('SC_CLK_TCK')
+        view_s, box_s = (v1 - v0) / hz, (s1 - s0) / hz
+        print('== a sandbox making and removing a file in a loop, a view mounted (%d s) ==' % seconds)
+        print('sandbox: %s files made and removed in %d s, %.2f s of CPU' % (made, seconds + 2, box_s))
+        print('view:    %.2f s of CPU (%.0f%% of the sandbox\'s)' % (view_s, 100 * view_s / box_s if box_s else 0))
+        print()
+        del n
+    finally:
+        env.run(['umount', mnt])
+        env.close()
+
+
 def bench_buckets(size_mb=1024, files=2000, s3_tmpfs=False):
     """sbx-bucketfs (the server a mountBucket runs, here mounted on the
     host by `sbx bucketfs MOUNTPOINT`) against s3fs, both on one s3rver:
@@ -873,6 +923,8 @@ def main():
             bench_disk()
         if a.what in ('view', 'all'):
             bench_view(opts=a.view_opts)
+        if a.what in ('churn', 'all'):
+            bench_churn()
         if a.what in ('buckets', 'all'):
             bench_buckets(s3_tmpfs=a.s3_tmpfs)
         if a.what in ('code', 'all'):
