@@ -135,22 +135,28 @@ struct view_search {
 static bool view_above(const char *mnt, const char *fstype, void *ud) {
   struct view_search *s = ud;
   size_t l = strlen(mnt);
-  if (!strcmp(fstype, "fuse.sbx-view") && !strncmp(s->cwd, mnt, l) && s->cwd[l] == '/' && l > strlen(s->best))
+  if (!strcmp(fstype, "fuse.sbx-view") && !strncmp(s->cwd, mnt, l) && (s->cwd[l] == '/' || !s->cwd[l]) &&
+      l >= strlen(s->best))
     snprintf(s->best, sizeof s->best, "%s", mnt);
   return false;
 }
 
 /* In a sandbox's directory of a view (`sbx mount`)? Its id, and the
- * directory inside the sandbox that the current one shows. Looked up once. */
+ * directory inside the sandbox that the current one shows; at the view's
+ * own root, true with an empty id. Looked up once. */
 static bool view_place(char id[64], char inside[4096]) {
-  static int looked; /* 0 not yet, 1 found, -1 not in a view */
+  static int looked; /* 0 not yet, 1 found, -1 not in a view, -2 at a view's root */
   static char found_id[64], found_inside[4096];
   if (!looked) {
     char cwd[4096];
     struct view_search s = {.cwd = cwd};
     looked = -1;
     if (getcwd(cwd, sizeof cwd)) sbx_fuse_each_mount(view_above, &s);
-    if (*s.best) {
+    if (*s.best && !strcmp(cwd, s.best)) {
+      /* the view's own root: no sandbox (one named after this directory
+       * would be a surprise) */
+      looked = -2;
+    } else if (*s.best) {
       const char *rest = cwd + strlen(s.best) + 1, *slash = strchrnul(rest, '/');
       if ((size_t)(slash - rest) < sizeof found_id) {
         memcpy(found_id, rest, slash - rest);
@@ -159,6 +165,10 @@ static bool view_place(char id[64], char inside[4096]) {
         if (sbx_valid_id(found_id)) looked = 1;
       }
     }
+  }
+  if (looked == -2) {
+    id[0] = 0;
+    return true;
   }
   if (looked < 0) return false;
   memcpy(id, found_id, sizeof found_id);
@@ -177,9 +187,28 @@ static bool env_arg(json_t *env, char *kv) {
 
 static bool bad_usage; /* a refusal that is a usage error, found past the parsing (a bad sandbox id) */
 
+/* A connection for a command that names no sandbox of its own (ls, create
+ * and destroy with their ids, daemon --http). */
+static int open_daemon(sbx_client *c) {
+  char err[600];
+  if (sbx_client_open(c, NULL, err, sizeof err) < 0) {
+    fprintf(stderr, "sbx: %s\n", err);
+    return -1;
+  }
+  return 0;
+}
+
 static int open_client(sbx_client *c, const char *sandbox) {
   char err[600], view_id[64], view_cwd[4096];
-  if (!sandbox && view_place(view_id, view_cwd)) sandbox = view_id; /* in a sandbox's directory of a view */
+  if (!sandbox && view_place(view_id, view_cwd)) { /* in a sandbox's directory of a view */
+    if (!view_id[0]) {
+      fprintf(stderr, "sbx: this is the root of a view (sbx mount): cd into a sandbox's directory there, or name one "
+                      "with -s ID\n");
+      bad_usage = true;
+      return -1;
+    }
+    sandbox = view_id;
+  }
   if (sandbox && !sbx_valid_id(sandbox)) { /* never a guess: a bad id is not some other sandbox */
     fprintf(stderr, "sbx: invalid sandbox id '%.100s': ids are 1-63 of [a-z0-9-]\n", sandbox);
     bad_usage = true;
@@ -328,7 +357,7 @@ static int cmd_exec(int argc, char **argv) {
   }
   /* in MOUNT/<id>/dir of a view: that sandbox, in that directory */
   char view_id[64], view_cwd[4096];
-  if (!sandbox && view_place(view_id, view_cwd)) {
+  if (!sandbox && view_place(view_id, view_cwd) && view_id[0]) {
     sandbox = view_id;
     if (!cwd) cwd = view_cwd;
   }
@@ -537,7 +566,7 @@ static int cmd_kill(int argc, char **argv) {
 
 static int cmd_ls(void) {
   sbx_client c;
-  if (open_client(&c, NULL) < 0) return 1;
+  if (open_daemon(&c) < 0) return 1;
   json_t *r = call(&c, "listSandboxes", json_object(), NULL, NULL);
   sbx_client_close(&c);
   if (!r) return 1;
@@ -596,7 +625,7 @@ static int cmd_create(int argc, char **argv) {
   if (json_array_size(allow)) json_object_set(args, "allowedHosts", allow);
   sbx_client c;
   rc = 1;
-  if (open_client(&c, NULL) < 0) goto out;
+  if (open_daemon(&c) < 0) goto out;
   json_t *r = call(&c, "createSandbox", json_incref(args), NULL, NULL);
   sbx_client_close(&c);
   if (!r) goto out;
@@ -623,7 +652,7 @@ static int cmd_destroy(int argc, char **argv) {
       return 2;
     }
   sbx_client c;
-  if (open_client(&c, NULL) < 0) return 1;
+  if (open_daemon(&c) < 0) return 1;
   int rc = 0;
   for (int i = 1; i < argc; i++) {
     json_t *r = call(&c, "destroySandbox", json_pack("{s:s}", "sandboxId", argv[i]), NULL, NULL);
@@ -746,7 +775,7 @@ static int cmd_daemon_stop(void) {
 static int daemon_http_live(const char *addr, bool remote) {
   sbx_client c;
   char err[600], conf[1024];
-  if (open_client(&c, NULL) < 0) return 1;
+  if (open_daemon(&c) < 0) return 1;
   json_t *r = sbx_client_request(&c, "sbx/daemon/http", json_pack("{s:s, s:b}", "address", addr, "allowRemote", remote),
                                  err, sizeof err);
   sbx_client_close(&c);

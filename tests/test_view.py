@@ -85,6 +85,9 @@ def test_listing(t, x):
     r = subprocess.run([SBX, 'exec', '--', 'pwd; hostname'], cwd=os.path.join(x.mnt, 'v1', 'src', 'deep'),
                        env=x.env.env, capture_output=True)
     t.eq(r.stdout, b'/workspace/src/deep\nv1\n', 'sbx exec in a sandbox\'s directory of the view runs there, in it')
+    r = subprocess.run([SBX, 'exec', '--', 'pwd'], cwd=x.mnt, env=x.env.env, capture_output=True)
+    t.ok(r.returncode == 2 and b'root of a view' in r.stderr and not r.stdout,
+         'sbx exec at the view\'s own root makes no sandbox named after it: it says to pick one', (r.returncode, r.stderr))
     x.env.run(['daemon', 'stop'])  # v1 stopped: its directory in the view is not opened until used
     x.env.run(['ls'])
     other = os.path.join(x.env.root, 'not', 'made', 'yet')
