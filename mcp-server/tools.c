@@ -485,7 +485,8 @@ static bool wait_feed(struct proc_wait *pw, int stream, const char *data, size_t
     const char *nl = memchr(data, '\n', len);
     size_t take = nl ? (size_t)(nl - data) : len;
     if (b->len < MAX_LOG_LINE) sbx_buf_append(b, data, b->len + take > MAX_LOG_LINE ? MAX_LOG_LINE - b->len : take);
-    if (!nl) break;
+    if (!nl) /* a line not ended yet (a prompt waiting for input) counts as it is */
+      return b->len && take && wait_line(pw, stream, b->data, b->len);
     bool hit = wait_line(pw, stream, b->data ? b->data : "", b->len);
     b->len = 0;
     if (hit) return true;

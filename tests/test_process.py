@@ -120,6 +120,10 @@ def test_wait_for_log_and_exit(t, x):
     t.eq(c.ok('waitForExit', {'processId': 'quit'})['exitCode'], 7, 'and at once for one that has ended')
     t.eq(c.err('waitForLog', {'processId': 'quit', 'pattern': 'x'}), 'PROCESS_EXITED',
          'waitForLog on an ended process without the line: PROCESS_EXITED')
+    c.ok('startProcess', {'processId': 'ask', 'command': 'printf "Password: "; exec sleep 1000'})
+    r = c.ok('waitForLog', {'processId': 'ask', 'pattern': 'Password: $', 'timeout': 20000}, 40)
+    t.eq(r['line'], 'Password: ', 'a prompt not ended by a newline can be waited for')
+    c.ok('killProcess', {'processId': 'ask'})
     c.ok('killProcess', {'processId': 'srv'})
 
 
