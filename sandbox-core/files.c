@@ -84,6 +84,10 @@ static int refuse_special(int fd, const char *path, sbx_error *err) {
 }
 
 static int fail_errno(sbx_error *err, int e, const char *what, const char *path) {
+  /* /proc/self and the like name the daemon's own processes from here, which
+   * the sandbox does not have: what is there is the kernel's, for exec */
+  if (e == ENOENT && (!strncmp(path, "/proc/", 6) || !strncmp(path, "/sys/", 5)))
+    return sbx_err(err, "PERMISSION_DENIED", "%s is on a kernel filesystem; use exec for it", path);
   return sbx_err_errno(err, sbx_errno_code(e), e, "%s %s", what, path);
 }
 

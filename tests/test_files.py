@@ -121,8 +121,11 @@ def test_confinement(t, x):
         r = x.c.ok('readFile', {'path': path})
         t.eq(r['content'].strip(), 'fs', '%s resolves inside the sandbox' % path)
     t.eq(x.c.err('readFile', {'path': '/workspace/fifo'}, timeout=10), 'PERMISSION_DENIED', 'a FIFO is refused, not hung on')
-    t.eq(x.c.err('readFile', {'path': '/proc/self/root/etc/shadow'}), 'FILE_NOT_FOUND',
-         '/proc/self/root does not lead out')
+    t.eq(x.c.err('readFile', {'path': '/proc/self/root/etc/shadow'}), 'PERMISSION_DENIED',
+         '/proc/self/root does not lead out (a kernel filesystem: use exec)')
+    res, _ = x.c.call('readFile', {'path': '/proc/self/status'})
+    t.ok('use exec' in res['structuredContent']['error']['message'], '/proc/self/status says to use exec, as /proc/1 does',
+         res['structuredContent'])
     t.eq(x.c.err('readFile', {'path': '/proc/1/environ'}), 'PERMISSION_DENIED', 'kernel files are refused')
     t.eq(x.c.err('readFile', {'path': '/dev/zero'}), 'PERMISSION_DENIED', 'devices are refused')
     x.c.ok('writeFile', {'path': '/workspace/rootlink/tmp/via-link', 'content': 'x'})
