@@ -464,8 +464,9 @@ static void *notifier_main(void *arg) {
       list = i->next;
       if (V.se && i->deep) deep_flush(i->deep);
       else if (V.se) {
-        if (i->name[0] && i->expire) sbx_fuse_notify_expire_entry(i->parent, i->name);
-        else if (i->name[0]) fuse_lowlevel_notify_inval_entry(V.se, i->parent, i->name, strlen(i->name));
+        /* a kernel before 6.2 refuses the flag: the name is dropped there */
+        if (i->name[0] && (!i->expire || sbx_fuse_notify_expire_entry(i->parent, i->name) == -EINVAL))
+          fuse_lowlevel_notify_inval_entry(V.se, i->parent, i->name, strlen(i->name));
         if (i->ino) fuse_lowlevel_notify_inval_inode(V.se, i->ino, 0, 0);
       }
       free(i);
