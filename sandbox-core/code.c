@@ -237,7 +237,18 @@ static void add_log(sbx_code_run *r, const char *stream, const char *text, size_
     r->truncated = true;
   }
   if (len) {
-    json_array_append_new(out ? r->out : r->err, json_stringn(text, len));
+    /* a line written in parts (print's text, then its newline) is one entry,
+     * up to 4 KiB: longer ones stay in the parts they came in */
+    json_t *a = out ? r->out : r->err, *last = json_array_get(a, json_array_size(a) - 1);
+    size_t ll = last ? json_string_length(last) : 0;
+    if (last && ll && ll + len <= 4096 && json_string_value(last)[ll - 1] != '\n') {
+      char joined[4096];
+      memcpy(joined, json_string_value(last), ll);
+      memcpy(joined + ll, text, len);
+      json_string_setn(last, joined, ll + len);
+    } else {
+      json_array_append_new(a, json_stringn(text, len));
+    }
     *bytes += len;
   }
   if (r->chunk_cb) r->chunk_cb(r->ud, out ? "stdout" : "stderr", text, len);

@@ -16,9 +16,11 @@ def run(x, code, **kw):
 
 def test_state_and_results(t, x):
     r = run(x, 'x = 20\ny = x * 2\nprint("hello")\ny + 2')
-    t.eq(r['logs']['stdout'], ['hello', '\n'], 'print goes to logs.stdout')
+    t.eq(r['logs']['stdout'], ['hello\n'], 'print goes to logs.stdout, a line an entry')
     t.eq([res.get('text') for res in r['results']], ['42'], 'the last expression is the result')
     t.eq(r['executionCount'], 1, 'executionCount counts runs')
+    r = run(x, 'for i in range(3): print(i, end="")\nprint()\nprint("a\\nb")')
+    t.eq(r['logs']['stdout'], ['012\n', 'a\nb\n'], 'a line written in parts is one entry')
     r = run(x, 'import math\ndef f(n): return math.factorial(n)\nf(5) + x')
     t.eq(r['results'][0]['text'], '140', 'variables, imports and functions persist in the context')
     r = run(x, 'display(1, "two")\nimport os\nos.system("echo from a child")\nNone')
