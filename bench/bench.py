@@ -443,18 +443,25 @@ def init_pid(sandbox):
     return None
 
 
-def bench_view(size_mb=1024, opts=None):
-    """The FUSE view against the same files reached directly (through
-    /proc/<init>/root/workspace), in one run."""
+def mounted_view(sandbox, opts=None):
+    """A daemon of the bench's own with one sandbox, and a view of it
+    mounted: (env, client, mount point)."""
     env = Env()
     mnt = os.path.join(env.root, 'view')
     os.makedirs(mnt)
+    c = env.socket_client()
+    c.initialize()
+    c.ok('createSandbox', {'sandboxId': sandbox})
+    r = env.run(['mount'] + (['-o', opts] if opts else []) + [mnt])
+    assert r.returncode == 0, r.stderr
+    return env, c, mnt
+
+
+def bench_view(size_mb=1024, opts=None):
+    """The FUSE view against the same files reached directly (through
+    /proc/<init>/root/workspace), in one run."""
+    env, c, mnt = mounted_view('vb', opts)
     try:
-        c = env.socket_client()
-        c.initialize()
-        c.ok('createSandbox', {'sandboxId': 'vb'})
-        r = env.run(['mount'] + (['-o', opts] if opts else []) + [mnt])
-        assert r.returncode == 0, r.stderr
         pid = init_pid('vb')
         view = os.path.join(mnt, 'vb')
         rows = []
@@ -523,16 +530,9 @@ def bench_churn(seconds=4):
     mounted and the host has listed the directory: the view's CPU time
     (/proc/PID/stat) against the sandbox's own (its python process's), in
     the same seconds."""
-    env = Env()
-    mnt = os.path.join(env.root, 'view')
-    os.makedirs(mnt)
+    env, c, mnt = mounted_view('ch')
     try:
-        c = env.socket_client()
-        c.initialize()
-        c.ok('createSandbox', {'sandboxId': 'ch'})
         c.ok('exec', {'sandboxId': 'ch', 'command': 'mkdir -p /workspace/d && touch /workspace/d/k1 /workspace/d/k2'})
-        r = env.run(['mount', mnt])
-        assert r.returncode == 0, r.stderr
         os.listdir(os.path.join(mnt, 'ch', 'd'))
         view = next(int(p) for p in os.listdir('/proc') if p.isdigit() and
                     open('/proc/%s/cmdline' % p, 'rb').read().split(b'\0')[-2:-1] == [mnt.encode()])
