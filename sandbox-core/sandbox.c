@@ -9,6 +9,7 @@
 #include "exec.h"
 #include "preview.h"
 #include "procfiles.h"
+#include "config.h"
 
 #include <ctype.h>
 #include <dirent.h>
@@ -17,6 +18,7 @@
 #include <linux/capability.h>
 #include <poll.h>
 #include <sched.h>
+#include <sys/file.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -36,7 +38,9 @@ static struct {
   uint64_t incarnations;
   sbx_sandbox *list;
   int count;
-  unsigned char *slots; /* uid ranges in use (root), max_sandboxes of them */
+  unsigned char *slots; /* uid ranges in use (root), SBX_MAX_SANDBOXES_CAP of them */
+  int *slot_fd;         /* each one's claim on the host (claim_slot), or -1 */
+  int slots_used;
   int cap_last;
 } eng;
 
@@ -313,8 +317,10 @@ int sbx_engine_init(const sbx_engine_config *cfg, sbx_error *err) {
   if (eng.cfg.max_sandboxes <= 0) eng.cfg.max_sandboxes = 1024;
   if (!eng.cfg.default_limits.disk_mb)
     eng.cfg.default_limits = (sbx_limits){.memory_mb = 2048, .cpus = 1, .pids = 1024, .disk_mb = 8192};
-  eng.slots = calloc(eng.cfg.max_sandboxes, 1);
-  if (!eng.slots) return sbx_err(err, "INTERNAL", "out of memory");
+  eng.slots = calloc(SBX_MAX_SANDBOXES_CAP, 1);
+  eng.slot_fd = malloc(SBX_MAX_SANDBOXES_CAP * sizeof *eng.slot_fd);
+  if (!eng.slots || !eng.slot_fd) return sbx_err(err, "INTERNAL", "out of memory");
+  for (int i = 0; i < SBX_MAX_SANDBOXES_CAP; i++) eng.slot_fd[i] = -1;
   int r = sbx_seccomp_compile();
   if (r < 0) return sbx_err_errno(err, "INTERNAL", -r, "compiling the seccomp policy");
   if (!cfg->rootless) {
@@ -547,7 +553,12 @@ static void bury(grave *g) {
     sbx_cg_remove(&g->cg);
   }
   sbx_cg_free(&g->cg);
-  if (g->slot >= 0) eng.slots[g->slot] = 0;
+  if (g->slot >= 0) {
+    eng.slots[g->slot] = 0;
+    eng.slots_used--;
+    if (eng.slot_fd[g->slot] >= 0) close(eng.slot_fd[g->slot]); /* the host's claim goes */
+    eng.slot_fd[g->slot] = -1;
+  }
   g->slot = -1;
 }
 
@@ -654,20 +665,40 @@ static pid_t clone_init(sbx_sandbox *sb, const sbx_init_args *args, int sock_oth
   return pid;
 }
 
+/* A uid range is claimed on the host, not only in this daemon: two daemons
+ * (other state directories) gave their sandboxes the same host uids. The
+ * claim is a lock on /run/sbx-uids/SLOT held while the range is in use; a
+ * host where it cannot be made (no /run) has the daemon's own count only. */
+static bool claim_slot(int slot) {
+  char path[64];
+  snprintf(path, sizeof path, "/run/sbx-uids/%d", slot);
+  int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0 && errno == ENOENT && (mkdir("/run/sbx-uids", 0700) == 0 || errno == EEXIST))
+    fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) return true;
+  if (flock(fd, LOCK_EX | LOCK_NB) < 0) { /* another daemon's */
+    close(fd);
+    return false;
+  }
+  eng.slot_fd[slot] = fd;
+  return true;
+}
+
 static int take_slot(sbx_sandbox *sb, sbx_error *err) {
   if (eng.cfg.rootless) {
     sb->uid_base = getuid();
     return 0;
   }
-  int slot = 0;
-  while (slot < eng.cfg.max_sandboxes && eng.slots[slot]) slot++;
-  if (slot >= eng.cfg.max_sandboxes && ahead.n && sb->id[0] != '_') { /* a range made ahead is wanted now */
-    slot = ahead.made[ahead.n - 1].sb->slot;
+  if (eng.slots_used >= eng.cfg.max_sandboxes && ahead.n && sb->id[0] != '_') /* a range made ahead is wanted now */
     ahead_discard(ahead.n - 1, true);
-  }
-  if (slot < 0 || slot >= eng.cfg.max_sandboxes || eng.slots[slot])
+  if (eng.slots_used >= eng.cfg.max_sandboxes)
     return sbx_err(err, "RESOURCE_LIMIT", "at most %d sandboxes may run at once", eng.cfg.max_sandboxes);
+  int slot = 0;
+  while (slot < SBX_MAX_SANDBOXES_CAP && (eng.slots[slot] || !claim_slot(slot))) slot++;
+  if (slot >= SBX_MAX_SANDBOXES_CAP)
+    return sbx_err(err, "RESOURCE_LIMIT", "no uid range is free on this host (other sbx daemons hold them all)");
   eng.slots[slot] = 1;
+  eng.slots_used++;
   sb->slot = slot;
   sb->uid_base = UID_POOL_BASE + (uid_t)slot * UID_RANGE;
   return 0;

@@ -231,6 +231,18 @@ def test_other_sandbox(t, x):
     if os.geteuid() == 0:
         t.ok(ids[1] != mine[1] and int(ids[1]) > 65535 and int(mine[1]) > 65535,
              'each sandbox maps root to its own unprivileged host range', (ids, mine))
+        # a second daemon (another state directory) on the same host: its
+        # sandboxes' ranges are none of the first one's
+        env2 = Env()
+        try:
+            c2 = env2.mcp(['--sandbox', 'second'])
+            c2.initialize()
+            theirs = c2.sh('cat /proc/self/uid_map')['stdout'].split()
+            ranges = lambda m: set(range(int(m[1]) // 65536, (int(m[1]) + int(m[2])) // 65536))
+            t.ok(not ranges(theirs) & (ranges(ids) | ranges(mine)),
+                 "another daemon's sandbox gets another host range", (theirs, ids, mine))
+        finally:
+            env2.close()
 
 
 if __name__ == '__main__':
