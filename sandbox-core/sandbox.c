@@ -18,7 +18,6 @@
 #include <linux/capability.h>
 #include <poll.h>
 #include <sched.h>
-#include <sys/file.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -39,8 +38,8 @@ static struct {
   sbx_sandbox *list;
   int count;
   unsigned char *slots; /* uid ranges in use (root), SBX_MAX_SANDBOXES_CAP of them */
-  int *slot_fd;         /* each one's claim on the host (claim_slot), or -1 */
   int slots_used;
+  int slots_fd; /* /run/sbx-uids.lock: a byte locked for each range in use (claim_slot), or -1 */
   int cap_last;
 } eng;
 
@@ -62,6 +61,7 @@ static void ahead_discard(int i, bool wait);
 static void ahead_soon(void);
 static void stop_running_async(sbx_sandbox *sb, bool wait);
 static void bury_all(void);
+static bool lock_slot(int slot, short type);
 static int session_new(sbx_sandbox *sb, const char *id, const char *cwd, const sbx_env *env, sbx_session **out,
                        sbx_error *err);
 
@@ -318,9 +318,8 @@ int sbx_engine_init(const sbx_engine_config *cfg, sbx_error *err) {
   if (!eng.cfg.default_limits.disk_mb)
     eng.cfg.default_limits = (sbx_limits){.memory_mb = 2048, .cpus = 1, .pids = 1024, .disk_mb = 8192};
   eng.slots = calloc(SBX_MAX_SANDBOXES_CAP, 1);
-  eng.slot_fd = malloc(SBX_MAX_SANDBOXES_CAP * sizeof *eng.slot_fd);
-  if (!eng.slots || !eng.slot_fd) return sbx_err(err, "INTERNAL", "out of memory");
-  for (int i = 0; i < SBX_MAX_SANDBOXES_CAP; i++) eng.slot_fd[i] = -1;
+  if (!eng.slots) return sbx_err(err, "INTERNAL", "out of memory");
+  eng.slots_fd = cfg->rootless ? -1 : open("/run/sbx-uids.lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
   int r = sbx_seccomp_compile();
   if (r < 0) return sbx_err_errno(err, "INTERNAL", -r, "compiling the seccomp policy");
   if (!cfg->rootless) {
@@ -556,8 +555,7 @@ static void bury(grave *g) {
   if (g->slot >= 0) {
     eng.slots[g->slot] = 0;
     eng.slots_used--;
-    if (eng.slot_fd[g->slot] >= 0) close(eng.slot_fd[g->slot]); /* the host's claim goes */
-    eng.slot_fd[g->slot] = -1;
+    lock_slot(g->slot, F_UNLCK); /* the host's claim goes */
   }
   g->slot = -1;
 }
@@ -667,22 +665,17 @@ static pid_t clone_init(sbx_sandbox *sb, const sbx_init_args *args, int sock_oth
 
 /* A uid range is claimed on the host, not only in this daemon: two daemons
  * (other state directories) gave their sandboxes the same host uids. The
- * claim is a lock on /run/sbx-uids/SLOT held while the range is in use; a
- * host where it cannot be made (no /run) has the daemon's own count only. */
-static bool claim_slot(int slot) {
-  char path[64];
-  snprintf(path, sizeof path, "/run/sbx-uids/%d", slot);
-  int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0 && errno == ENOENT && (mkdir("/run/sbx-uids", 0700) == 0 || errno == EEXIST))
-    fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0) return true;
-  if (flock(fd, LOCK_EX | LOCK_NB) < 0) { /* another daemon's */
-    close(fd);
-    return false;
-  }
-  eng.slot_fd[slot] = fd;
-  return true;
+ * claim is an open file description lock on byte SLOT of
+ * /run/sbx-uids.lock, held while the range is in use and gone with the
+ * daemon (one fd for all: a file a sandbox would have cost every later
+ * fork a descriptor more to copy and close); a host where the file cannot
+ * be made has the daemon's own count only. */
+static bool lock_slot(int slot, short type) {
+  struct flock l = {.l_type = type, .l_whence = SEEK_SET, .l_start = slot, .l_len = 1};
+  return eng.slots_fd < 0 || fcntl(eng.slots_fd, F_OFD_SETLK, &l) == 0;
 }
+
+static bool claim_slot(int slot) { return lock_slot(slot, F_WRLCK); }
 
 static int take_slot(sbx_sandbox *sb, sbx_error *err) {
   if (eng.cfg.rootless) {
