@@ -187,11 +187,11 @@ static bool env_arg(json_t *env, char *kv) {
 
 static bool bad_usage; /* a refusal that is a usage error, found past the parsing (a bad sandbox id) */
 
-/* A connection for a command that names no sandbox of its own (ls, create
- * and destroy with their ids, daemon --http). */
-static int open_daemon(sbx_client *c) {
+/* A connection to the daemon (started when none runs), for sandbox (NULL:
+ * none of its own: ls, create and destroy with their ids, daemon --http). */
+static int open_daemon(sbx_client *c, const char *sandbox) {
   char err[600];
-  if (sbx_client_open(c, NULL, err, sizeof err) < 0) {
+  if (sbx_client_open(c, sandbox, err, sizeof err) < 0) {
     fprintf(stderr, "sbx: %s\n", err);
     return -1;
   }
@@ -199,7 +199,7 @@ static int open_daemon(sbx_client *c) {
 }
 
 static int open_client(sbx_client *c, const char *sandbox) {
-  char err[600], view_id[64], view_cwd[4096];
+  char view_id[64], view_cwd[4096];
   if (!sandbox && view_place(view_id, view_cwd)) { /* in a sandbox's directory of a view */
     if (!view_id[0]) {
       fprintf(stderr, "sbx: this is the root of a view (sbx mount): cd into a sandbox's directory there, or name one "
@@ -214,11 +214,7 @@ static int open_client(sbx_client *c, const char *sandbox) {
     bad_usage = true;
     return -1;
   }
-  if (sbx_client_open(c, sandbox, err, sizeof err) < 0) {
-    fprintf(stderr, "sbx: %s\n", err);
-    return -1;
-  }
-  return 0;
+  return open_daemon(c, sandbox);
 }
 
 /* The daemon's messages name tools, for agents: here, the commands. */
@@ -566,7 +562,7 @@ static int cmd_kill(int argc, char **argv) {
 
 static int cmd_ls(void) {
   sbx_client c;
-  if (open_daemon(&c) < 0) return 1;
+  if (open_daemon(&c, NULL) < 0) return 1;
   json_t *r = call(&c, "listSandboxes", json_object(), NULL, NULL);
   sbx_client_close(&c);
   if (!r) return 1;
@@ -625,7 +621,7 @@ static int cmd_create(int argc, char **argv) {
   if (json_array_size(allow)) json_object_set(args, "allowedHosts", allow);
   sbx_client c;
   rc = 1;
-  if (open_daemon(&c) < 0) goto out;
+  if (open_daemon(&c, NULL) < 0) goto out;
   json_t *r = call(&c, "createSandbox", json_incref(args), NULL, NULL);
   sbx_client_close(&c);
   if (!r) goto out;
@@ -652,7 +648,7 @@ static int cmd_destroy(int argc, char **argv) {
       return 2;
     }
   sbx_client c;
-  if (open_daemon(&c) < 0) return 1;
+  if (open_daemon(&c, NULL) < 0) return 1;
   int rc = 0;
   for (int i = 1; i < argc; i++) {
     json_t *r = call(&c, "destroySandbox", json_pack("{s:s}", "sandboxId", argv[i]), NULL, NULL);
@@ -775,7 +771,7 @@ static int cmd_daemon_stop(void) {
 static int daemon_http_live(const char *addr, bool remote) {
   sbx_client c;
   char err[600], conf[1024];
-  if (open_daemon(&c) < 0) return 1;
+  if (open_daemon(&c, NULL) < 0) return 1;
   json_t *r = sbx_client_request(&c, "sbx/daemon/http", json_pack("{s:s, s:b}", "address", addr, "allowRemote", remote),
                                  err, sizeof err);
   sbx_client_close(&c);

@@ -138,7 +138,6 @@ static struct {
    * removing one name in a loop queued two a turn, and the view spent most
    * of a CPU sending them) */
   struct inval *pending[1024];
-  bool batching; /* the fanotify thread is queueing a batch of events */
   bool stopping;
 } V = {.lock = PTHREAD_MUTEX_INITIALIZER, .notify_cond = PTHREAD_COND_INITIALIZER, .fan = -1};
 
@@ -182,15 +181,29 @@ static size_t hash_of(dev_t dev, ino_t ino) { return (size_t)((dev * 0x9e3779b97
 
 static vnode *node_of(fuse_ino_t ino) { return ino == FUSE_ROOT_ID ? &V.root : (vnode *)(uintptr_t)ino; }
 
-/* The live node of (dev, ino), with a reference for the kernel taken, or
- * NULL. Lock held. */
-static vnode *node_find(sbox *sb, const struct stat *st) {
-  for (vnode *v = V.hash[hash_of(st->st_dev, st->st_ino)]; v; v = v->hnext)
-    if (!v->dead && v->dev == st->st_dev && v->ino == st->st_ino && v->sb == sb) {
-      v->nlookup++;
-      return v;
-    }
+/* The live node of (dev, ino) of sb, or NULL. Lock held. */
+static vnode *node_at(const sbox *sb, dev_t dev, ino_t ino) {
+  for (vnode *v = V.hash[hash_of(dev, ino)]; v; v = v->hnext)
+    if (!v->dead && v->dev == dev && v->ino == ino && v->sb == sb) return v;
   return NULL;
+}
+
+/* The same, with a reference for the kernel taken. Lock held. */
+static vnode *node_find(sbox *sb, const struct stat *st) {
+  vnode *v = node_at(sb, st->st_dev, st->st_ino);
+  if (v) v->nlookup++;
+  return v;
+}
+
+/* A copy of a live node's fd, or -1: it stays that node's inode when a
+ * reset or destroy puts /dev/null under the node's own fd (box_kill). For
+ * work done as root. Lock held. */
+static int node_fd_copy(const vnode *v) { return v->dead || v->fd < 0 ? -1 : fcntl(v->fd, F_DUPFD_CLOEXEC, 0); }
+
+/* What a stat of the node said of its owner (act_as_node). */
+static void node_seen(vnode *v, const struct stat *st) {
+  v->owner = st->st_uid;
+  v->group = st->st_gid;
 }
 
 /* Finds the live node of (dev, ino) or adopts fd as a new one; a reference
@@ -352,12 +365,16 @@ static void box_kill(sbox *sb) {
 
 /* ---- invalidations ------------------------------------------------------ */
 
-/* For the notifier thread. Lock held. */
+/* For the notifier thread, which takes all that is queued at once: it is
+ * woken when the queue stops being empty, and what comes while it waits
+ * for the lock (the rest of a batch of events) goes out with it. Lock held. */
 static void queue_inval_of(struct inval *i) {
   if (V.inval_tail) V.inval_tail->next = i;
-  else V.inval_head = i;
+  else {
+    V.inval_head = i;
+    pthread_cond_signal(&V.notify_cond);
+  }
   V.inval_tail = i;
-  if (!V.batching) pthread_cond_signal(&V.notify_cond); /* else once, at the batch's end */
 }
 
 static void queue_inval_as(fuse_ino_t parent, const char *name, fuse_ino_t ino, bool expire) {
@@ -381,13 +398,6 @@ static void queue_inval_as(fuse_ino_t parent, const char *name, fuse_ino_t ino, 
 
 static void queue_inval(fuse_ino_t parent, const char *name, fuse_ino_t ino) { queue_inval_as(parent, name, ino, false); }
 
-/* Whether the view holds a node for (dev, ino) of sb. Lock held. */
-static bool node_held(const sbox *sb, dev_t dev, ino_t ino) {
-  for (vnode *v = V.hash[hash_of(dev, ino)]; v; v = v->hnext)
-    if (!v->dead && v->dev == dev && v->ino == ino && v->sb == sb) return true;
-  return false;
-}
-
 /* Drops every name of a sandbox the kernel may hold, one by one: each
  * directory the view has a node for is read, and each of its names that
  * is a node the view holds is invalidated. Dropping the sandbox's entry in
@@ -408,14 +418,13 @@ static void deep_flush(sbox *sb) {
   pthread_mutex_lock(&V.lock);
   for (size_t h = 0; h < HASH_SIZE; h++)
     for (vnode *v = V.hash[h]; v; v = v->hnext) {
-      if (v->sb != sb || v->dead || !v->dir || v->fd < 0) continue;
+      if (v->sb != sb || v->dead || !v->dir) continue;
       if (n == cap) {
         struct dir_node *d = realloc(dirs, (cap = cap ? 2 * cap : 64) * sizeof *dirs);
         if (!d) break;
         dirs = d;
       }
-      /* a copy: the node may be forgotten and its fd number reused meanwhile */
-      int fd = fcntl(v->fd, F_DUPFD_CLOEXEC, 0);
+      int fd = node_fd_copy(v); /* the node may be forgotten and its fd number reused meanwhile */
       if (fd >= 0) dirs[n++] = (struct dir_node){.ino = (fuse_ino_t)(uintptr_t)v, .fd = fd, .dev = v->dev};
     }
   pthread_mutex_unlock(&V.lock);
@@ -430,7 +439,7 @@ static void deep_flush(sbox *sb) {
     for (struct dirent *e; (e = readdir(d));) {
       if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
       pthread_mutex_lock(&V.lock);
-      bool held = node_held(sb, dirs[k].dev, e->d_ino);
+      bool held = node_at(sb, dirs[k].dev, e->d_ino) != NULL;
       pthread_mutex_unlock(&V.lock);
       if (held) fuse_lowlevel_notify_inval_entry(V.se, dirs[k].ino, e->d_name, strlen(e->d_name));
     }
@@ -548,9 +557,7 @@ static vnode *node_by_handle(sbox *sb, const struct file_handle *fh) {
   if (fh->handle_bytes < 4) return NULL;
   uint32_t ino;
   memcpy(&ino, fh->f_handle, 4);
-  for (vnode *v = V.hash[hash_of(sb->dev, ino)]; v; v = v->hnext)
-    if (!v->dead && v->sb == sb && v->dev == sb->dev && v->ino == ino) return v;
-  return NULL;
+  return node_at(sb, sb->dev, ino);
 }
 
 static void *fanotify_main(void *arg) {
@@ -563,7 +570,6 @@ static void *fanotify_main(void *arg) {
     ssize_t n = read(V.fan, buf, sizeof buf);
     if (n <= 0) continue;
     pthread_mutex_lock(&V.lock);
-    V.batching = true;
     for (struct fanotify_event_metadata *m = (void *)buf; FAN_EVENT_OK(m, n); m = FAN_EVENT_NEXT(m, n)) {
       if (m->mask & FAN_Q_OVERFLOW) { /* changes were lost: every cached name and page of every sandbox goes */
         for (sbox *b = V.boxes; b; b = b->next)
@@ -598,10 +604,7 @@ static void *fanotify_main(void *arg) {
         }
       }
     }
-    V.batching = false;
-    bool queued = V.inval_head != NULL;
     pthread_mutex_unlock(&V.lock);
-    if (queued) pthread_cond_signal(&V.notify_cond); /* the batch, at once */
     /* events come a few at a time, each wakeup of this thread and of the
      * notifier a context switch: a sandbox making and removing a file in a
      * loop (26,000 a second) cost the view 65-75 % of a CPU. Read at most
@@ -723,10 +726,7 @@ static int do_lookup(fuse_req_t req, vnode *parent, const char *name, struct fus
   }
   if (!v) v = node_get(parent->sb, fd, &st, &used);
   if (v && S_ISLNK(st.st_mode)) v->parent = parent;
-  if (v) {
-    v->owner = st.st_uid;
-    v->group = st.st_gid;
-  }
+  if (v) node_seen(v, &st);
   pthread_mutex_unlock(&V.lock);
   if (!used && fd >= 0) close(fd);
   if (!v) return ENOMEM;
@@ -784,8 +784,7 @@ static void v_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
   act_as(v->sb);
   if (fstatat(fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0) return (void)fuse_reply_err(req, errno);
   if (v->dead) return (void)fuse_reply_err(req, ENOENT);
-  v->owner = st.st_uid;
-  v->group = st.st_gid;
+  node_seen(v, &st);
   double t = cache_time(v->sb, st.st_dev);
   present_attr(v->sb, &st);
   fuse_reply_attr(req, &st, t);
@@ -810,10 +809,7 @@ static int truncate_now(const char *path, off_t size) {
 /* Setattr acts as the file's owner as it is now (see act_as_node). */
 static void act_as_owner(vnode *v, int fd) {
   struct stat st;
-  if (fstatat(fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) == 0) {
-    v->owner = st.st_uid;
-    v->group = st.st_gid;
-  }
+  if (fstatat(fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) == 0) node_seen(v, &st);
   act_as_node(v);
 }
 
@@ -864,10 +860,9 @@ static void v_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int val
        * (box_kill) may put the host's /dev/null under a node's fd number
        * at any moment, so the chown goes through a copy of the fd taken
        * while the node was alive, and checked to be its inode */
-      int mine = -1;
       struct stat st;
       pthread_mutex_lock(&V.lock);
-      if (!v->dead) mine = fcntl(v->fd, F_DUPFD_CLOEXEC, 0);
+      int mine = node_fd_copy(v);
       pthread_mutex_unlock(&V.lock);
       if (mine < 0 || fstat(mine, &st) < 0 || st.st_dev != v->dev || st.st_ino != v->ino) {
         r = -1;
@@ -916,28 +911,6 @@ static void v_access(fuse_req_t req, fuse_ino_t ino, int mask) {
 
 /* ---- symlinks ---------------------------------------------------------- */
 
-/* Lexically normalised absolute path (no `.`, `..`, `//`) into out. */
-static void normalize(const char *in, char *out, size_t len) {
-  char tmp[2 * PATH_MAX + 2];
-  snprintf(tmp, sizeof tmp, "%s", in);
-  size_t o = 0;
-  out[0] = 0;
-  char *save = NULL;
-  for (char *c = strtok_r(tmp, "/", &save); c; c = strtok_r(NULL, "/", &save)) {
-    if (!strcmp(c, ".")) continue;
-    if (!strcmp(c, "..")) {
-      while (o > 0 && out[o - 1] != '/') o--;
-      if (o > 0) o--;
-      out[o] = 0;
-      continue;
-    }
-    int n = snprintf(out + o, len - o, "/%s", c);
-    if (n < 0 || (size_t)n >= len - o) break;
-    o += n;
-  }
-  if (!o) snprintf(out, len, "/");
-}
-
 static bool climbs_or_absolute(const char *t) {
   if (t[0] == '/') return true;
   for (const char *p = t; *p;) {
@@ -978,7 +951,7 @@ static void v_readlink(fuse_req_t req, fuse_ino_t ino) {
   } else {
     snprintf(abs, sizeof abs, "%s", target);
   }
-  normalize(abs, norm, sizeof norm);
+  sbx_path_clean(abs, norm, sizeof norm);
   char out[4 * PATH_MAX + 128];
   if (!strcmp(norm, "/workspace") || !strncmp(norm, "/workspace/", 11))
     snprintf(out, sizeof out, "%s/%s%s", V.mountpoint, v->sb->id, norm + 10);
@@ -1515,8 +1488,7 @@ static int xattr_path(fuse_req_t req, fuse_ino_t ino, char pp[64]) {
   struct stat st;
   if (fstatat(fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0) return -errno;
   if (S_ISLNK(st.st_mode)) return -ENOTSUP;
-  v->owner = st.st_uid;
-  v->group = st.st_gid;
+  node_seen(v, &st);
   act_as_node(v);
   proc_path(fd, pp);
   (void)req;

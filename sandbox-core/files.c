@@ -40,29 +40,12 @@ static int openat2_in(int root, const char *path, int flags, mode_t mode) {
   return fd;
 }
 
-/* Absolute (relative paths are under /workspace) and clean, as path
- * tools take them: no empty or "." components, ".." taken lexically (at
- * "/" it stays there, as the kernel has it), no trailing slash. */
 int sbx_fs_abspath(const char *path, char out[4096], sbx_error *err) {
   if (!path || !*path) return sbx_err(err, "VALIDATION_FAILED", "path must not be empty");
   char raw[4096];
   int n = path[0] == '/' ? snprintf(raw, sizeof raw, "%s", path) : snprintf(raw, sizeof raw, "/workspace/%s", path);
   if (n >= (int)sizeof raw) return sbx_err(err, "VALIDATION_FAILED", "path is longer than 4095 bytes");
-  size_t o = 0;
-  for (char *p = raw, *save = NULL, *c; (c = strtok_r(p, "/", &save)); p = NULL) {
-    if (!strcmp(c, ".")) continue;
-    if (!strcmp(c, "..")) {
-      while (o > 0 && out[o - 1] != '/') o--;
-      if (o > 0) o--; /* the slash before it */
-      continue;
-    }
-    size_t l = strlen(c);
-    out[o++] = '/';
-    memcpy(out + o, c, l);
-    o += l;
-  }
-  if (o == 0) out[o++] = '/';
-  out[o] = 0;
+  sbx_path_clean(raw, out, 4096);
   return 0;
 }
 

@@ -39,7 +39,7 @@ static struct {
   int count;
   unsigned char *slots; /* uid ranges in use (root), SBX_MAX_SANDBOXES_CAP of them */
   int slots_used;
-  int slots_fd; /* /run/sbx-uids.lock: a byte locked for each range in use (claim_slot), or -1 */
+  int slots_fd; /* /run/sbx-uids.lock: a byte locked for each range in use (lock_slot), or -1 */
   int cap_last;
 } eng;
 
@@ -675,8 +675,6 @@ static bool lock_slot(int slot, short type) {
   return eng.slots_fd < 0 || fcntl(eng.slots_fd, F_OFD_SETLK, &l) == 0;
 }
 
-static bool claim_slot(int slot) { return lock_slot(slot, F_WRLCK); }
-
 static int take_slot(sbx_sandbox *sb, sbx_error *err) {
   if (eng.cfg.rootless) {
     sb->uid_base = getuid();
@@ -687,7 +685,7 @@ static int take_slot(sbx_sandbox *sb, sbx_error *err) {
   if (eng.slots_used >= eng.cfg.max_sandboxes)
     return sbx_err(err, "RESOURCE_LIMIT", "at most %d sandboxes may run at once", eng.cfg.max_sandboxes);
   int slot = 0;
-  while (slot < SBX_MAX_SANDBOXES_CAP && (eng.slots[slot] || !claim_slot(slot))) slot++;
+  while (slot < SBX_MAX_SANDBOXES_CAP && (eng.slots[slot] || !lock_slot(slot, F_WRLCK))) slot++;
   if (slot >= SBX_MAX_SANDBOXES_CAP)
     return sbx_err(err, "RESOURCE_LIMIT", "no uid range is free on this host (other sbx daemons hold them all)");
   eng.slots[slot] = 1;

@@ -257,6 +257,27 @@ int sbx_write_string_create(const char *path, const char *s) {
   return sbx_write_all(fd, s, strlen(s));
 }
 
+void sbx_path_clean(const char *in, char *out, size_t len) {
+  char tmp[2 * PATH_MAX + 2];
+  snprintf(tmp, sizeof tmp, "%s", in);
+  size_t o = 0;
+  out[0] = 0;
+  char *save = NULL;
+  for (char *c = strtok_r(tmp, "/", &save); c; c = strtok_r(NULL, "/", &save)) {
+    if (!strcmp(c, ".")) continue;
+    if (!strcmp(c, "..")) {
+      while (o > 0 && out[o - 1] != '/') o--;
+      if (o > 0) o--;
+      out[o] = 0;
+      continue;
+    }
+    int n = snprintf(out + o, len - o, "/%s", c);
+    if (n < 0 || (size_t)n >= len - o) break;
+    o += n;
+  }
+  if (!o) snprintf(out, len, "/");
+}
+
 int sbx_mkdir_p(const char *path, mode_t mode) {
   char buf[4096];
   if (strlen(path) >= sizeof buf) return -ENAMETOOLONG;

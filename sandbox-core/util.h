@@ -108,6 +108,10 @@ int sbx_write_string(const char *path, const char *s); /* -errno */
 /* Creates or truncates path (0644) and writes s. -errno. */
 int sbx_write_string_create(const char *path, const char *s);
 int sbx_mkdir_p(const char *path, mode_t mode);        /* -errno */
+/* An absolute path made clean lexically into out: no empty or "."
+ * components, ".." takes the one before away (at "/" it stays there, as the
+ * kernel has it), no trailing slash. */
+void sbx_path_clean(const char *in, char *out, size_t len);
 /* Removes name (below dfd) and everything under it without following
  * symlinks; with one_fs, refuses to cross into another filesystem (-EBUSY). */
 int sbx_remove_tree_at(int dfd, const char *name, bool one_fs);

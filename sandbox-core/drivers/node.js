@@ -156,9 +156,9 @@ function tokens(code) {
   return out;
 }
 
-// The top-level statements of code, as [start, end) spans of it.
-function statements(code) {
-  const toks = tokens(code), spans = [];
+// The top-level statements of code (toks: its tokens), as [start, end) spans of it.
+function statements(code, toks) {
+  const spans = [];
   let first = 0; // index of the statement's first token
   const end = (k) => { // the statement ends after token k
     spans.push([toks[first].at, toks[k].end]);
@@ -169,8 +169,10 @@ function statements(code) {
     if (tk.depth !== 0) continue;
     if (tk.t === ';') { end(k); continue; }
     if (!next) break;
-    const head = code.slice(toks[first].at, tk.end);
-    if (tk.t === '}' && BLOCK_STATEMENT.test(head) && !CONTINUED_BY.has(next.t)) { end(k); continue; }
+    if (tk.t === '}' && !CONTINUED_BY.has(next.t) && BLOCK_STATEMENT.test(code.slice(toks[first].at, tk.end))) {
+      end(k);
+      continue;
+    }
     if (!next.nl) continue;
     if (next.t === '++' || next.t === '--' || (tk.type === 'word' && ENDS_AT_NEWLINE.has(tk.t))) { end(k); continue; }
     const ends = tk.type === 'str' || tk.type === 'regex' || tk.t === ')' || tk.t === ']' || tk.t === '}' ||
@@ -210,13 +212,14 @@ function assignments(text) {
 
 // Code as an async function whose top-level declarations become globals
 // and whose last expression is returned as {value} (a promise it names is
-// a result, not awaited): {code, ok}; ok false when the code cannot be
-// rewritten (V8 refuses the rewrite, or it is strict mode code, where
-// assignments do not make globals).
+// a result, not awaited): {script, isAsync}; script null when the code
+// cannot be rewritten (V8 refuses the rewrite, or it is strict mode code,
+// where assignments do not make globals).
 function cellWrap(code) {
-  const first = tokens(code)[0];
-  if (first && first.type === 'str' && /^['"]use strict['"]$/.test(first.t)) return { ok: false };
-  const spans = statements(code);
+  const toks = tokens(code);
+  const isAsync = toks.some((tk) => tk.type === 'word' && tk.t === 'await');
+  if (toks[0] && toks[0].type === 'str' && /^['"]use strict['"]$/.test(toks[0].t)) return { script: null, isAsync };
+  const spans = statements(code, toks);
   let out = '', at = 0, ret = '';
   spans.forEach(([s, e], n) => {
     const text = code.slice(s, e);
@@ -235,10 +238,9 @@ function cellWrap(code) {
   out += code.slice(at);
   const wrapped = `(async () => {\n${out}\n${ret ? `return { value: (${ret}\n) };` : ''}\n})()`;
   try {
-    new vm.Script(wrapped, { filename: '<code>' });
-    return { code: wrapped, ok: true };
+    return { script: new vm.Script(wrapped, { filename: '<code>' }), isAsync };
   } catch (e) {
-    return { ok: false };
+    return { script: null, isAsync };
   }
 }
 
@@ -252,13 +254,13 @@ process.on('SIGINT', () => { if (abandon) abandon(Object.assign(new Error('inter
 async function run(req) {
   const timeout = req.timeout > 0 ? req.timeout : undefined;
   const code = String(req.code || '');
-  const isAsync = /\bawait\b/.test(code) && tokens(code).some((tk) => tk.type === 'word' && tk.t === 'await');
   const opts = { filename: '<code>', breakOnSigint: true, timeout };
   const cell = cellWrap(code);
   let value;
-  if (cell.ok || isAsync) {
+  if (cell.script || cell.isAsync) {
     let timer;
-    const done = await Promise.race([vm.runInThisContext(cell.ok ? cell.code : `(async () => {\n${code}\n})()`, opts),
+    const started = cell.script ? cell.script.runInThisContext(opts) : vm.runInThisContext(`(async () => {\n${code}\n})()`, opts);
+    const done = await Promise.race([started,
       new Promise((_, reject) => {
         abandon = reject;
         if (timeout) {
@@ -267,7 +269,7 @@ async function run(req) {
           { name: 'TimeoutError' })), timeout);
         }
       })]).finally(() => { clearTimeout(timer); abandon = null; });
-    value = cell.ok && done ? done.value : undefined;
+    value = cell.script && done ? done.value : undefined;
   } else {
     value = vm.runInThisContext(code, opts);
   }
