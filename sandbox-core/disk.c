@@ -23,6 +23,7 @@
 #define EXT4_SUPER_MAGIC 0xEF53
 #define EXT4_IOC_SHUTDOWN _IOR('X', 125, uint32_t)
 #define EXT4_GOING_FLAGS_NOLOGFLUSH 0x2
+#define EXT4_IOC_CHECKPOINT _IOW('f', 43, uint32_t)
 #define POOL_SIZE 2
 
 static struct {
@@ -548,8 +549,10 @@ static _Noreturn void pool_main(int sock, uint64_t mb) {
   char c;
   int fd, nfds;
   while (sbx_recv_fds(sock, &c, 1, &fd, 1, &nfds, 0) == 1) {
-    if (nfds == 1) { /* "s" and a discarded disk: shut it down */
-      shut_down(fd);
+    if (nfds == 1) { /* "s" and a discarded disk: shut it down; "c": checkpoint it */
+      uint32_t none = 0;
+      if (c == 'c') ioctl(fd, EXT4_IOC_CHECKPOINT, &none);
+      else shut_down(fd);
       close(fd);
     } else if (pool_make(sock, mb, ++seq) < 0) {
       (void)!send(sock, "", 0, MSG_NOSIGNAL); /* an empty message: none this time */
@@ -704,6 +707,17 @@ void sbx_disk_discard(const char *id, int shut) {
   /* by the disks' helper when there is one, so no reply waits for it */
   if (dk.pool.sock < 0 || sbx_send_fds(dk.pool.sock, "s", 1, &shut, 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) shut_down(shut);
   close(shut);
+}
+
+void sbx_disk_settle(int rootfd) {
+  if (dk.pool.sock < 0 || rootfd < 0) return;
+  _cleanup_close_ int fd = openat(rootfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  struct stat st;
+  struct statfs sf;
+  if (fd < 0 || fstat(fd, &st) < 0 || fstatfs(fd, &sf) < 0 || sf.f_type != EXT4_SUPER_MAGIC ||
+      major(st.st_dev) != LOOP_MAJOR)
+    return;
+  (void)sbx_send_fds(dk.pool.sock, "c", 1, &fd, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
 void sbx_disk_remove(const char *id, int shut) {

@@ -49,6 +49,12 @@ int sbx_disk_to_shut(const char *id, int rootfd);
  * and removed in the background, where the filesystem of shut (taken, when
  * >= 0) is shut down first. */
 void sbx_disk_discard(const char *id, int shut);
+/* A running sandbox gone quiet: its disk's journal is checkpointed by the
+ * disks' helper (never waited for), which lets the kernel drop the
+ * metadata blocks the journal kept pinned in memory (some 110 KiB a
+ * sandbox after its start). rootfd: the sandbox's root, on that disk;
+ * nothing happens when it is not an image on a loop device. */
+void sbx_disk_settle(int rootfd);
 /* Removes everything of the sandbox (destroy), as sbx_disk_discard does. */
 void sbx_disk_remove(const char *id, int shut);
 /* A helper process that keeps a few fresh disks of one size ready

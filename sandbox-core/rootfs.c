@@ -124,7 +124,11 @@ static int mkdirat_ok(int dfd, const char *path, mode_t mode) {
 }
 
 int sbx_rootfs_layout(int stage) {
-  static const char *const tops[] = {"root", "upper", "work", "lower"};
+  /* "empty": what masks /proc's sensitive directories, read-only (one
+   * directory of a filesystem the sandbox has anyway, instead of a tmpfs
+   * each: every filesystem costs the kernel a shrinker, and every memory
+   * cgroup on the host a counter for each shrinker) */
+  static const char *const tops[] = {"root", "upper", "work", "lower", "empty"};
   char path[256];
   int r;
   for (size_t i = 0; i < SBX_ARRAY_SIZE(tops); i++)
@@ -133,8 +137,9 @@ int sbx_rootfs_layout(int stage) {
     snprintf(path, sizeof path, "root/%s", root_dirs[i].path);
     if ((r = mkdirat_ok(stage, path, root_dirs[i].mode)) < 0) return r;
   }
+  if ((r = fchmodat(stage, "empty", 0555, 0)) < 0) return -errno;
   for (size_t i = 0; i < SBX_ARRAY_SIZE(layer_dirs); i++)
-    for (size_t t = 1; t < SBX_ARRAY_SIZE(tops); t++) {
+    for (size_t t = 1; t <= 3; t++) { /* upper, work, lower */
       char name[64];
       snprintf(name, sizeof name, "%s", layer_dirs[i]);
       for (char *c = name; *c; c++)
@@ -387,7 +392,8 @@ _Noreturn void sbx_rootfs_init_main(const sbx_init_args *a) {
   }
 
   /* /dev */
-  TRY(mount("sbx-dev", NEWROOT "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=0755"), "mounting /dev");
+  /* one tmpfs for /dev and /dev/shm (a filesystem fewer: see "empty") */
+  TRY(mount("sbx-dev", NEWROOT "/dev", "tmpfs", MS_NOSUID | MS_NODEV, "size=256m,mode=0755"), "mounting /dev");
   for (size_t i = 0; i < SBX_ARRAY_SIZE(dev_nodes); i++) {
     char host[64];
     snprintf(host, sizeof host, "/dev/%s", dev_nodes[i]);
@@ -401,7 +407,7 @@ _Noreturn void sbx_rootfs_init_main(const sbx_init_args *a) {
       "mounting devpts");
   TRY(symlink("pts/ptmx", NEWROOT "/dev/ptmx"), "ptmx");
   TRY(mkdir(NEWROOT "/dev/shm", 01777), "mkdir /dev/shm");
-  TRY(mount("shm", NEWROOT "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=256m,mode=1777"), "mounting /dev/shm");
+  TRY(chmod(NEWROOT "/dev/shm", 01777), "chmod /dev/shm"); /* umask */
   symlink("/proc/self/fd", NEWROOT "/dev/fd");
   symlink("/proc/self/fd/0", NEWROOT "/dev/stdin");
   symlink("/proc/self/fd/1", NEWROOT "/dev/stdout");
@@ -415,7 +421,7 @@ _Noreturn void sbx_rootfs_init_main(const sbx_init_args *a) {
   }
   for (size_t i = 0; i < SBX_ARRAY_SIZE(proc_masked_dirs); i++) {
     snprintf(path, sizeof path, NEWROOT "/proc/%s", proc_masked_dirs[i]);
-    if (access(path, F_OK) == 0) TRY(mount("masked", path, "tmpfs", MS_RDONLY, "size=0"), path);
+    if (access(path, F_OK) == 0) TRY(bind_ro(STAGE "/empty", path), path);
   }
   for (size_t i = 0; i < SBX_ARRAY_SIZE(proc_ro); i++) {
     snprintf(path, sizeof path, NEWROOT "/proc/%s", proc_ro[i]);

@@ -45,6 +45,7 @@ static struct {
 
 /* sandboxes made ahead, oldest first (see "sandboxes made ahead") */
 #define AHEAD_MAX 2
+#define SETTLE_MS 2000 /* quiet this long, a sandbox's disk is checkpointed (sbx_disk_settle) */
 static struct {
   struct {
     sbx_sandbox *sb;
@@ -417,7 +418,10 @@ static uint64_t wall_ms(void) {
   return (uint64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-void sbx_sandbox_touch(sbx_sandbox *sb) { sb->last_activity_wall_ms = wall_ms(); }
+void sbx_sandbox_touch(sbx_sandbox *sb) {
+  sb->last_activity_wall_ms = wall_ms();
+  sb->settled = false;
+}
 
 unsigned sbx_sandbox_uids(void) { return eng.cfg.rootless ? 1 : UID_RANGE; }
 
@@ -1086,6 +1090,11 @@ int sbx_sandbox_sweep_idle(char ids[][64], int max) {
   int n = 0;
   sbx_cg_reap();
   for (sbx_sandbox *sb = eng.list; sb; sb = sb->next) {
+    /* quiet for a while: what its journal pins in memory is let go */
+    if (sb->state == SBX_RUNNING && !sb->settled && sb->running == 0 && now - sb->last_activity_wall_ms >= SETTLE_MS) {
+      sbx_disk_settle(sb->rootfd);
+      sb->settled = true;
+    }
     if (sb->state == SBX_ASLEEP || sb->opts.keep_alive || sb->running > 0 || sb->opts.sleep_after_ms <= 0) continue;
     if (now - sb->last_activity_wall_ms < (uint64_t)sb->opts.sleep_after_ms) continue;
     sbx_sandbox_reset(sb);

@@ -75,6 +75,7 @@ typedef struct sbx_sandbox {
   uint64_t out_window;  /* exec.c's output budget: the window, and bytes read in it */
   size_t out_used[2];   /* for calls, and for unattended commands */
   int running; /* execs in flight */
+  bool settled; /* its disk checkpointed since its last activity (sbx_disk_settle) */
   bool reset_pending;     /* the next result tells the caller its files are gone */
   bool restart_pending;   /* ...that its processes ended with an earlier daemon */
   char *saved_record;     /* the record as last written */

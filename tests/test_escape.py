@@ -143,6 +143,23 @@ def test_namespaces_and_mounts(t, x):
     t.ok('injected' not in r['stdout'], 'TIOCSTI refused', r)
 
 
+def test_masked_proc(t, x):
+    with open('/proc/kallsyms') as f:
+        t.ok(f.read(64), '/proc/kallsyms has content on the host')
+    dirs = [d for d in ('/proc/acpi', '/proc/driver', '/proc/scsi') if os.path.isdir(d)]
+    t.ok(dirs, 'the host has masked /proc directories: %s' % dirs)
+    r = x.c.sh('wc -c < /proc/kallsyms; for d in %s; do ls -A $d; touch $d/x 2>&1; mkdir $d/y 2>&1; done; true'
+               % ' '.join(dirs))
+    lines = r['stdout'].split('\n')
+    t.eq(lines[0].strip(), '0', '/proc/kallsyms reads empty inside', r)
+    t.eq(r['stdout'].count('Read-only file system'), 2 * len(dirs), 'masked directories are empty and read-only', r)
+    # /dev/shm shares /dev's tmpfs: POSIX shared memory works, and it is the sandbox's own
+    r = py(x, 'from multiprocessing import shared_memory\nm = shared_memory.SharedMemory(create=True, size=1 << 20)\n'
+              'm.buf[:5] = b"hello"\nn = shared_memory.SharedMemory(m.name)\nprint(bytes(n.buf[:5]).decode())\n'
+              'n.close(); m.close(); m.unlink()\nimport os; print(oct(os.stat("/dev/shm").st_mode & 0o7777))')
+    t.eq(r['stdout'].split(), ['hello', '0o1777'], 'POSIX shared memory in /dev/shm (mode 1777)', r)
+
+
 def test_socket_families(t, x):
     try:
         socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM).close()
@@ -247,5 +264,5 @@ def test_other_sandbox(t, x):
 
 if __name__ == '__main__':
     sys.exit(run_tests([test_host_files, test_host_usr, test_host_processes, test_daemon_socket_and_env,
-                        test_host_loopback, test_namespaces_and_mounts, test_socket_families, test_per_user_counts,
+                        test_host_loopback, test_namespaces_and_mounts, test_masked_proc, test_socket_families, test_per_user_counts,
                         test_other_sandbox], Ctx))
