@@ -138,15 +138,14 @@ def bench_wake(n):
         env.close()
 
 
-def meminfo_available_kb():
+def meminfo_kb():
     subprocess.run(['sync'])
     with open('/proc/sys/vm/drop_caches', 'w') as f:
         f.write('3\n')
     time.sleep(1)
     with open('/proc/meminfo') as f:
-        for line in f:
-            if line.startswith('MemAvailable:'):
-                return int(line.split()[1])
+        return {l.split(':')[0]: int(l.split()[1]) for l in f}
+
 
 
 def bench_many(n):
@@ -178,7 +177,8 @@ def bench_many(n):
                 c.ok('destroySandbox', {'sandboxId': 'q%d' % i})
             ex = lat_each(lambda i: c.ok('exec', {'sandboxId': 'probe', 'command': 'true'}), 200)
             return cr, paced, ex
-        before = meminfo_available_kb()
+        m0 = meminfo_kb()
+        before = m0['MemAvailable']
         cr0, pc0, ex0 = probe()
         for i in range(n):
             c.send({'jsonrpc': '2.0', 'id': 'm%d' % i, 'method': 'tools/call',
@@ -188,20 +188,24 @@ def bench_many(n):
             assert not r['result'].get('isError'), r
         # idle: the kernel's deferred frees done and the daemon's settling
         # of quiet sandboxes (their journals checkpointed) over; what the
-        # host keeps for them then, read until it holds still (at most 30 s)
-        after, t0 = meminfo_available_kb(), time.monotonic()
-        while time.monotonic() - t0 < 30:
+        # host keeps for them then, read until it holds still (at most 60 s)
+        m1, t0 = meminfo_kb(), time.monotonic()
+        while time.monotonic() - t0 < 60:
             time.sleep(2)
-            now = meminfo_available_kb()
-            steady = abs(now - after) < 2048
-            after = now
+            m = meminfo_kb()
+            steady = abs(m['MemAvailable'] - m1['MemAvailable']) < 2048
+            m1 = m
             if steady:
                 break
+        after = m1['MemAvailable']
         settle = time.monotonic() - t0
         cr1, pc1, ex1 = probe()
         print('== %d idle sandboxes ==' % n)
         print('%-34s %8.0f KiB per sandbox (MemAvailable, caches dropped; steady after %.0f s)' %
               ('host memory', (before - after) / n, settle))
+        print('%-34s %s' % ('  of which (KiB per sandbox)', ', '.join(
+            '%s %.0f' % (k, (m1[k] - m0[k]) / n) for k in ('Slab', 'SUnreclaim', 'KernelStack', 'PageTables', 'Buffers',
+                                                           'AnonPages', 'Shmem'))))
         print('%-34s p50 %7.2f ms with %d alive, %7.2f ms with none (%.2fx)' %
               ('create + destroy', pct(cr1, 50), n, pct(cr0, 50), pct(cr1, 50) / pct(cr0, 50)))
         print('%-34s p50 %7.2f ms with %d alive, %7.2f ms with none (%.2fx)' %

@@ -48,6 +48,7 @@ static struct {
       char path[1200];
     } ready[POOL_SIZE];
     int n;
+    int owed; /* disks asked for whose request did not fit in the socket yet */
     void (*on_fresh)(void);
   } pool;
 } dk;
@@ -561,6 +562,14 @@ static _Noreturn void pool_main(int sock, uint64_t mb) {
   _exit(0);
 }
 
+/* Asks the helper for a disk, and for any whose request found its socket
+ * full (checkpoints queued there too): a request lost would leave the pool
+ * short for good. */
+static void pool_ask(int more) {
+  dk.pool.owed += more;
+  while (dk.pool.owed > 0 && send(dk.pool.sock, "n", 1, MSG_NOSIGNAL | MSG_DONTWAIT) == 1) dk.pool.owed--;
+}
+
 static void pool_readable(uv_poll_t *p, int status, int events) {
   (void)p;
   (void)events;
@@ -580,6 +589,7 @@ static void pool_readable(uv_poll_t *p, int status, int events) {
     sbx_disk_pool_stop();
     return;
   }
+  pool_ask(0);
   if (fd < 0) return; /* it could not make one; the next take asks again */
   path[n] = 0;
   if (dk.pool.n >= POOL_SIZE) { /* never asked for: cannot happen, but do not leak it */
@@ -611,10 +621,11 @@ int sbx_disk_pool_start(uv_loop_t *loop, uint64_t mb, void (*on_fresh)(void)) {
   dk.pool.pid = pid;
   dk.pool.mb = mb;
   dk.pool.n = 0;
+  dk.pool.owed = 0;
   dk.pool.on_fresh = on_fresh;
   uv_poll_init(loop, &dk.pool.poll, sv[0]);
   uv_poll_start(&dk.pool.poll, UV_READABLE | UV_DISCONNECT, pool_readable);
-  for (int i = 0; i < POOL_SIZE; i++) (void)!send(sv[0], "n", 1, MSG_NOSIGNAL);
+  pool_ask(POOL_SIZE);
   return 0;
 }
 
@@ -637,13 +648,14 @@ void sbx_disk_pool_stop(void) {
 }
 
 int sbx_disk_take_fresh(const char *id, uint64_t mb) {
+  if (dk.pool.sock >= 0) pool_ask(0);
   if (dk.pool.sock < 0 || dk.pool.mb != mb || dk.pool.n == 0) return -1;
   char dir[1200], path[1300], img[1300];
   sbx_disk_dir(id, dir, sizeof dir);
   image_path(id, path, sizeof path);
   int i = --dk.pool.n;
   const char *from = dk.pool.ready[i].path;
-  (void)!send(dk.pool.sock, "n", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+  pool_ask(1);
   /* a new sandbox: the whole directory (the loop device keeps the image's
    * inode: a rename does not disturb it); one woken after a reset has its
    * directory: the image alone */

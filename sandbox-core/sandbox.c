@@ -46,6 +46,7 @@ static struct {
 /* sandboxes made ahead, oldest first (see "sandboxes made ahead") */
 #define AHEAD_MAX 2
 #define SETTLE_MS 2000 /* quiet this long, a sandbox's disk is checkpointed (sbx_disk_settle) */
+#define SETTLES_PER_SWEEP 64
 static struct {
   struct {
     sbx_sandbox *sb;
@@ -1089,9 +1090,12 @@ int sbx_sandbox_sweep_idle(char ids[][64], int max) {
   uint64_t now = wall_ms();
   int n = 0;
   sbx_cg_reap();
+  int settles = 0;
   for (sbx_sandbox *sb = eng.list; sb; sb = sb->next) {
-    /* quiet for a while: what its journal pins in memory is let go */
-    if (sb->state == SBX_RUNNING && !sb->settled && sb->running == 0 && now - sb->last_activity_wall_ms >= SETTLE_MS) {
+    /* quiet for a while: what its journal pins in memory is let go (a
+     * few a second, so the helper's queue stays short) */
+    if (sb->state == SBX_RUNNING && !sb->settled && sb->running == 0 && now - sb->last_activity_wall_ms >= SETTLE_MS &&
+        settles++ < SETTLES_PER_SWEEP) {
       sbx_disk_settle(sb->rootfd);
       sb->settled = true;
     }
