@@ -15,11 +15,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+/* Written over, then cut to length: an O_TRUNC to empty would make ext4
+ * start writing the file back at close (its guard for programs that
+ * replace a file by truncating it), which a create would wait for. */
 static int write_file(const char *path, const char *text) {
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) return -1;
   size_t len = strlen(text);
-  int r = write(fd, text, len) == (ssize_t)len ? 0 : -1;
+  int r = write(fd, text, len) == (ssize_t)len && ftruncate(fd, (off_t)len) == 0 ? 0 : -1;
   close(fd);
   return r;
 }
