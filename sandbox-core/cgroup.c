@@ -516,18 +516,20 @@ uint64_t sbx_cg_oom_kills(const sbx_cgroup *c) {
   return 0;
 }
 
-int sbx_cg_memory(const sbx_cgroup *c, uint64_t *usage, uint64_t *cache) {
+int sbx_cg_memory(const sbx_cgroup *c, uint64_t *usage, uint64_t *cache, uint64_t *shmem) {
   int d = dir_for(c, "memory");
   if (d < 0) return -ENOENT;
   if (read_u64(c->dirs[d], cg.v2 ? "memory.current" : "memory.usage_in_bytes", usage) < 0) return -EIO;
-  *cache = 0;
+  *cache = *shmem = 0;
   char path[4096];
   unsigned long long v;
   snprintf(path, sizeof path, "%s/memory.stat", c->dirs[d]);
   _cleanup_fclose_ FILE *st = fopen(path, "re");
   char key[64];
-  while (st && fscanf(st, "%63s %llu", key, &v) == 2)
+  while (st && fscanf(st, "%63s %llu", key, &v) == 2) {
     if (!strcmp(key, cg.v2 ? "file" : "total_cache")) *cache = v;
+    else if (!strcmp(key, cg.v2 ? "shmem" : "total_shmem")) *shmem = v;
+  }
   return 0;
 }
 

@@ -62,7 +62,7 @@ bool sbx_cg_populated(const sbx_cgroup *cg);
 int sbx_cg_each_pid(const sbx_cgroup *cg, void (*fn)(pid_t pid, void *ud), void *ud);
 uint64_t sbx_cg_oom_kills(const sbx_cgroup *cg);
 /* Memory charged to it (bytes) and how much of that is page cache. */
-int sbx_cg_memory(const sbx_cgroup *cg, uint64_t *usage, uint64_t *cache);
+int sbx_cg_memory(const sbx_cgroup *cg, uint64_t *usage, uint64_t *cache, uint64_t *shmem);
 /* Removes the directories (children first); keeps them when busy. */
 /* Renames the cgroup's own directories (not those it joined) to name,
  * beside where they are; -errno (cgroup v2 refuses) leaves the rest. */

@@ -55,12 +55,15 @@ void sbx_procfiles_refresh(sbx_sandbox *sb) {
   if (sb->meminfo_fd < 0) return;
   struct sysinfo si;
   uint64_t host = sysinfo(&si) == 0 ? (uint64_t)si.totalram * si.mem_unit : UINT64_MAX;
-  uint64_t total = (uint64_t)sb->opts.limits.memory_mb << 20, used = 0, cache = 0;
+  uint64_t total = (uint64_t)sb->opts.limits.memory_mb << 20, used = 0, cache = 0, shmem = 0;
   if (total > host) total = host;
-  sbx_cg_memory(&sb->cg, &used, &cache);
+  sbx_cg_memory(&sb->cg, &used, &cache, &shmem);
   if (used > total) used = total;
   if (cache > used) cache = used;
-  uint64_t k = 1024, free_ = total - used, avail = free_ + cache;
+  if (shmem > cache) shmem = cache;
+  /* files in /dev/shm and /tmp-like tmpfs are cache that cannot be given
+   * back (no swap): not available, as the host's own meminfo says */
+  uint64_t k = 1024, free_ = total - used, avail = free_ + cache - shmem;
   char text[1024];
   snprintf(text, sizeof text,
            "MemTotal:       %8llu kB\nMemFree:        %8llu kB\nMemAvailable:   %8llu kB\n"
@@ -69,7 +72,7 @@ void sbx_procfiles_refresh(sbx_sandbox *sb) {
            "SwapFree:       %8llu kB\nShmem:          %8llu kB\nSReclaimable:   %8llu kB\n",
            (unsigned long long)(total / k), (unsigned long long)(free_ / k), (unsigned long long)(avail / k), 0ull,
            (unsigned long long)(cache / k), 0ull, (unsigned long long)((used - cache) / k),
-           (unsigned long long)(cache / k), 0ull, 0ull, 0ull, 0ull);
+           (unsigned long long)(cache / k), 0ull, 0ull, (unsigned long long)(shmem / k), 0ull);
   rewrite(sb->meminfo_fd, text);
 }
 

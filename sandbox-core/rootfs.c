@@ -393,7 +393,8 @@ _Noreturn void sbx_rootfs_init_main(const sbx_init_args *a) {
 
   /* /dev */
   /* one tmpfs for /dev and /dev/shm (a filesystem fewer: see "empty") */
-  TRY(mount("sbx-dev", NEWROOT "/dev", "tmpfs", MS_NOSUID | MS_NODEV, "size=256m,mode=0755"), "mounting /dev");
+  snprintf(opts, sizeof opts, "size=%um,mode=0755", a->dev_mb ? a->dev_mb : SBX_DEV_MB);
+  TRY(mount("sbx-dev", NEWROOT "/dev", "tmpfs", MS_NOSUID | MS_NODEV, opts), "mounting /dev");
   for (size_t i = 0; i < SBX_ARRAY_SIZE(dev_nodes); i++) {
     char host[64];
     snprintf(host, sizeof host, "/dev/%s", dev_nodes[i]);

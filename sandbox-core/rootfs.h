@@ -16,6 +16,10 @@ typedef struct sbx_layer {
  * /var/lib/apt and /etc. Only directories that exist are listed. */
 int sbx_rootfs_layers(const char *image_dir, const char *etc_template, sbx_layer out[SBX_LAYERS_MAX]);
 
+/* /dev (and /dev/shm in it): half the sandbox's memory, at most this, so
+ * that filling it is ENOSPC rather than an OOM kill */
+#define SBX_DEV_MB 256
+
 typedef struct sbx_init_args {
   int sock;           /* SOCK_SEQPACKET to the daemon */
   const char *id;     /* hostname */
@@ -46,6 +50,7 @@ typedef struct sbx_init_args {
    * other mount fds, rootless procdir/meminfo and procdir/cpu-online */
   bool meminfo, cpu_online;
   char procdir[1200];
+  unsigned dev_mb; /* the size of /dev's tmpfs, /dev/shm's too */
 } sbx_init_args;
 
 /* Reads what the sandbox's init needs to know of root (the host's / or an

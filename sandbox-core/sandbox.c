@@ -781,6 +781,8 @@ static int start(sbx_sandbox *sb, int *ahead_sock, sbx_error *err) {
     args.image_dir = image_dir;
   }
   args.nlayers = sbx_rootfs_layers(args.image_dir, eng.etc_template, args.layers);
+  int half = opts->limits.memory_mb / 2;
+  args.dev_mb = half > 0 && half < SBX_DEV_MB ? (unsigned)half : SBX_DEV_MB;
   sbx_rootfs_scan(args.image_dir ? args.image_dir : "", &args);
   sbx_procfiles pf;
   int r0;
@@ -1092,6 +1094,9 @@ int sbx_sandbox_sweep_idle(char ids[][64], int max) {
   sbx_cg_reap();
   int settles = 0;
   for (sbx_sandbox *sb = eng.list; sb; sb = sb->next) {
+    /* what free and top read in it follows its memory while commands run
+     * (each command also starts with it fresh) */
+    if (sb->state == SBX_RUNNING && sb->running > 0) sbx_procfiles_refresh(sb);
     /* quiet for a while: what its journal pins in memory is let go (a
      * few a second, so the helper's queue stays short) */
     if (sb->state == SBX_RUNNING && !sb->settled && sb->running == 0 && now - sb->last_activity_wall_ms >= SETTLE_MS &&

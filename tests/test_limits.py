@@ -172,6 +172,40 @@ def test_sees_its_size(t, x):
     c.ok('destroySandbox', {'sandboxId': 'sized'})
 
 
+def test_meminfo_follows(t, x):
+    """/dev/shm's files are memory the sandbox cannot get back, /dev is
+    half its memory (ENOSPC before an OOM kill), and what a command reads
+    in /proc/meminfo follows its memory while it runs."""
+    c = x.c
+    c.ok('createSandbox', {'sandboxId': 'shm', 'limits': {'memoryMB': 256}})
+    r = c.sh("df -m /dev/shm | awk 'NR == 2 {print $2}'", sandbox='shm')
+    t.eq(r['stdout'].strip(), '128', '/dev and /dev/shm are half of memoryMB', r)
+    c.sh('head -c 60M /dev/zero > /dev/shm/blob', sandbox='shm')
+    r = c.sh("awk '/^(MemTotal|MemAvailable|Shmem):/ {print $2}' /proc/meminfo", sandbox='shm')
+    total, avail, shmem = (int(v) for v in r['stdout'].split())
+    t.ok(shmem >= 60 << 10 and avail <= total - (60 << 10), 'a file in /dev/shm is Shmem and not available '
+         '(total %d, available %d, shmem %d kB)' % (total, avail, shmem))
+    r = c.sh('head -c 200M /dev/zero > /dev/shm/big; echo rc=$?; rm -f /dev/shm/*', sandbox='shm')
+    t.ok(r['exitCode'] == 0 and 'No space left' in r['stderr'] and 'rc=1' in r['stdout'],
+         'filling /dev/shm is ENOSPC, not an OOM kill', r)
+    grow = '\n'.join([
+        "import time",
+        "def avail():",
+        "    with open('/proc/meminfo') as f:",
+        "        return next(int(l.split()[1]) for l in f if l.startswith('MemAvailable:'))",
+        "before = avail()",
+        "held = bytearray(100 << 20)",
+        "for i in range(0, len(held), 4096):",
+        "    held[i] = 1",
+        "deadline = time.monotonic() + 20",
+        "while avail() > before - (90 << 10) and time.monotonic() < deadline:",
+        "    time.sleep(0.1)",
+        "print('followed' if avail() <= before - (90 << 10) else 'stale', before, avail())"])
+    r = c.sh("python3 - <<'EOF'\n" + grow + "\nEOF", sandbox='shm', timeout=60000)
+    t.ok(r['stdout'].startswith('followed'), 'a command sees its own memory in /proc/meminfo as it grows', r)
+    c.ok('destroySandbox', {'sandboxId': 'shm'})
+
+
 def test_limits_after_destroy(t, x):
     """A sandbox made after others were destroyed has its own limits, its
     own memory count and its own OOM record, whichever memory cgroup it gets
@@ -233,4 +267,4 @@ def test_limits_after_destroy(t, x):
 
 if __name__ == '__main__':
     sys.exit(run_tests([test_fork_bomb, test_memory_hog, test_disk, test_running_cap, test_sessions_cap, test_flood, test_sees_its_size,
-                        test_limits_after_destroy], Ctx))
+                        test_meminfo_follows, test_limits_after_destroy], Ctx))
