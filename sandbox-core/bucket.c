@@ -669,9 +669,10 @@ static char *server_config(const sbx_bucket *b, const char *ak, const char *sk, 
 }
 
 /* Starts `sbx bucketfs` on a cache directory: config on its stdin, the
- * FUSE connection as fd 3 (or none for --flush), "ok"/"err" on fd 4. */
+ * FUSE connection as fd 3 (or none for --flush), "ok"/"err" on fd 4.
+ * cpus: the sandbox's own limit, which the server gets too (0: none). */
 static bproc *spawn_server(const char *sandbox, const char *id, const char *config, int devfd, const char *mode,
-                           sbx_error *err) {
+                           double cpus, sbx_error *err) {
   const sbx_engine_config *ec = sbx_engine_cfg();
   char dir[1400];
   cache_dir(sandbox, id, dir, sizeof dir);
@@ -691,13 +692,15 @@ static bproc *spawn_server(const char *sandbox, const char *id, const char *conf
   p->mfd = -1;
   p->status_fd = st[0];
   /* its own cgroup: its memory (the cache's page cache too) is bounded and
-   * charged to no sandbox and not to the daemon */
+   * charged to no sandbox and not to the daemon, and its CPU is bounded
+   * as its sandbox's is (what the sandbox makes it do, a listing of a
+   * huge directory in a loop, is otherwise free for the sandbox) */
   int cgfds[SBX_CG_MAX], ncg = 0;
   if (!ec->rootless && sbx_cg_available()) {
     static uint64_t seq;
     char name[160];
     snprintf(name, sizeof name, "bucketfs-%s-%s-%llu", sandbox, id, (unsigned long long)++seq);
-    sbx_limits lim = {.memory_mb = 512, .pids = 256};
+    sbx_limits lim = {.memory_mb = 512, .pids = 256, .cpus = cpus};
     if (sbx_cg_create(NULL, name, true, &p->cg) == 0 && sbx_cg_apply(&p->cg, &lim) == 0)
       ncg = sbx_cg_open_procs(&p->cg, cgfds);
     if (ncg < 0) ncg = 0;
@@ -917,7 +920,7 @@ static void remount(sbx_sandbox *sb, sbx_bucket *b, bool replace) {
   }
   int devfd = -1;
   int mfd = make_fuse(sb, b, &devfd, &err);
-  bproc *p = mfd < 0 ? NULL : spawn_server(sb->id, b->id, config, devfd, "", &err);
+  bproc *p = mfd < 0 ? NULL : spawn_server(sb->id, b->id, config, devfd, "", sb->opts.limits.cpus, &err);
   free(config);
   if (devfd >= 0) close(devfd);
   if (p) {
@@ -979,7 +982,7 @@ int sbx_bucket_mount(sbx_sandbox *sb, const sbx_bucket_req *r, sbx_bucket_cb cb,
   bproc *p = NULL;
   if (!config || write_cache_config(sb->id, b, config, err) < 0) goto fail;
   if ((mfd = make_fuse(sb, b, &devfd, err)) < 0) goto fail;
-  if (!(p = spawn_server(sb->id, b->id, config, devfd, "--check", err))) goto fail;
+  if (!(p = spawn_server(sb->id, b->id, config, devfd, "--check", sb->opts.limits.cpus, err))) goto fail;
   close(devfd);
   explicit_bzero(config, strlen(config));
   free(config);
@@ -1053,7 +1056,7 @@ static void flush(const char *sandbox, const char *id) {
   char *config = read_cache_config(sandbox, id, NULL);
   if (!config) return;
   sbx_error err = {0};
-  bproc *p = spawn_server(sandbox, id, config, -1, "--flush", &err);
+  bproc *p = spawn_server(sandbox, id, config, -1, "--flush", 1, &err); /* its sandbox may be gone */
   explicit_bzero(config, strlen(config));
   free(config);
   if (p) p->flush_only = true;

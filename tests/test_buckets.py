@@ -224,6 +224,29 @@ def test_read_only(t, x):
          'a readOnly mount reads, and refuses writes (EROFS)', r)
 
 
+def test_server_cpu_bounded(t, x):
+    """A bucket server's CPU is bounded as its sandbox's is: what a sandbox
+    makes it do (listing a huge directory in a loop) is not free."""
+    c = x.c
+    c.ok('createSandbox', {'sandboxId': 'cpu', 'limits': {'cpus': 0.5}})
+    before = set(bucketfs_pids(x))
+    x.mount('/data', sandbox='cpu', prefix='cpu')
+    new = [p for p in bucketfs_pids(x) if p not in before]
+    t.eq(len(new), 1, 'the mount has a server of its own')
+    with open('/proc/%d/cgroup' % new[0]) as f:
+        lines = [l.strip().split(':', 2) for l in f]
+    v1 = [p for _, ctrl, p in lines if 'cpu' in ctrl.split(',')]
+    if v1:
+        path = '/sys/fs/cgroup/cpu%s' % v1[0]
+        quota = open(path + '/cpu.cfs_quota_us').read().strip()
+        period = open(path + '/cpu.cfs_period_us').read().strip()
+    else:
+        path = '/sys/fs/cgroup%s' % [p for h, _, p in lines if h == '0'][0]
+        quota, period = open(path + '/cpu.max').read().split()
+    t.eq(int(quota) / int(period), 0.5, 'its cgroup has the sandbox\'s 0.5 cpus (%s)' % path)
+    c.ok('destroySandbox', {'sandboxId': 'cpu'})
+
+
 def test_local_bucket(t, x):
     c = x.c
     c.ok('createSandbox', {'sandboxId': 'loc', 'sleepAfter': '2s'})
@@ -503,6 +526,6 @@ def test_destroy_cleans_up(t, x):
 
 if __name__ == '__main__':
     sys.exit(run_tests([test_mount_write_read, test_signatures, test_fsync_means_in_bucket, test_secrets_never_shown,
-                        test_errors, test_read_only, test_local_bucket, test_local_bucket_quota, test_reset_keeps_bucket, test_restart_kill9,
+                        test_errors, test_read_only, test_server_cpu_bounded, test_local_bucket, test_local_bucket_quota, test_reset_keeps_bucket, test_restart_kill9,
                         test_crash_of_bucket_server, test_daemon_killed_during_writes, test_outage, test_crash_during_outage, test_syscall_suite,
                         test_view_shows_bucket, test_unmount, test_cold_directory, test_destroy_cleans_up], Ctx))
