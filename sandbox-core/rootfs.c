@@ -124,11 +124,7 @@ static int mkdirat_ok(int dfd, const char *path, mode_t mode) {
 }
 
 int sbx_rootfs_layout(int stage) {
-  /* "empty": what masks /proc's sensitive directories, read-only (one
-   * directory of a filesystem the sandbox has anyway, instead of a tmpfs
-   * each: every filesystem costs the kernel a shrinker, and every memory
-   * cgroup on the host a counter for each shrinker) */
-  static const char *const tops[] = {"root", "upper", "work", "lower", "empty"};
+  static const char *const tops[] = {"root", "upper", "work", "lower"};
   char path[256];
   int r;
   for (size_t i = 0; i < SBX_ARRAY_SIZE(tops); i++)
@@ -137,9 +133,14 @@ int sbx_rootfs_layout(int stage) {
     snprintf(path, sizeof path, "root/%s", root_dirs[i].path);
     if ((r = mkdirat_ok(stage, path, root_dirs[i].mode)) < 0) return r;
   }
-  if ((r = fchmodat(stage, "empty", 0555, 0)) < 0) return -errno;
+  /* "empty": what masks /proc's sensitive directories, read-only (one
+   * directory of a filesystem the sandbox has anyway, instead of a tmpfs
+   * each: every filesystem costs the kernel a shrinker, and every memory
+   * cgroup on the host a counter for each shrinker). A full disk made
+   * before it has none: its masks stay tmpfs. */
+  mkdirat_ok(stage, "empty", 0555);
   for (size_t i = 0; i < SBX_ARRAY_SIZE(layer_dirs); i++)
-    for (size_t t = 1; t <= 3; t++) { /* upper, work, lower */
+    for (size_t t = 1; t < SBX_ARRAY_SIZE(tops); t++) {
       char name[64];
       snprintf(name, sizeof name, "%s", layer_dirs[i]);
       for (char *c = name; *c; c++)
@@ -420,9 +421,12 @@ _Noreturn void sbx_rootfs_init_main(const sbx_init_args *a) {
     snprintf(path, sizeof path, NEWROOT "/proc/%s", proc_masked_files[i]);
     if (access(path, F_OK) == 0) TRY(mount(NEWROOT "/dev/null", path, NULL, MS_BIND, NULL), path);
   }
+  bool has_empty = access(STAGE "/empty", F_OK) == 0;
   for (size_t i = 0; i < SBX_ARRAY_SIZE(proc_masked_dirs); i++) {
     snprintf(path, sizeof path, NEWROOT "/proc/%s", proc_masked_dirs[i]);
-    if (access(path, F_OK) == 0) TRY(bind_ro(STAGE "/empty", path), path);
+    if (access(path, F_OK) < 0) continue;
+    if (has_empty) TRY(bind_ro(STAGE "/empty", path), path);
+    else TRY(mount("masked", path, "tmpfs", MS_RDONLY, "size=0"), path);
   }
   for (size_t i = 0; i < SBX_ARRAY_SIZE(proc_ro); i++) {
     snprintf(path, sizeof path, NEWROOT "/proc/%s", proc_ro[i]);
