@@ -115,6 +115,18 @@ typedef struct fitem {
   struct fitem *next;
 } fitem;
 
+/* An fsync answered once its file's content is in the bucket. It holds no
+ * thread meanwhile: a sandbox fsyncing many files on a slow bucket would
+ * otherwise take every thread of the server, and leave none for the
+ * lookups and getattrs that anyone reaching the mount (the daemon among
+ * them) waits on. */
+typedef struct psync {
+  fuse_req_t req;
+  bnode *n;
+  uint64_t gen;
+  struct psync *next;
+} psync;
+
 static struct {
   pthread_mutex_t lock;
   pthread_cond_t work, done, fetched, fetch_work;
@@ -128,6 +140,7 @@ static struct {
   gone *gone[HASH_SIZE];
   bnode root;
   qitem *queue;
+  struct psync *syncs; /* fsyncs waiting for their upload (answered by the uploaders) */
   char *busy_paths[UPLOADERS]; /* one operation per path at a time, in order */
   fitem *fetchq;   /* chunks a reader wants soon: first */
   fitem *aheadq;   /* small files fetched ahead */
@@ -777,6 +790,8 @@ static int put_node(bnode *n, const char *key, s3_err *e) {
   return rc;
 }
 
+static void syncs_settle(void);
+
 static void *uploader(void *arg) {
   (void)arg;
   pthread_mutex_lock(&B.lock);
@@ -876,26 +891,44 @@ static void *uploader(void *arg) {
       free(q);
     }
     B.inflight--;
+    syncs_settle();
     pthread_cond_broadcast(&B.done);
     pthread_cond_broadcast(&B.work);
   }
+  syncs_settle(); /* stopping: what is left is EIO */
   pthread_cond_broadcast(&B.work);
   pthread_mutex_unlock(&B.lock);
   return NULL;
 }
 
-/* Waits until the node's content as of now is in the bucket, or the try
- * to put it there failed (lock held). */
-static int wait_uploaded(bnode *n) {
-  if (!n->dirty) return 0;
-  uint64_t gen = n->gen;
+/* Answers req once the node's content as of now is in the bucket (0) or
+ * the try to put it there failed (EIO); lock held. */
+static void sync_when_uploaded(fuse_req_t req, bnode *n) {
+  psync *s = n->dirty && !n->unlinked ? malloc(sizeof *s) : NULL;
+  if (!s) return (void)fuse_reply_err(req, n->dirty && !n->unlinked ? ENOMEM : 0);
+  *s = (psync){.req = req, .n = n, .gen = n->gen, .next = B.syncs};
+  B.syncs = s;
   journal_node(n);
   n->fail_gen = 0;
   n->busy++;
   enqueue(n->path, OP_PUT, 0);
-  while (n->up_gen < gen && n->fail_gen < gen && !n->unlinked) pthread_cond_wait(&B.done, &B.lock);
-  n->busy--;
-  return n->up_gen >= gen || n->unlinked ? 0 : -EIO;
+}
+
+/* Answers the fsyncs whose upload is over (lock held; B.done broadcast). */
+static void syncs_settle(void) {
+  for (psync **pp = &B.syncs; *pp;) {
+    psync *s = *pp;
+    bnode *n = s->n;
+    if (n->up_gen < s->gen && n->fail_gen < s->gen && !n->unlinked && !B.stopping) {
+      pp = &s->next;
+      continue;
+    }
+    *pp = s->next;
+    fuse_reply_err(s->req, n->up_gen >= s->gen || n->unlinked ? 0 : EIO);
+    n->busy--;
+    node_maybe_free(n);
+    free(s);
+  }
 }
 
 /* ---- listings and lookups ------------------------------------------------------ */
@@ -1210,7 +1243,10 @@ static void b_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *a, int valid,
   }
   if (!r && (valid & FUSE_SET_ATTR_SIZE)) {
     uint64_t to = (uint64_t)a->st_size;
-    r = to ? ensure_full(n) : truncate_to_empty(n); /* what stays is kept */
+    /* growing a file is a write of zeros: the cache's cap bounds it too */
+    if (to > n->size) evict(to - n->size);
+    if (to > n->size && B.cache_used + (to - n->size) > B.cache_max) r = -ENOSPC;
+    if (!r) r = to ? ensure_full(n) : truncate_to_empty(n); /* what stays is kept */
     if (!r && ftruncate(n->cfd, a->st_size) < 0) r = -errno;
     if (!r) {
       if (to > n->size) account(n, to - n->size);
@@ -1402,9 +1438,8 @@ static void b_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_fi
   (void)fi;
   bnode *n = node_of(ino);
   pthread_mutex_lock(&B.lock);
-  int r = n->unlinked ? 0 : wait_uploaded(n);
+  sync_when_uploaded(req, n); /* 0 only once the object is in the bucket */
   pthread_mutex_unlock(&B.lock);
-  fuse_reply_err(req, -r); /* 0 only once the object is in the bucket */
 }
 
 static void b_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len, struct fuse_file_info *fi) {
@@ -1414,7 +1449,17 @@ static void b_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off
   pthread_mutex_lock(&B.lock);
   int fd = n->cfd;
   uint64_t end = (uint64_t)off + (uint64_t)len;
-  bool grow = !(mode & FALLOC_FL_KEEP_SIZE) && end > n->size;
+  if ((mode & FALLOC_FL_KEEP_SIZE) && end > n->size) {
+    /* blocks past the end: an object has no such thing, and the cache's
+     * cap counts sizes; a later write there is counted as it comes */
+    len = (uint64_t)off < n->size ? (off_t)(n->size - (uint64_t)off) : 0;
+    end = (uint64_t)off + (uint64_t)len;
+    if (!len) {
+      pthread_mutex_unlock(&B.lock);
+      return (void)fuse_reply_err(req, 0);
+    }
+  }
+  bool grow = end > n->size;
   if (grow) evict(end - n->size);
   bool nospace = grow && B.cache_used + (end - n->size) > B.cache_max;
   pthread_mutex_unlock(&B.lock);
@@ -1522,6 +1567,7 @@ static void remove_node(bnode *p, bnode *n) {
   list_remove(p, base_of(n->path));
   if (was_remote || n->queued) tombstone(n->path, n->type == T_DIR);
   node_unhash(n);
+  syncs_settle();
   pthread_cond_broadcast(&B.done);
 }
 
@@ -1676,6 +1722,7 @@ static void replace_target(const char *to) {
   if (old->dirty) journal_unnode(old->path);
   old->dirty = false;
   node_unhash(old);
+  syncs_settle();
   pthread_cond_broadcast(&B.done);
   node_maybe_free(old);
 }

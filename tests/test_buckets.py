@@ -247,6 +247,63 @@ def test_server_cpu_bounded(t, x):
     c.ok('destroySandbox', {'sandboxId': 'cpu'})
 
 
+def test_fsyncs_hold_no_thread(t, x):
+    """fsyncs waiting for a slow bucket hold none of the server's threads:
+    the daemon's file calls into the mount (and so every other sandbox's
+    calls, which it serves on the same loop) go on meanwhile."""
+    c = x.c
+    c.ok('createSandbox', {'sandboxId': 'slow'})
+    x.mount('/data', sandbox='slow', prefix='slow')
+    c.sh('mkdir -p /data/d && echo small > /data/d/small', sandbox='slow')
+    x.s3.wait_object('test', 'slow/d/small', b'small\n', aws=False)
+    script = '\n'.join([
+        'import os, sys, threading',
+        'fds = [os.open("/data/f%d" % i, os.O_CREAT | os.O_WRONLY) for i in range(96)]',
+        'for fd in fds: os.write(fd, b"x")',
+        'errors = []',
+        'def sync(fd):',
+        '    try: os.fsync(fd)',
+        '    except OSError as e: errors.append(e)',
+        'ts = [threading.Thread(target=sync, args=(fd,)) for fd in fds]',
+        'print("syncing", flush=True)',
+        'for th in ts: th.start()',
+        'for th in ts: th.join()',
+        'print("done", len(errors), flush=True)'])
+    c.sh("cat > /root/syncs.py <<'EOF'\n" + script + "\nEOF", sandbox='slow')
+    os.kill(x.s3.node.pid, signal.SIGSTOP)  # the bucket accepts and answers nothing
+    try:
+        c.ok('startProcess', {'sandboxId': 'slow', 'processId': 'syncs', 'command': 'python3 /root/syncs.py'})
+        c.ok('waitForLog', {'sandboxId': 'slow', 'processId': 'syncs', 'pattern': 'syncing', 'timeout': 30000})
+
+        def waiting_threads():
+            n = 0
+            for pid in [int(p) for p in os.listdir('/proc') if p.isdigit()]:
+                if _hostname_of(pid) != 'slow':  # the sandbox's processes
+                    continue
+                try:
+                    tids = os.listdir('/proc/%d/task' % pid)
+                except OSError:
+                    continue
+                for tid in tids:
+                    try:
+                        with open('/proc/%d/task/%s/syscall' % (pid, tid)) as f:
+                            n += f.read().split(' ', 1)[0] == '74'  # in fsync(2) (x86_64)
+                    except OSError:
+                        pass
+            return n
+        wait_until(lambda: waiting_threads() >= 90, 30, 'the fsyncs to wait on the bucket')
+        res, _ = c.call('exists', {'sandboxId': 'slow', 'path': '/data/d/none'}, 20)
+        t.eq(res.get('structuredContent', {}).get('exists'), False,
+             'a file call into the mount answers while 96 fsyncs wait on the bucket', res)
+        t.eq(c.sh('echo fine', sandbox='b1', wait=20)['stdout'], 'fine\n', 'and so does another sandbox')
+    finally:
+        os.kill(x.s3.node.pid, signal.SIGCONT)
+    r = c.ok('waitForExit', {'sandboxId': 'slow', 'processId': 'syncs', 'timeout': 120000})
+    logs = c.ok('getProcessLogs', {'sandboxId': 'slow', 'processId': 'syncs'})
+    t.ok('done 0' in logs.get('stdout', ''), 'once the bucket answers, every fsync succeeds', logs)
+    c.ok('destroySandbox', {'sandboxId': 'slow'})
+
+
 def test_local_bucket(t, x):
     c = x.c
     c.ok('createSandbox', {'sandboxId': 'loc', 'sleepAfter': '2s'})
@@ -392,6 +449,10 @@ def test_outage(t, x):
         t.ok('No space left' in r['stderr'] and 'rc=1' in r['stdout'],
              'what waits for the bucket is bounded (the sandbox\'s diskMB): ENOSPC past it', r)
         c.sh('rm -f /data/huge', sandbox='out')
+        r = c.sh('truncate -s 1G /data/sparse; echo rc=$?; python3 -c "import os; fd = os.open(\'/data/w3\', os.O_WRONLY); '
+                 'os.posix_fallocate(fd, 0, 1 << 30)" 2>&1 | tail -1; du -k /data/w3 | cut -f1', sandbox='out')
+        t.ok('No space left' in r['stderr'] and 'rc=1' in r['stdout'] and 'No space left' in r['stdout'],
+             'growing a file by truncate or fallocate is bounded the same way', r)
     finally:
         x.s3.start()
     for i in range(1, 11):
@@ -526,6 +587,6 @@ def test_destroy_cleans_up(t, x):
 
 if __name__ == '__main__':
     sys.exit(run_tests([test_mount_write_read, test_signatures, test_fsync_means_in_bucket, test_secrets_never_shown,
-                        test_errors, test_read_only, test_server_cpu_bounded, test_local_bucket, test_local_bucket_quota, test_reset_keeps_bucket, test_restart_kill9,
+                        test_errors, test_read_only, test_server_cpu_bounded, test_fsyncs_hold_no_thread, test_local_bucket, test_local_bucket_quota, test_reset_keeps_bucket, test_restart_kill9,
                         test_crash_of_bucket_server, test_daemon_killed_during_writes, test_outage, test_crash_during_outage, test_syscall_suite,
                         test_view_shows_bucket, test_unmount, test_cold_directory, test_destroy_cleans_up], Ctx))
