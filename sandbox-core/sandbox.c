@@ -781,8 +781,8 @@ static int start(sbx_sandbox *sb, int *ahead_sock, sbx_error *err) {
     args.image_dir = image_dir;
   }
   args.nlayers = sbx_rootfs_layers(args.image_dir, eng.etc_template, args.layers);
-  int half = opts->limits.memory_mb / 2;
-  args.dev_mb = half > 0 && half < SBX_DEV_MB ? (unsigned)half : SBX_DEV_MB;
+  uint64_t half = opts->limits.memory_mb / 2;
+  args.dev_mb = !opts->limits.memory_mb || half >= SBX_DEV_MB ? SBX_DEV_MB : half ? (unsigned)half : 1;
   sbx_rootfs_scan(args.image_dir ? args.image_dir : "", &args);
   sbx_procfiles pf;
   int r0;
