@@ -129,7 +129,7 @@ typedef struct psync {
 
 static struct {
   pthread_mutex_t lock;
-  pthread_cond_t work, done, fetched, fetch_work;
+  pthread_cond_t work, fetched, fetch_work;
   s3_conf s3;
   char prefix[MAX_KEY]; /* "" or "p/" */
   char cache[1024];
@@ -151,7 +151,6 @@ static struct {
   char last_error[400];
 } B = {.lock = PTHREAD_MUTEX_INITIALIZER,
        .work = PTHREAD_COND_INITIALIZER,
-       .done = PTHREAD_COND_INITIALIZER,
        .fetched = PTHREAD_COND_INITIALIZER,
        .fetch_work = PTHREAD_COND_INITIALIZER};
 
@@ -892,7 +891,6 @@ static void *uploader(void *arg) {
     }
     B.inflight--;
     syncs_settle();
-    pthread_cond_broadcast(&B.done);
     pthread_cond_broadcast(&B.work);
   }
   syncs_settle(); /* stopping: what is left is EIO */
@@ -904,8 +902,9 @@ static void *uploader(void *arg) {
 /* Answers req once the node's content as of now is in the bucket (0) or
  * the try to put it there failed (EIO); lock held. */
 static void sync_when_uploaded(fuse_req_t req, bnode *n) {
-  psync *s = n->dirty && !n->unlinked ? malloc(sizeof *s) : NULL;
-  if (!s) return (void)fuse_reply_err(req, n->dirty && !n->unlinked ? ENOMEM : 0);
+  if (!n->dirty || n->unlinked) return (void)fuse_reply_err(req, 0);
+  psync *s = malloc(sizeof *s);
+  if (!s) return (void)fuse_reply_err(req, ENOMEM);
   *s = (psync){.req = req, .n = n, .gen = n->gen, .next = B.syncs};
   B.syncs = s;
   journal_node(n);
@@ -914,7 +913,7 @@ static void sync_when_uploaded(fuse_req_t req, bnode *n) {
   enqueue(n->path, OP_PUT, 0);
 }
 
-/* Answers the fsyncs whose upload is over (lock held; B.done broadcast). */
+/* Answers the fsyncs whose upload is over (lock held). */
 static void syncs_settle(void) {
   for (psync **pp = &B.syncs; *pp;) {
     psync *s = *pp;
@@ -1568,7 +1567,6 @@ static void remove_node(bnode *p, bnode *n) {
   if (was_remote || n->queued) tombstone(n->path, n->type == T_DIR);
   node_unhash(n);
   syncs_settle();
-  pthread_cond_broadcast(&B.done);
 }
 
 static void b_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name) {
@@ -1723,7 +1721,6 @@ static void replace_target(const char *to) {
   old->dirty = false;
   node_unhash(old);
   syncs_settle();
-  pthread_cond_broadcast(&B.done);
   node_maybe_free(old);
 }
 

@@ -692,7 +692,7 @@ static bool on_image(int fd, const char *img) {
   return l >= 0;
 }
 
-int sbx_disk_to_shut(const char *id, int rootfd) {
+int sbx_disk_fd(const char *id, int rootfd) {
   if (!dk.loop) return -1;
   char path[1200], dev[64];
   image_path(id, path, sizeof path);
@@ -721,15 +721,10 @@ void sbx_disk_discard(const char *id, int shut) {
   close(shut);
 }
 
-void sbx_disk_settle(int rootfd) {
+void sbx_disk_settle(const char *id, int rootfd) {
   if (dk.pool.sock < 0 || rootfd < 0) return;
-  _cleanup_close_ int fd = openat(rootfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  struct stat st;
-  struct statfs sf;
-  if (fd < 0 || fstat(fd, &st) < 0 || fstatfs(fd, &sf) < 0 || sf.f_type != EXT4_SUPER_MAGIC ||
-      major(st.st_dev) != LOOP_MAJOR)
-    return;
-  (void)sbx_send_fds(dk.pool.sock, "c", 1, &fd, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+  _cleanup_close_ int fd = sbx_disk_fd(id, rootfd);
+  if (fd >= 0) (void)sbx_send_fds(dk.pool.sock, "c", 1, &fd, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
 void sbx_disk_remove(const char *id, int shut) {

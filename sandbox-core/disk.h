@@ -37,13 +37,13 @@ int sbx_disk_mount_image(const char *path, const char *what, sbx_error *err);
 int sbx_disk_make_image(const char *path, uint64_t mb, sbx_error *err);
 /* Rootless: the directory to bind as the sandbox's disk. */
 void sbx_disk_path(const char *id, char *out, size_t len);
-/* Before a discard: an fd on the disk's filesystem to shut down, or -1.
- * Shut down, nothing of it is written again, and every file still open on
- * it gives EIO, whoever holds it: the sandbox's processes being killed, a
- * host process holding a file of the view in passthrough mode. rootfd: the
- * running sandbox's root (on that filesystem), or -1 when it is not
+/* An fd on the disk's filesystem, or -1: before a discard, to shut it
+ * down (nothing of it is written again, and every file still open on it
+ * gives EIO, whoever holds it: the sandbox's processes being killed, a
+ * host process holding a file of the view in passthrough mode). rootfd:
+ * the running sandbox's root (on that filesystem), or -1 when it is not
  * running. Checked: only ever that sandbox's image on its loop device. */
-int sbx_disk_to_shut(const char *id, int rootfd);
+int sbx_disk_fd(const char *id, int rootfd);
 /* Discards the disk's contents (idle reset): the image is unlinked (a
  * mount still tearing down keeps its own inode), the directory moved away
  * and removed in the background, where the filesystem of shut (taken, when
@@ -52,9 +52,9 @@ void sbx_disk_discard(const char *id, int shut);
 /* A running sandbox gone quiet: its disk's journal is checkpointed by the
  * disks' helper (never waited for), which lets the kernel drop the
  * metadata blocks the journal kept pinned in memory (some 110 KiB a
- * sandbox after its start). rootfd: the sandbox's root, on that disk;
- * nothing happens when it is not an image on a loop device. */
-void sbx_disk_settle(int rootfd);
+ * sandbox after its start). rootfd: the running sandbox's root (see
+ * sbx_disk_fd). */
+void sbx_disk_settle(const char *id, int rootfd);
 /* Removes everything of the sandbox (destroy), as sbx_disk_discard does. */
 void sbx_disk_remove(const char *id, int shut);
 /* A helper process that keeps a few fresh disks of one size ready

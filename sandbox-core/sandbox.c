@@ -1046,7 +1046,7 @@ int sbx_sandbox_create(const char *id, const sbx_sandbox_opts *opts, sbx_sandbox
 
 int sbx_sandbox_reset(sbx_sandbox *sb) {
   if (sb->state == SBX_ASLEEP) return 0;
-  int shut = sbx_disk_to_shut(sb->id, sb->rootfd);
+  int shut = sbx_disk_fd(sb->id, sb->rootfd);
   stop_running_async(sb, false);
   free_sessions(sb);
   sbx_disk_discard(sb->id, shut);
@@ -1101,7 +1101,7 @@ int sbx_sandbox_sweep_idle(char ids[][64], int max) {
      * few a second, so the helper's queue stays short) */
     if (sb->state == SBX_RUNNING && !sb->settled && sb->running == 0 && now - sb->last_activity_wall_ms >= SETTLE_MS &&
         settles++ < SETTLES_PER_SWEEP) {
-      sbx_disk_settle(sb->rootfd);
+      sbx_disk_settle(sb->id, sb->rootfd);
       sb->settled = true;
     }
     if (sb->state == SBX_ASLEEP || sb->opts.keep_alive || sb->running > 0 || sb->opts.sleep_after_ms <= 0) continue;
@@ -1119,7 +1119,7 @@ int sbx_sandbox_destroy(const char *id, sbx_error *err) {
   sbx_sandbox *sb = *pp;
   *pp = sb->next;
   eng.count--;
-  int shut = sbx_disk_to_shut(sb->id, sb->rootfd);
+  int shut = sbx_disk_fd(sb->id, sb->rootfd);
   stop_running_async(sb, false);
   sbx_disk_remove(sb->id, shut);
   sbx_bucket_destroyed(sb);
