@@ -284,6 +284,33 @@ def bench_exec(env, n):
     report('sbx mcp: tools/call exec true', ours, 'fork+exec /bin/true', yard)
 
 
+def bench_files(env, n):
+    """writeFile and readFile of 4 KiB through sbx mcp, against the same
+    write and read done by a process on the host, in the sandbox's
+    /workspace reached through /proc/<init>/root."""
+    c = env.mcp(['--sandbox', 'files'])
+    c.initialize()
+    data = 'x' * 4096
+    c.ok('writeFile', {'path': 'f', 'content': data})  # sandbox exists; not timed
+    w = lat(lambda: c.ok('writeFile', {'path': 'f', 'content': data}), n)
+    r = lat(lambda: c.ok('readFile', {'path': 'f'}), n)
+    e = lat(lambda: c.ok('exists', {'path': 'nothing'}), n)
+    path = '/proc/%d/root/workspace/f' % init_pid('files')  # root has no uid of its own there: an existing file
+
+    def host_write():
+        with open(path, 'w') as f:
+            f.write(data)
+
+    def host_read():
+        with open(path) as f:
+            f.read()
+    hw, hr = lat(host_write, n), lat(host_read, n)
+    print('== file calls through sbx mcp (4 KiB, n=%d) ==' % n)
+    report('writeFile', w, 'open+write+close on the host', hw)
+    report('readFile', r, 'open+read+close on the host', hr)
+    report('exists (a name that is not there)', e, 'open+read+close on the host', hr)
+
+
 def bench_parallel(env, clients, seconds):
     cs = []
     for i in range(clients):
@@ -949,6 +976,8 @@ def main():
             bench_preview()
         if a.what in ('exec', 'all'):
             bench_exec(env, a.n or 1000)
+        if a.what in ('files', 'all'):
+            bench_files(env, a.n or 1000)
         if a.what in ('flood', 'all'):
             bench_flood(env, a.n or 200)
         if a.what in ('parallel', 'all'):

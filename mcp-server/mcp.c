@@ -1,5 +1,6 @@
 #define _GNU_SOURCE
 #include "mcp.h"
+#include "offload.h"
 #include "schema.h"
 #include "tools_json.h"
 
@@ -257,7 +258,25 @@ static void call_free(mcp_call *call) {
 
 uv_loop_t *mcp_call_loop(mcp_call *call) { return call->conn ? call->conn->loop : uv_default_loop(); }
 
+/* The answer of a handler that runs on a worker thread (offload.h): kept
+ * until the loop sends it. */
+typedef struct mcp_outcome {
+  mcp_call *call;
+  json_t *args;
+  mcp_tool_fn fn;
+  bool ok;
+  json_t *structured;
+  char *text;
+  sbx_error err;
+} mcp_outcome;
+
 void mcp_call_ok(mcp_call *call, json_t *structured, const char *text) {
+  if (call->outcome) {
+    call->outcome->ok = true;
+    call->outcome->structured = structured;
+    call->outcome->text = text ? strdup(text) : NULL;
+    return;
+  }
   if (call->conn && !call->cancelled) {
     char *note = NULL;
     if (call->reset) {
@@ -287,6 +306,11 @@ void mcp_call_ok(mcp_call *call, json_t *structured, const char *text) {
 }
 
 void mcp_call_fail(mcp_call *call, const sbx_error *err) {
+  if (call->outcome) {
+    call->outcome->ok = false;
+    call->outcome->err = *err;
+    return;
+  }
   if (call->conn && !call->cancelled) {
     char text[600];
     size_t mlen;
@@ -405,6 +429,46 @@ static void do_tools_list(request *r) {
   send_list_result(r->c, r->id, r->modern, json_pack("{s:o}", "tools", list));
 }
 
+static void call_work(void *ud, sbx_sandbox *view) {
+  mcp_outcome *o = ud;
+  o->fn(o->call, o->args, view);
+}
+
+static void call_done(void *ud, bool ran) {
+  mcp_outcome *o = ud;
+  mcp_call *call = o->call;
+  call->outcome = NULL;
+  if (!ran) {
+    sbx_err(&o->err, "SANDBOX_NOT_FOUND", "sandbox '%s' was destroyed before this call ran", call->sandbox_id);
+    mcp_call_fail(call, &o->err);
+  } else if (o->ok) {
+    mcp_call_ok(call, o->structured, o->text);
+  } else {
+    mcp_call_fail(call, &o->err);
+  }
+  json_decref(o->args);
+  free(o->text);
+  free(o);
+}
+
+/* Takes args. */
+static void offload_call(mcp_call *call, json_t *args, sbx_sandbox *sb, mcp_tool_fn fn) {
+  sbx_error err = {0};
+  mcp_outcome *o = calloc(1, sizeof *o);
+  if (!o) {
+    json_decref(args);
+    return mcp_call_fail(call, &(sbx_error){.code = "INTERNAL", .message = "out of memory"});
+  }
+  *o = (mcp_outcome){.call = call, .args = args, .fn = fn};
+  call->outcome = o;
+  if (mcp_offload(mcp_call_loop(call), sb, call_work, call_done, o, &err) < 0) {
+    call->outcome = NULL;
+    json_decref(args);
+    free(o);
+    mcp_call_fail(call, &err);
+  }
+}
+
 static void do_tools_call(request *r) {
   mcp_conn *c = r->c;
   const char *name = json_string_value(json_object_get(r->params, "name"));
@@ -474,6 +538,7 @@ static void do_tools_call(request *r) {
     }
     sbx_sandbox_touch(sb);
   }
+  if (sb && t->h->offload) return offload_call(call, owned, sb, t->h->fn);
   t->h->fn(call, owned, sb);
   json_decref(owned);
 }
@@ -524,6 +589,66 @@ static int percent_decode(const char *in, char *out, size_t len) {
   return 0;
 }
 
+/* A resources/read, worked on a thread of its own (offload.h). */
+typedef struct resource_read {
+  mcp_conn *c;
+  json_t *id;
+  bool modern;
+  char *uri;
+  char path[4096];
+  json_t *content;  /* the answer, or */
+  json_t *err_data; /* an error, with msg */
+  char msg[700];
+} resource_read;
+
+static void resource_work(void *ud, sbx_sandbox *sb) {
+  resource_read *rr = ud;
+  sbx_error err = {0};
+  _cleanup_free_ char *data = NULL;
+  size_t len = 0;
+  const char *uri = rr->uri, *path = rr->path;
+  if (sbx_fs_check_dir(sb, path, NULL) == 0) {
+    json_t *entries = json_array();
+    if (sbx_fs_list(sb, path, false, true, listing_cb, entries, NULL, &err) < 0) {
+      json_decref(entries);
+      snprintf(rr->msg, sizeof rr->msg, "%s: %s", err.code, err.message);
+      rr->err_data = json_pack("{s:s}", "uri", uri);
+      return;
+    }
+    char *text = json_dumps(entries, JSON_COMPACT);
+    json_decref(entries);
+    rr->content = json_pack("{s:s, s:s, s:s}", "uri", uri, "mimeType", "application/json", "text", text);
+    free(text);
+  } else if (sbx_fs_read(sb, path, SBX_MAX_READ, &data, &len, &err) < 0) {
+    snprintf(rr->msg, sizeof rr->msg, "%s: %s", err.code, err.message);
+    rr->err_data = json_pack("{s:s, s:s}", "uri", uri, "code", err.code);
+  } else if (memchr(data, 0, len) || !sbx_utf8_valid(data, len)) {
+    _cleanup_free_ char *b = sbx_base64_encode(data, len, NULL);
+    rr->content = json_pack("{s:s, s:s, s:s}", "uri", uri, "mimeType", sbx_fs_mime(path), "blob", b);
+  } else {
+    rr->content = json_pack("{s:s, s:s, s:s%}", "uri", uri, "mimeType", sbx_fs_mime(path), "text", data, len);
+  }
+}
+
+static void resource_done(void *ud, bool ran) {
+  resource_read *rr = ud;
+  if (!ran) {
+    snprintf(rr->msg, sizeof rr->msg, "the sandbox was destroyed before this read ran");
+    rr->err_data = json_pack("{s:s}", "uri", rr->uri);
+  }
+  if (rr->content) {
+    json_t *res = json_pack("{s:[o]}", "contents", rr->content);
+    if (rr->modern) send_list_result(rr->c, rr->id, true, res); /* modern reads carry cache fields too */
+    else send_result(rr->c, rr->id, false, res);
+  } else {
+    send_error_data(rr->c, rr->id, -32002, rr->msg, rr->err_data ? rr->err_data : json_object());
+  }
+  conn_unref(rr->c);
+  json_decref(rr->id);
+  free(rr->uri);
+  free(rr);
+}
+
 static void do_resources_read(request *r) {
   const char *uri = json_string_value(json_object_get(r->params, "uri"));
   if (!uri) return mcp_conn_send_error(r->c, r->id, -32602, "resources/read needs params.uri");
@@ -542,32 +667,21 @@ static void do_resources_read(request *r) {
     return send_error_data(r->c, r->id, -32002, msg, json_pack("{s:s}", "uri", uri));
   }
   sbx_sandbox_touch(sb);
-  _cleanup_free_ char *data = NULL;
-  size_t len = 0;
-  json_t *content;
-  if (sbx_fs_check_dir(sb, path, NULL) == 0) {
-    json_t *entries = json_array();
-    if (sbx_fs_list(sb, path, false, true, listing_cb, entries, NULL, &err) < 0) {
-      json_decref(entries);
-      snprintf(msg, sizeof msg, "%s: %s", err.code, err.message);
-      return send_error_data(r->c, r->id, -32002, msg, json_pack("{s:s}", "uri", uri));
-    }
-    char *text = json_dumps(entries, JSON_COMPACT);
-    json_decref(entries);
-    content = json_pack("{s:s, s:s, s:s}", "uri", uri, "mimeType", "application/json", "text", text);
-    free(text);
-  } else if (sbx_fs_read(sb, path, SBX_MAX_READ, &data, &len, &err) < 0) {
-    snprintf(msg, sizeof msg, "%s: %s", err.code, err.message);
-    return send_error_data(r->c, r->id, -32002, msg, json_pack("{s:s, s:s}", "uri", uri, "code", err.code));
-  } else if (memchr(data, 0, len) || !sbx_utf8_valid(data, len)) {
-    _cleanup_free_ char *b = sbx_base64_encode(data, len, NULL);
-    content = json_pack("{s:s, s:s, s:s}", "uri", uri, "mimeType", sbx_fs_mime(path), "blob", b);
-  } else {
-    content = json_pack("{s:s, s:s, s:s%}", "uri", uri, "mimeType", sbx_fs_mime(path), "text", data, len);
+  resource_read *rr = calloc(1, sizeof *rr);
+  if (!rr || !(rr->uri = strdup(uri))) {
+    free(rr);
+    return mcp_conn_send_error(r->c, r->id, -32603, "out of memory");
   }
-  json_t *res = json_pack("{s:[o]}", "contents", content);
-  if (r->modern) send_list_result(r->c, r->id, true, res); /* modern reads carry cache fields too */
-  else send_result(r->c, r->id, false, res);
+  rr->c = r->c;
+  rr->id = json_incref(r->id);
+  rr->modern = r->modern;
+  snprintf(rr->path, sizeof rr->path, "%s", path);
+  r->c->refs++;
+  if (mcp_offload(r->c->loop, sb, resource_work, resource_done, rr, &err) < 0) {
+    snprintf(rr->msg, sizeof rr->msg, "%s: %s", err.code, err.message);
+    rr->err_data = json_pack("{s:s}", "uri", uri);
+    resource_done(rr, true);
+  }
 }
 
 static void do_cancelled(mcp_conn *c, json_t *params) {

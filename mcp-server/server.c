@@ -6,6 +6,7 @@
 #include "framing.h"
 #include "http.h"
 #include "mcp.h"
+#include "offload.h"
 #include "../sandbox-core/config.h"
 #include "../sandbox-core/preview.h"
 #include "../sandbox-core/process.h"
@@ -413,6 +414,7 @@ static void on_signal(uv_signal_t *s, int sig) {
   stop_view();
   for (client *c = d.clients; c; c = c->next) client_close(c);
   for (sbx_sandbox *sb = sbx_sandbox_list(); sb; sb = sb->next) sbx_exec_cancel_sandbox(sb);
+  mcp_offload_stop();
   uv_signal_stop(&d.sigterm);
   uv_signal_stop(&d.sigint);
   uv_close((uv_handle_t *)&d.sigterm, NULL);
@@ -507,6 +509,7 @@ int sbx_daemon_main(const char *http_addr, bool http_allow_remote, const char *m
     return 1;
   }
   d.loop = uv_default_loop();
+  mcp_offload_init(d.loop);
   uv_pipe_init(d.loop, &d.server, 0);
   unlink(d.paths.sock); /* stale: we hold the lock */
   mode_t old = umask(077);

@@ -2,6 +2,7 @@
  * inputSchema) in, engine calls, structured results out. */
 #define _GNU_SOURCE
 #include "mcp.h"
+#include "offload.h"
 
 #include <ctype.h>
 #include <regex.h>
@@ -193,6 +194,7 @@ static void h_destroy(mcp_call *call, json_t *args, sbx_sandbox *sb) {
 /* A sandbox destroyed or reset: its processes, code contexts and preview
  * URLs (they answer 410 from now on) go with it. */
 void mcp_sandbox_ended(sbx_sandbox *sb) {
+  mcp_offload_forget(sb);
   sbx_process_forget_sandbox(sb->id);
   sbx_code_forget_sandbox(sb->id);
   sbx_preview_revoke_sandbox(sb);
@@ -1442,14 +1444,14 @@ const mcp_handler mcp_handlers[] = {
     {"killProcess", h_kill_process, false},
     {"killAllProcesses", h_kill_all, false},
     {"waitForPort", h_wait_port, false},
-    {"writeFile", h_write, false},
-    {"readFile", h_read, false},
-    {"listFiles", h_list_files, false},
-    {"mkdir", h_mkdir, false},
-    {"deleteFile", h_delete, false},
-    {"renameFile", h_rename, false},
-    {"moveFile", h_move, false},
-    {"exists", h_exists, false},
+    {"writeFile", h_write, .offload = true},
+    {"readFile", h_read, .offload = true},
+    {"listFiles", h_list_files, .offload = true},
+    {"mkdir", h_mkdir, .offload = true},
+    {"deleteFile", h_delete, .offload = true},
+    {"renameFile", h_rename, .offload = true},
+    {"moveFile", h_move, .offload = true},
+    {"exists", h_exists, .offload = true},
     {"createSession", h_session_create, false},
     {"deleteSession", h_session_delete, false},
     {"listSessions", h_session_list, false},

@@ -642,18 +642,25 @@ static void sandbox_free(sbx_sandbox *sb) {
 
 #define NS_FLAGS (CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWIPC)
 
+/* Credentials of the calling thread alone: the raw system calls, not
+ * glibc's, which change every thread of the process (and wait for each:
+ * a daemon thread blocked on a filesystem would hold the loop). */
+static int thread_setresuid(uid_t r, uid_t e, uid_t s) { return (int)syscall(SYS_setresuid, r, e, s); }
+static int thread_setresgid(gid_t r, gid_t e, gid_t s) { return (int)syscall(SYS_setresgid, r, e, s); }
+
 /* Clones the sandbox's init into new namespaces. As root, the user
- * namespace is created while the daemon's effective ids are the sandbox's
- * own host uid: the kernel charges per-user counts (inotify instances,
- * message queues, pending signals...) of a namespace to its owner, so each
- * sandbox gets its own instead of sharing host root's. The daemon is
- * single-threaded, its real and saved ids stay 0 (nothing running as that
- * uid may signal or trace it), and it is root again one syscall later. */
+ * namespace is created while the loop thread's effective ids are the
+ * sandbox's own host uid: the kernel charges per-user counts (inotify
+ * instances, message queues, pending signals...) of a namespace to its
+ * owner, so each sandbox gets its own instead of sharing host root's. The
+ * real and saved ids stay 0 (nothing running as that uid may signal or
+ * trace the daemon), the daemon's other threads keep theirs, and it is
+ * root again one syscall later. */
 static pid_t clone_init(sbx_sandbox *sb, const sbx_init_args *args, int sock_other, int *pidfd) {
   uid_t u = sb->uid_base;
-  if (!eng.cfg.rootless && (setresgid(-1, u, -1) < 0 || setresuid(-1, u, -1) < 0)) {
+  if (!eng.cfg.rootless && (thread_setresgid(-1, u, -1) < 0 || thread_setresuid(-1, u, -1) < 0)) {
     int e = errno;
-    setresgid(-1, 0, -1);
+    thread_setresgid(-1, 0, -1);
     errno = e;
     return -1;
   }
@@ -663,7 +670,8 @@ static pid_t clone_init(sbx_sandbox *sb, const sbx_init_args *args, int sock_oth
     sbx_rootfs_init_main(args);
   }
   int e = errno;
-  if (!eng.cfg.rootless && (setresuid(-1, 0, -1) < 0 || setresgid(-1, 0, -1) < 0)) abort(); /* cannot happen: saved uid is 0 */
+  if (!eng.cfg.rootless && (thread_setresuid(-1, 0, -1) < 0 || thread_setresgid(-1, 0, -1) < 0))
+    abort(); /* cannot happen: saved uid is 0 */
   errno = e;
   return pid;
 }

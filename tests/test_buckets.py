@@ -545,6 +545,74 @@ def test_unmount(t, x):
     t.eq(res['structuredContent'].get('error', {}).get('code'), 'VALIDATION_FAILED', 'unmounting twice says nothing is there')
 
 
+def test_hung_bucket_stalls_nobody(t, x):
+    """A file call that waits on a bucket whose server answers nothing (a
+    read, a listing, a resources/read of files the cache does not have)
+    holds no one else: other sandboxes' commands and file calls, and the
+    same sandbox's commands, are answered meanwhile; once the bucket
+    answers, so do the waiting calls, with the right bytes."""
+    c = x.c
+    c.ok('createSandbox', {'sandboxId': 'hung'})
+    x.s3.put('test', 'hung/cold.txt', b'from the bucket\n')
+    x.s3.put('test', 'hung/cold2.txt', b'also from the bucket\n')
+    x.s3.put('test', 'hung/sub/deep.txt', b'deeper\n')
+    x.mount('/data', sandbox='hung', prefix='hung')  # a fresh mount: nothing cached
+    os.kill(x.s3.node.pid, signal.SIGSTOP)  # the bucket accepts and answers nothing
+    try:
+        ids = [next(c.ids) for _ in range(3)]
+        c.send({'jsonrpc': '2.0', 'id': ids[0], 'method': 'tools/call',
+                'params': {'name': 'readFile', 'arguments': {'sandboxId': 'hung', 'path': '/data/cold.txt'}}})
+        c.send({'jsonrpc': '2.0', 'id': ids[1], 'method': 'tools/call',
+                'params': {'name': 'listFiles', 'arguments': {'sandboxId': 'hung', 'path': '/data'}}})
+        c.send({'jsonrpc': '2.0', 'id': ids[2], 'method': 'resources/read',
+                'params': {'uri': 'sbx://hung/data/cold.txt'}})
+        more = [next(c.ids) for _ in range(70)]  # 2 wait already: 62 more may, 8 are refused at once
+        for i in more:
+            c.send({'jsonrpc': '2.0', 'id': i, 'method': 'tools/call',
+                    'params': {'name': 'exists', 'arguments': {'sandboxId': 'hung', 'path': '/data/cold.txt'}}})
+        refused = [c.next(lambda m: m.get('id') in more and 'method' not in m, 20) for _ in range(8)]
+        t.eq(sorted(r['result']['structuredContent']['error']['code'] for r in refused), ['RESOURCE_LIMIT'] * 8,
+             'past 64 file calls waiting on one sandbox, more are refused at once with RESOURCE_LIMIT', refused[:1])
+        t.eq(c.sh('echo fine', sandbox='b1', wait=20)['stdout'], 'fine\n',
+             'another sandbox\'s command is answered while file calls wait on the bucket')
+        t.eq(c.ok('writeFile', {'sandboxId': 'b1', 'path': 'w.txt', 'content': 'w'}, 20)['size'], 1,
+             'and so is its file call')
+        t.eq(c.sh('echo here', sandbox='hung', wait=20)['stdout'], 'here\n', 'and the same sandbox\'s command')
+        answered = [m.get('id') for m in c.pending if m.get('id') in ids + more]
+        t.eq(answered, [], 'the calls on the bucket are still waiting (its server is stopped)')
+    finally:
+        os.kill(x.s3.node.pid, signal.SIGCONT)
+    r = c.next(lambda m: m.get('id') == ids[0] and 'method' not in m, 240)['result']
+    t.eq(r.get('structuredContent', {}).get('content'), 'from the bucket\n', 'the read answers once the bucket does', r)
+    r = c.next(lambda m: m.get('id') == ids[1] and 'method' not in m, 240)['result']
+    t.eq(sorted(f['name'] for f in r.get('structuredContent', {}).get('files', [])), ['cold.txt', 'cold2.txt', 'sub'],
+         'so does the listing', r)
+    r = c.next(lambda m: m.get('id') == ids[2] and 'method' not in m, 240)
+    t.eq(r.get('result', {}).get('contents', [{}])[0].get('text'), 'from the bucket\n', 'and the resource read', r)
+    waited = [c.next(lambda m: m.get('id') in more and 'method' not in m, 240) for _ in range(62)]
+    t.eq({r['result']['structuredContent'].get('exists') for r in waited}, {True}, 'and the 62 calls that waited', waited[:1])
+    # destroyed while a call waits on the bucket and more wait behind it
+    os.kill(x.s3.node.pid, signal.SIGSTOP)
+    try:
+        ids = [next(c.ids) for _ in range(4)]
+        c.send({'jsonrpc': '2.0', 'id': ids[0], 'method': 'tools/call',
+                'params': {'name': 'readFile', 'arguments': {'sandboxId': 'hung', 'path': '/data/sub/deep.txt'}}})
+        for i in ids[1:]:
+            c.send({'jsonrpc': '2.0', 'id': i, 'method': 'tools/call',
+                    'params': {'name': 'exists', 'arguments': {'sandboxId': 'hung', 'path': '/workspace'}}})
+        c.sh('true', sandbox='b1', wait=20)  # the daemon has taken them all
+        t.eq([m.get('id') for m in c.pending if m.get('id') in ids], [], 'a read waits on the stopped bucket again')
+        c.ok('destroySandbox', {'sandboxId': 'hung'}, 20)
+        t.ok(True, 'a sandbox whose file call waits on a stopped bucket is destroyed at once')
+        gone_ = [c.next(lambda m: m.get('id') in ids[1:] and 'method' not in m, 20) for _ in range(3)]
+        t.eq([r['result']['structuredContent']['error']['code'] for r in gone_], ['SANDBOX_NOT_FOUND'] * 3,
+             'the calls that waited behind it are answered: the sandbox is gone', gone_[:1])
+    finally:
+        os.kill(x.s3.node.pid, signal.SIGCONT)
+    r = c.next(lambda m: m.get('id') == ids[0] and 'method' not in m, 240)['result']
+    t.ok('structuredContent' in r, 'and the call that was waiting is answered too', r)
+
+
 def test_cold_directory(t, x):
     """A fresh mount (empty cache) going through a directory in order, as
     tar, cp -r and grep -r do: small files come ahead of their lookups,
@@ -587,6 +655,6 @@ def test_destroy_cleans_up(t, x):
 
 if __name__ == '__main__':
     sys.exit(run_tests([test_mount_write_read, test_signatures, test_fsync_means_in_bucket, test_secrets_never_shown,
-                        test_errors, test_read_only, test_server_cpu_bounded, test_fsyncs_hold_no_thread, test_local_bucket, test_local_bucket_quota, test_reset_keeps_bucket, test_restart_kill9,
+                        test_errors, test_read_only, test_server_cpu_bounded, test_fsyncs_hold_no_thread, test_hung_bucket_stalls_nobody, test_local_bucket, test_local_bucket_quota, test_reset_keeps_bucket, test_restart_kill9,
                         test_crash_of_bucket_server, test_daemon_killed_during_writes, test_outage, test_crash_during_outage, test_syscall_suite,
                         test_view_shows_bucket, test_unmount, test_cold_directory, test_destroy_cleans_up], Ctx))
