@@ -152,15 +152,23 @@ typedef void (*connected_cb)(void *ud, int fd, int error);
 typedef struct want {
   connected_cb cb;
   void *ud;
+  uint16_t port;
   struct want *next;
 } want;
+
+/* Requests sent to a factory and not yet answered: fewer than a unix
+ * socket's queue holds (net.unix.max_dgram_qlen, 10 by default), so that a
+ * burst of connections waits its turn instead of failing on a full queue. */
+#define FACTORY_INFLIGHT 8
 
 struct factory {
   char sandbox[64];
   uint64_t incarnation;
   int sock, pidfd;
   uv_poll_t poll;
-  want *wants, **tail;
+  want *wants, **tail; /* oldest first; the first `sent` were sent */
+  want *unsent;
+  int sent;
   bool dead;
   factory *next;
 };
@@ -208,6 +216,20 @@ static void factory_kill(factory *f) {
   uv_close((uv_handle_t *)&f->poll, factory_freed);
 }
 
+/* Sends what waits, as far as the factory takes it; false: it is gone. */
+static bool factory_pump(factory *f) {
+  while (!f->dead && f->unsent && f->sent < FACTORY_INFLIGHT) {
+    if (send(f->sock, &f->unsent->port, sizeof f->unsent->port, MSG_NOSIGNAL | MSG_DONTWAIT) != sizeof f->unsent->port) {
+      if (errno == EAGAIN) break; /* sent again with the next answer */
+      factory_kill(f);
+      return false;
+    }
+    f->unsent = f->unsent->next;
+    f->sent++;
+  }
+  return !f->dead;
+}
+
 static void factory_readable(uv_poll_t *h, int status, int events) {
   (void)status, (void)events;
   factory *f = h->data;
@@ -215,15 +237,17 @@ static void factory_readable(uv_poll_t *h, int status, int events) {
   int fd = -1;
   ssize_t n = sbx_recv_fds(f->sock, &e, sizeof e, &fd, 1, NULL, MSG_DONTWAIT);
   if (n < 0 && errno == EAGAIN) return;
-  if (n != sizeof e || !f->wants) {
+  if (n != sizeof e || !f->sent) {
     if (fd >= 0) close(fd);
     return factory_kill(f);
   }
   want *w = f->wants;
   f->wants = w->next;
   if (!f->wants) f->tail = &f->wants;
+  f->sent--;
   w->cb(w->ud, e ? -1 : fd, e);
   free(w);
+  factory_pump(f);
 }
 
 static factory *factory_of(const char *id) {
@@ -281,16 +305,14 @@ static factory *factory_for(sbx_sandbox *sb) {
 static int connect_in(sbx_sandbox *sb, int port, connected_cb cb, void *ud) {
   factory *f = factory_for(sb);
   want *w = f ? calloc(1, sizeof *w) : NULL;
-  uint16_t p = (uint16_t)port;
-  if (!w || send(f->sock, &p, sizeof p, MSG_NOSIGNAL) != sizeof p) {
-    free(w);
-    if (f) factory_kill(f);
-    return -1;
-  }
+  if (!w) return -1;
   w->cb = cb;
   w->ud = ud;
+  w->port = (uint16_t)port;
   *f->tail = w;
   f->tail = &w->next;
+  if (!f->unsent) f->unsent = w;
+  factory_pump(f); /* a factory gone answers every want, this one too */
   return 0;
 }
 

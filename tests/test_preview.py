@@ -191,7 +191,10 @@ def responses(s, n):
             if not b:
                 return out
             buf += b
-        out.append((int(head.split()[1]), json.loads(buf[:length])))
+        try:
+            out.append((int(head.split()[1]), json.loads(buf[:length])))
+        except ValueError:
+            raise ValueError(repr(head) + repr(buf[:length]))
         buf = buf[length:]
     return out
 
