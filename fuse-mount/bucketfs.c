@@ -74,6 +74,7 @@ typedef struct bnode {
   uint64_t open_version;      /* the version the kernel's page cache holds */
   /* the cache file: whole (full) or chunks of the object */
   int cfd;
+  struct bnode *fprev, *fnext; /* B.fds, while cfd is open */
   bool full;
   uint8_t *present, *inflight;
   size_t nchunks;
@@ -104,8 +105,9 @@ typedef enum { OP_PUT, OP_DEL } opkind;
 typedef struct qitem {
   char *path;
   opkind kind;
-  uint64_t not_before;
-  struct qitem *next;
+  uint64_t not_before; /* a retry: not before this */
+  bool retry;          /* on B.retry, not B.queue */
+  struct qitem *next, *hnext;
 } qitem;
 
 typedef struct fitem {
@@ -139,12 +141,17 @@ static struct {
   bnode *hash[HASH_SIZE];
   gone *gone[HASH_SIZE];
   bnode root;
-  qitem *queue;
+  qitem *queue, **queue_tail; /* to upload, oldest first */
+  qitem *retry, **retry_tail; /* failed, to try again: by not_before */
+  qitem *qhash[HASH_SIZE];    /* both, by path */
+  uint64_t away_until;        /* the bucket did not answer: nothing is tried before */
   struct psync *syncs; /* fsyncs waiting for their upload (answered by the uploaders) */
   char *busy_paths[UPLOADERS]; /* one operation per path at a time, in order */
   fitem *fetchq;   /* chunks a reader wants soon: first */
   fitem *aheadq;   /* small files fetched ahead */
   size_t nkept;
+  struct bnode *fds, *fds_tail; /* nodes whose cache file is open, oldest first */
+  size_t nfds, fds_max;         /* past fds_max, those not in use are closed */
   int inflight;
   bool stopping, fetch_stop;
   struct fuse_session *se;
@@ -299,10 +306,11 @@ static bnode *parent_of(const char *path) {
 
 /* Forgets the node's cached data; never while a file handle or a fetch
  * uses its cache file (callers check opens; fetches are waited for). */
+static void cache_close(bnode *n);
+
 static void cache_drop(bnode *n, bool unlink_file) {
   while (n->fetching) pthread_cond_wait(&B.fetched, &B.lock);
-  if (n->cfd >= 0) close(n->cfd);
-  n->cfd = -1;
+  cache_close(n);
   if (unlink_file) {
     char p[PBUF];
     cache_path(n->path, p, sizeof p);
@@ -415,29 +423,111 @@ static void journal_unnode(const char *p) {
 
 /* ---- the queue: one operation per path at a time, in order ----------------- */
 
-static void enqueue(const char *path, opkind kind, uint64_t delay_ms) {
+static bool path_busy(const char *path) {
+  for (int i = 0; i < UPLOADERS; i++)
+    if (B.busy_paths[i] && !strcmp(B.busy_paths[i], path)) return true;
+  return false;
+}
+
+static int path_take(const char *path) {
+  for (int i = 0; i < UPLOADERS; i++)
+    if (!B.busy_paths[i]) {
+      B.busy_paths[i] = (char *)path;
+      return i;
+    }
+  return -1;
+}
+
+static void q_append(qitem **head, qitem ***tail, qitem *q) {
+  q->next = NULL;
+  if (!*tail) *tail = head;
+  **tail = q;
+  *tail = &q->next;
+}
+
+/* Unlinks *pp (an item of the list head/tail). */
+static qitem *q_take(qitem **pp, qitem ***tail) {
+  qitem *q = *pp;
+  *pp = q->next;
+  if (*tail == &q->next) *tail = pp;
+  return q;
+}
+
+static qitem **q_hash_slot(const char *path, opkind kind) {
+  qitem **pp = &B.qhash[hash_of(path)];
+  while (*pp && ((*pp)->kind != kind || strcmp((*pp)->path, path))) pp = &(*pp)->hnext;
+  return pp;
+}
+
+static void q_unhash(qitem *q) {
+  qitem **pp = q_hash_slot(q->path, q->kind);
+  if (*pp == q) *pp = q->hnext;
+}
+
+static void q_hash(qitem *q) {
+  qitem **slot = q_hash_slot(q->path, q->kind);
+  q->hnext = *slot;
+  *slot = q;
+}
+
+/* Queues an upload or a delete of path (lock held); one already queued or
+ * waiting to be retried is wanted now instead. Constant time: an untar of
+ * many files queues each without walking the others. */
+static void enqueue(const char *path, opkind kind) {
   if (kind == OP_PUT) {
     bnode *n = node_find(path);
     if (n) n->queued = true;
   }
-  for (qitem *q = B.queue; q; q = q->next)
-    if (q->kind == kind && !strcmp(q->path, path)) {
-      if (!delay_ms) q->not_before = 0; /* wanted now (fsync) */
-      pthread_cond_broadcast(&B.work);
-      return;
+  qitem *q = *q_hash_slot(path, kind);
+  if (q) {
+    if (q->retry) { /* wanted now (fsync, or changed again) */
+      qitem **pp = &B.retry;
+      while (*pp != q) pp = &(*pp)->next;
+      q_take(pp, &B.retry_tail);
+      q->retry = false;
+      q_append(&B.queue, &B.queue_tail, q);
     }
-  qitem *q = calloc(1, sizeof *q);
+    pthread_cond_broadcast(&B.work);
+    return;
+  }
+  q = calloc(1, sizeof *q);
   if (!q || !(q->path = strdup(path))) {
     free(q);
     return;
   }
   q->kind = kind;
-  q->not_before = delay_ms ? sbx_now_ms() + delay_ms : 0;
-  qitem **tail = &B.queue;
-  while (*tail) tail = &(*tail)->next;
-  *tail = q;
+  q_hash(q);
+  q_append(&B.queue, &B.queue_tail, q);
   pthread_cond_broadcast(&B.work);
 }
+
+/* The next item an uploader may take (lock held): the oldest whose path
+ * is not being worked on, then the oldest retry that is due; none while
+ * the bucket is away. *wait_ms: when to look again (0: when woken). Taken,
+ * it is no longer queued: the path changed again is queued anew. */
+static qitem *dequeue(uint64_t now, uint64_t *wait_ms) {
+  *wait_ms = 0;
+  if (now < B.away_until) {
+    *wait_ms = B.away_until - now;
+    return NULL;
+  }
+  qitem *q = NULL;
+  for (qitem **pp = &B.queue; *pp && !q; pp = &(*pp)->next)
+    if (!path_busy((*pp)->path)) q = q_take(pp, &B.queue_tail);
+  for (qitem **pp = &B.retry; *pp && !q; pp = &(*pp)->next) {
+    if ((*pp)->not_before > now) {
+      *wait_ms = (*pp)->not_before - now;
+      break;
+    }
+    if (!path_busy((*pp)->path)) q = q_take(pp, &B.retry_tail);
+  }
+  if (q) {
+    q->retry = false;
+    q_unhash(q);
+  }
+  return q;
+}
+
 
 static gone *gone_find(const char *path) {
   for (gone *g = B.gone[hash_of(path)]; g; g = g->next)
@@ -482,7 +572,7 @@ static void tombstone(const char *path, bool dir) {
   json_t *j = json_pack("{s:s, s:b}", "path", path, "dir", dir);
   write_json_file(jp, j);
   json_decref(j);
-  enqueue(path, OP_DEL, 0);
+  enqueue(path, OP_DEL);
 }
 
 static void mark_dirty(bnode *n) {
@@ -497,12 +587,44 @@ static void mark_dirty(bnode *n) {
 
 /* Opens the node's cache file (lock held): a new or fully cached file is
  * whole; a remote one gets a map of which chunks are present. */
+/* Closes the node's cache file; what it holds stays (lock held). */
+static void cache_close(bnode *n) {
+  if (n->cfd < 0) return;
+  close(n->cfd);
+  n->cfd = -1;
+  *(n->fprev ? &n->fprev->fnext : &B.fds) = n->fnext;
+  *(n->fnext ? &n->fnext->fprev : &B.fds_tail) = n->fprev;
+  n->fprev = n->fnext = NULL;
+  B.nfds--;
+}
+
+/* A mount remembers more files than it may hold open: past B.fds_max,
+ * the cache files of the oldest nodes nothing uses are closed (and opened
+ * again, by their path, when needed). Lock held. */
+static void cache_trim(bnode *keep) {
+  for (bnode *n = B.fds, *next; n && B.nfds > B.fds_max; n = next) {
+    next = n->fnext;
+    if (n != keep && !n->opens && !n->busy && !n->fetching) cache_close(n);
+  }
+}
+
 static int cache_open(bnode *n) {
   if (n->cfd >= 0) return 0;
   char p[PBUF];
   cache_path(n->path, p, sizeof p);
   n->cfd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (n->cfd < 0 && (errno == EMFILE || errno == ENFILE) && B.nfds > 16) {
+    B.fds_max = B.nfds * 3 / 4; /* fewer than we thought: from now on */
+    cache_trim(n);
+    n->cfd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  }
   if (n->cfd < 0) return -errno;
+  n->fprev = B.fds_tail;
+  *(B.fds_tail ? &B.fds_tail->fnext : &B.fds) = n;
+  B.fds_tail = n;
+  B.nfds++;
+  cache_trim(n);
+  if (n->full || n->present) return 0; /* closed by cache_trim, opened again: its data is there */
   if (!n->remote || n->dirty) {
     n->full = true;
     return 0;
@@ -741,21 +863,6 @@ static int truncate_to_empty(bnode *n) {
 
 /* ---- uploads ---------------------------------------------------------------- */
 
-static bool path_busy(const char *path) {
-  for (int i = 0; i < UPLOADERS; i++)
-    if (B.busy_paths[i] && !strcmp(B.busy_paths[i], path)) return true;
-  return false;
-}
-
-static int path_take(const char *path) {
-  for (int i = 0; i < UPLOADERS; i++)
-    if (!B.busy_paths[i]) {
-      B.busy_paths[i] = (char *)path;
-      return i;
-    }
-  return -1;
-}
-
 /* Puts a node's content (file, link target, directory marker). Lock held,
  * dropped during the request. */
 static int put_node(bnode *n, const char *key, s3_err *e) {
@@ -795,24 +902,13 @@ static void *uploader(void *arg) {
   (void)arg;
   pthread_mutex_lock(&B.lock);
   for (;;) {
-    qitem *q = NULL;
-    uint64_t now = sbx_now_ms(), wait_ms = 0;
-    bool all_waiting = true;
-    for (qitem **pp = &B.queue; *pp; pp = &(*pp)->next) {
-      if (path_busy((*pp)->path)) continue;
-      if ((*pp)->not_before <= now) {
-        q = *pp;
-        *pp = q->next;
-        break;
-      }
-      uint64_t w = (*pp)->not_before - now;
-      if (!wait_ms || w < wait_ms) wait_ms = w;
-    }
-    for (qitem *x = B.queue; x && all_waiting; x = x->next) all_waiting = x->not_before > now;
+    uint64_t now = sbx_now_ms(), wait_ms;
+    qitem *q = dequeue(now, &wait_ms);
     if (!q) {
       /* stopping: done when nothing is left, or when all that is left
        * waits for a bucket that is away (it stays journaled) */
-      if (B.stopping && !B.inflight && (!B.queue || all_waiting)) break;
+      bool all_waiting = now < B.away_until || (!B.queue && (!B.retry || B.retry->not_before > now));
+      if (B.stopping && !B.inflight && all_waiting) break;
       if (wait_ms) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
@@ -857,7 +953,7 @@ static void *uploader(void *arg) {
         n->fail_gen = gen;
       }
       n->queued = false;
-      if (rc == 0 && n->dirty && !n->unlinked) enqueue(n->path, OP_PUT, 0); /* changed meanwhile */
+      if (rc == 0 && n->dirty && !n->unlinked) enqueue(n->path, OP_PUT); /* changed meanwhile */
       else if (rc < 0) n->queued = true;
     } else if (q->kind == OP_DEL) {
       gone *g = gone_find(q->path);
@@ -879,11 +975,19 @@ static void *uploader(void *arg) {
     if (slot >= 0) B.busy_paths[slot] = NULL;
     if (rc < 0) { /* the bucket is away or refused: kept, tried again later */
       snprintf(B.last_error, sizeof B.last_error, "%s", e.msg);
-      q->not_before = sbx_now_ms() + RETRY_MS;
-      q->next = NULL;
-      qitem **tail = &B.queue;
-      while (*tail) tail = &(*tail)->next;
-      *tail = q;
+      uint64_t later = sbx_now_ms() + RETRY_MS;
+      /* no answer, or the server's own failure: the bucket is away, and
+       * what else is queued waits too instead of failing one by one */
+      if (e.http == 0 || e.http >= 500) B.away_until = later;
+      if (*q_hash_slot(q->path, q->kind)) { /* queued again meanwhile: that one does it */
+        free(q->path);
+        free(q);
+      } else {
+        q->not_before = later;
+        q->retry = true;
+        q_hash(q);
+        q_append(&B.retry, &B.retry_tail, q);
+      }
     } else {
       if (n) node_maybe_free(n);
       free(q->path);
@@ -910,7 +1014,7 @@ static void sync_when_uploaded(fuse_req_t req, bnode *n) {
   journal_node(n);
   n->fail_gen = 0;
   n->busy++;
-  enqueue(n->path, OP_PUT, 0);
+  enqueue(n->path, OP_PUT);
 }
 
 /* Answers the fsyncs whose upload is over (lock held). */
@@ -1199,7 +1303,7 @@ static void meta_changed(bnode *n) {
   if (n->dirty || n->type != T_FILE || !n->remote) {
     mark_dirty(n);
     journal_node(n);
-    if (!n->opens) enqueue(n->path, OP_PUT, 0);
+    if (!n->opens) enqueue(n->path, OP_PUT);
     return;
   }
   char key[PBUF];
@@ -1213,7 +1317,7 @@ static void meta_changed(bnode *n) {
   n->busy--;
   if (r < 0 && ensure_full(n) == 0) { /* the bucket is away: the whole object goes up later */
     mark_dirty(n);
-    if (!n->opens) enqueue(n->path, OP_PUT, 0);
+    if (!n->opens) enqueue(n->path, OP_PUT);
   }
 }
 
@@ -1254,7 +1358,7 @@ static void b_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *a, int valid,
       n->mtime_ns = now_ns();
       mark_dirty(n);
       journal_node(n);
-      if (!n->opens) enqueue(n->path, OP_PUT, 0);
+      if (!n->opens) enqueue(n->path, OP_PUT);
       meta = false;
     }
   }
@@ -1425,7 +1529,7 @@ static void b_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
   n->opens--;
   if (n->dirty && !n->unlinked) {
     journal_node(n);
-    if (!n->opens) enqueue(n->path, OP_PUT, 0); /* uploaded on close, in the background */
+    if (!n->opens) enqueue(n->path, OP_PUT); /* uploaded on close, in the background */
   }
   node_maybe_free(n);
   pthread_mutex_unlock(&B.lock);
@@ -1490,7 +1594,7 @@ static void b_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, const
   n->target = strdup(link);
   n->size = strlen(link);
   mark_dirty(n);
-  enqueue(n->path, OP_PUT, 0);
+  enqueue(n->path, OP_PUT);
   reply_entry(req, n);
 }
 
@@ -1527,7 +1631,7 @@ static void b_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t 
   }
   n->list_at = sbx_now_ms(); /* new: nothing in it, as far as anyone knows */
   mark_dirty(n);             /* its marker keeps it while it is empty */
-  enqueue(n->path, OP_PUT, 0);
+  enqueue(n->path, OP_PUT);
   reply_entry(req, n);
 }
 
@@ -1735,7 +1839,7 @@ static int rename_file(bnode *p, bnode *np, bnode *n, const char *to) {
     n->remote = false;
     mark_dirty(n);
     journal_node(n);
-    if (!n->opens) enqueue(to, OP_PUT, 0);
+    if (!n->opens) enqueue(to, OP_PUT);
     if (was_remote) tombstone(from, false);
   } else {
     char kf[PBUF], kt[PBUF];
@@ -1796,14 +1900,14 @@ static int rename_dir(bnode *p, bnode *np, bnode *n, const char *to) {
       if (!cp) continue;
       move_node(c, cp);
       list_free(c);
-      if (c->dirty) enqueue(cp, OP_PUT, 0);
+      if (c->dirty) enqueue(cp, OP_PUT);
       free(cp);
     }
   replace_target(to);
   move_node(n, to);
   list_free(n);
   mark_dirty(n); /* the new name's marker */
-  enqueue(to, OP_PUT, 0);
+  enqueue(to, OP_PUT);
   list_remove(p, base_of(oldp));
   list_add(np, base_of(to), true);
   return 0;
@@ -1937,7 +2041,7 @@ static void recover(void) {
         n->dirty = true;
         n->gen = 1;
         if (t == T_FILE) account(n, n->size);
-        enqueue(path, OP_PUT, 0);
+        enqueue(path, OP_PUT);
       } else {
         unlink(p); /* no data for it: nothing was acknowledged */
         if (n) node_maybe_free(n);
@@ -2051,6 +2155,8 @@ int sbx_bucketfs_main(int argc, char **argv) {
   prctl(PR_SET_DUMPABLE, 0); /* its memory holds credentials */
   struct rlimit nofile;
   if (getrlimit(RLIMIT_NOFILE, &nofile) == 0) nofile.rlim_cur = nofile.rlim_max, setrlimit(RLIMIT_NOFILE, &nofile);
+  getrlimit(RLIMIT_NOFILE, &nofile);
+  B.fds_max = nofile.rlim_cur / 4 > 64 ? nofile.rlim_cur / 4 : 64; /* the rest: open files, fetches, uploads */
   s3_global_init();
   char err[600];
   FILE *status = fcntl(4, F_GETFD) >= 0 ? fdopen(4, "w") : NULL;

@@ -7,6 +7,7 @@ import base64
 import hashlib
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -613,6 +614,27 @@ def test_hung_bucket_stalls_nobody(t, x):
     t.ok('structuredContent' in r, 'and the call that was waiting is answered too', r)
 
 
+def test_more_files_than_fds(t, x):
+    """A daemon, and so a bucket server, that may hold 1,024 files open
+    takes 2,000 files into a mount and reads each of them back: the cache
+    files of files nothing uses are closed, and opened again when wanted."""
+    env = Env(nofile=1024)
+    try:
+        env.env['SBX_CONFIG'] = x.env.env['SBX_CONFIG']
+        c = env.mcp(['--sandbox', 'fds'])
+        c.initialize()
+        c.ok('mountBucket', {'bucket': 'test', 'mountPath': '/data', 'prefix': 'fds', 'profile': 'loopback'})
+        r = c.sh('cd /data && for i in $(seq 2000); do echo file$i > f$i || exit 1; done; echo written; '
+                 'cat $(seq -f f%g 2000) | md5sum', wait=300)
+        want = hashlib.md5(''.join('file%d\n' % i for i in range(1, 2001)).encode()).hexdigest()
+        t.eq(r['stdout'], 'written\n%s  -\n' % want, '2,000 files written and read back through a server with 1,024 fds',
+             r)
+        wait_until(lambda: len(x.s3.stored_keys('test', 'fds/')) >= 2000, 120, 'the 2,000 objects')
+        t.eq(x.s3.get('test', 'fds/f1234'), b'file1234\n', 'and every one of them reaches the bucket')
+    finally:
+        env.close()
+
+
 def test_cold_directory(t, x):
     """A fresh mount (empty cache) going through a directory in order, as
     tar, cp -r and grep -r do: small files come ahead of their lookups,
@@ -657,4 +679,4 @@ if __name__ == '__main__':
     sys.exit(run_tests([test_mount_write_read, test_signatures, test_fsync_means_in_bucket, test_secrets_never_shown,
                         test_errors, test_read_only, test_server_cpu_bounded, test_fsyncs_hold_no_thread, test_hung_bucket_stalls_nobody, test_local_bucket, test_local_bucket_quota, test_reset_keeps_bucket, test_restart_kill9,
                         test_crash_of_bucket_server, test_daemon_killed_during_writes, test_outage, test_crash_during_outage, test_syscall_suite,
-                        test_view_shows_bucket, test_unmount, test_cold_directory, test_destroy_cleans_up], Ctx))
+                        test_view_shows_bucket, test_unmount, test_more_files_than_fds, test_cold_directory, test_destroy_cleans_up], Ctx))

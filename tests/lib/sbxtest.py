@@ -10,6 +10,7 @@ import itertools
 import json
 import os
 import queue
+import resource
 import shutil
 import signal
 import socket
@@ -95,7 +96,8 @@ def run_tests(tests, setup=None):
 class Env:
     """Private runtime and state dirs and a daemon bound to them."""
 
-    def __init__(self, user=None):
+    def __init__(self, user=None, nofile=None):
+        self.nofile = nofile  # RLIMIT_NOFILE of its clients, and so of the daemon they start
         self.root = tempfile.mkdtemp(prefix='sbxt-', dir='/tmp')
         os.chmod(self.root, 0o755)
         self.runtime = os.path.join(self.root, 'run')
@@ -127,6 +129,8 @@ class Env:
         sys.exit(1)
 
     def preexec(self):
+        if self.nofile:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
         if self.user:
             os.setgroups([])
             os.setgid(self.user[1])
@@ -137,7 +141,7 @@ class Env:
         if env:
             e.update(env)
         return subprocess.run([self.sbx] + args, capture_output=True, timeout=timeout, input=input, env=e,
-                              cwd=cwd or self.root, preexec_fn=self.preexec if self.user else None)
+                              cwd=cwd or self.root, preexec_fn=self.preexec if self.user or self.nofile else None)
 
     def mcp(self, args=(), cwd=None):
         c = StdioClient(self, list(args), cwd)
@@ -340,7 +344,7 @@ class StdioClient(Client):
         super().__init__()
         self.p = subprocess.Popen([env.sbx, 'mcp'] + args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, env=env.env, cwd=cwd or env.root,
-                                  preexec_fn=env.preexec if env.user else None)
+                                  preexec_fn=env.preexec if env.user or env.nofile else None)
         threading.Thread(target=self._reader, args=(self.p.stdout.readline,), daemon=True).start()
         self.stderr = []
         threading.Thread(target=lambda: self.stderr.extend(self.p.stderr.readlines()), daemon=True).start()
