@@ -285,16 +285,19 @@ def bench_exec(env, n):
 
 
 def bench_files(env, n):
-    """writeFile and readFile of 4 KiB through sbx mcp, against the same
-    write and read done by a process on the host, in the sandbox's
-    /workspace reached through /proc/<init>/root."""
+    """writeFile, readFile and exists of 4 KiB through sbx mcp, against the
+    same write and read done by a process on the host, in the sandbox's
+    /workspace reached through /proc/<init>/root; then the same calls in a
+    sandbox with a (local) bucket mount, whose file calls run in a child
+    process of the daemon each."""
     c = env.mcp(['--sandbox', 'files'])
     c.initialize()
     data = 'x' * 4096
     c.ok('writeFile', {'path': 'f', 'content': data})  # sandbox exists; not timed
-    w = lat(lambda: c.ok('writeFile', {'path': 'f', 'content': data}), n)
-    r = lat(lambda: c.ok('readFile', {'path': 'f'}), n)
-    e = lat(lambda: c.ok('exists', {'path': 'nothing'}), n)
+    c.ok('writeFile', {'sandboxId': 'files-b', 'path': 'f', 'content': data})
+    c.ok('mountBucket', {'sandboxId': 'files-b', 'bucket': 'bench-files', 'mountPath': '/workspace/keep',
+                         'localBucket': True})
+    print('== file calls through sbx mcp (4 KiB, n=%d) ==' % n)
     path = '/proc/%d/root/workspace/f' % init_pid('files')  # root has no uid of its own there: an existing file
 
     def host_write():
@@ -305,10 +308,13 @@ def bench_files(env, n):
         with open(path) as f:
             f.read()
     hw, hr = lat(host_write, n), lat(host_read, n)
-    print('== file calls through sbx mcp (4 KiB, n=%d) ==' % n)
-    report('writeFile', w, 'open+write+close on the host', hw)
-    report('readFile', r, 'open+read+close on the host', hr)
-    report('exists (a name that is not there)', e, 'open+read+close on the host', hr)
+    for sid, what in (('files', ''), ('files-b', ', bucket mounted')):
+        w = lat(lambda: c.ok('writeFile', {'sandboxId': sid, 'path': 'f', 'content': data}), n)
+        r = lat(lambda: c.ok('readFile', {'sandboxId': sid, 'path': 'f'}), n)
+        e = lat(lambda: c.ok('exists', {'sandboxId': sid, 'path': 'nothing'}), n)
+        report('writeFile' + what, w, 'open+write+close on the host', hw)
+        report('readFile' + what, r, 'open+read+close on the host', hr)
+        report('exists' + what, e, 'open+read+close on the host', hr)
 
 
 def bench_parallel(env, clients, seconds):

@@ -258,12 +258,9 @@ static void call_free(mcp_call *call) {
 
 uv_loop_t *mcp_call_loop(mcp_call *call) { return call->conn ? call->conn->loop : uv_default_loop(); }
 
-/* The answer of a handler that runs on a worker thread (offload.h): kept
- * until the loop sends it. */
+/* The answer of a handler that runs in a child (offload.h): kept there,
+ * and handed to the loop as JSON. */
 typedef struct mcp_outcome {
-  mcp_call *call;
-  json_t *args;
-  mcp_tool_fn fn;
   bool ok;
   json_t *structured;
   char *text;
@@ -429,40 +426,55 @@ static void do_tools_list(request *r) {
   send_list_result(r->c, r->id, r->modern, json_pack("{s:o}", "tools", list));
 }
 
-static void call_work(void *ud, sbx_sandbox *view) {
-  mcp_outcome *o = ud;
-  o->fn(o->call, o->args, view);
+typedef struct offloaded {
+  mcp_call *call;
+  json_t *args;
+  mcp_tool_fn fn;
+} offloaded;
+
+/* In the child: the handler, its answer as JSON. */
+static json_t *call_work(void *ud, sbx_sandbox *sb) {
+  offloaded *o = ud;
+  mcp_outcome out = {0};
+  o->call->outcome = &out;
+  o->fn(o->call, o->args, sb);
+  if (!out.ok)
+    return json_pack("{s:b, s:s, s:s}", "ok", 0, "code", out.err.code ? out.err.code : "INTERNAL", "message", out.err.message);
+  return json_pack("{s:b, s:o?, s:s?, s:O?}", "ok", 1, "structured", out.structured, "text", out.text, "extra",
+                   o->call->extra_content);
 }
 
-static void call_done(void *ud, bool ran) {
-  mcp_outcome *o = ud;
+static void call_done(void *ud, json_t *r, const sbx_error *why) {
+  offloaded *o = ud;
   mcp_call *call = o->call;
-  call->outcome = NULL;
-  if (!ran) {
-    sbx_err(&o->err, "SANDBOX_NOT_FOUND", "sandbox '%s' was destroyed before this call ran", call->sandbox_id);
-    mcp_call_fail(call, &o->err);
-  } else if (o->ok) {
-    mcp_call_ok(call, o->structured, o->text);
+  json_t *structured = json_object_get(r, "structured");
+  if (!r) {
+    mcp_call_fail(call, why);
+  } else if (json_is_true(json_object_get(r, "ok")) && structured) {
+    json_t *extra = json_object_get(r, "extra");
+    if (extra) call->extra_content = json_incref(extra);
+    mcp_call_ok(call, json_incref(structured), json_string_value(json_object_get(r, "text")));
   } else {
-    mcp_call_fail(call, &o->err);
+    sbx_error err = {.code = json_string_value(json_object_get(r, "code"))};
+    if (!err.code) err.code = "INTERNAL";
+    snprintf(err.message, sizeof err.message, "%s", json_string_value(json_object_get(r, "message")) ?: "");
+    mcp_call_fail(call, &err);
   }
   json_decref(o->args);
-  free(o->text);
   free(o);
 }
 
 /* Takes args. */
 static void offload_call(mcp_call *call, json_t *args, sbx_sandbox *sb, mcp_tool_fn fn) {
   sbx_error err = {0};
-  mcp_outcome *o = calloc(1, sizeof *o);
+  offloaded *o = calloc(1, sizeof *o);
   if (!o) {
     json_decref(args);
     return mcp_call_fail(call, &(sbx_error){.code = "INTERNAL", .message = "out of memory"});
   }
-  *o = (mcp_outcome){.call = call, .args = args, .fn = fn};
-  call->outcome = o;
-  if (mcp_offload(mcp_call_loop(call), sb, call_work, call_done, o, &err) < 0) {
-    call->outcome = NULL;
+  *o = (offloaded){.call = call, .args = args, .fn = fn};
+  size_t bytes = json_string_length(json_object_get(args, "content")); /* writeFile's: the rest is small */
+  if (mcp_offload(mcp_call_loop(call), sb, bytes, call_work, call_done, o, &err) < 0) {
     json_decref(args);
     free(o);
     mcp_call_fail(call, &err);
@@ -538,7 +550,7 @@ static void do_tools_call(request *r) {
     }
     sbx_sandbox_touch(sb);
   }
-  if (sb && t->h->offload) return offload_call(call, owned, sb, t->h->fn);
+  if (sb && t->h->offload && mcp_offload_wanted(sb)) return offload_call(call, owned, sb, t->h->fn);
   t->h->fn(call, owned, sb);
   json_decref(owned);
 }
@@ -589,59 +601,59 @@ static int percent_decode(const char *in, char *out, size_t len) {
   return 0;
 }
 
-/* A resources/read, worked on a thread of its own (offload.h). */
+/* A resources/read, worked on in a child of its own (offload.h). */
 typedef struct resource_read {
   mcp_conn *c;
   json_t *id;
   bool modern;
   char *uri;
   char path[4096];
-  json_t *content;  /* the answer, or */
-  json_t *err_data; /* an error, with msg */
-  char msg[700];
 } resource_read;
 
-static void resource_work(void *ud, sbx_sandbox *sb) {
+/* In the child: {"content": ...} or {"message": ..., "data": ...}. */
+static json_t *resource_work(void *ud, sbx_sandbox *sb) {
   resource_read *rr = ud;
   sbx_error err = {0};
   _cleanup_free_ char *data = NULL;
   size_t len = 0;
   const char *uri = rr->uri, *path = rr->path;
+  char msg[700];
+  json_t *content;
   if (sbx_fs_check_dir(sb, path, NULL) == 0) {
     json_t *entries = json_array();
     if (sbx_fs_list(sb, path, false, true, listing_cb, entries, NULL, &err) < 0) {
       json_decref(entries);
-      snprintf(rr->msg, sizeof rr->msg, "%s: %s", err.code, err.message);
-      rr->err_data = json_pack("{s:s}", "uri", uri);
-      return;
+      snprintf(msg, sizeof msg, "%s: %s", err.code, err.message);
+      return json_pack("{s:s, s:{s:s}}", "message", msg, "data", "uri", uri);
     }
     char *text = json_dumps(entries, JSON_COMPACT);
     json_decref(entries);
-    rr->content = json_pack("{s:s, s:s, s:s}", "uri", uri, "mimeType", "application/json", "text", text);
+    content = json_pack("{s:s, s:s, s:s}", "uri", uri, "mimeType", "application/json", "text", text);
     free(text);
   } else if (sbx_fs_read(sb, path, SBX_MAX_READ, &data, &len, &err) < 0) {
-    snprintf(rr->msg, sizeof rr->msg, "%s: %s", err.code, err.message);
-    rr->err_data = json_pack("{s:s, s:s}", "uri", uri, "code", err.code);
+    snprintf(msg, sizeof msg, "%s: %s", err.code, err.message);
+    return json_pack("{s:s, s:{s:s, s:s}}", "message", msg, "data", "uri", uri, "code", err.code);
   } else if (memchr(data, 0, len) || !sbx_utf8_valid(data, len)) {
     _cleanup_free_ char *b = sbx_base64_encode(data, len, NULL);
-    rr->content = json_pack("{s:s, s:s, s:s}", "uri", uri, "mimeType", sbx_fs_mime(path), "blob", b);
+    content = json_pack("{s:s, s:s, s:s}", "uri", uri, "mimeType", sbx_fs_mime(path), "blob", b);
   } else {
-    rr->content = json_pack("{s:s, s:s, s:s%}", "uri", uri, "mimeType", sbx_fs_mime(path), "text", data, len);
+    content = json_pack("{s:s, s:s, s:s%}", "uri", uri, "mimeType", sbx_fs_mime(path), "text", data, len);
   }
+  return json_pack("{s:o}", "content", content);
 }
 
-static void resource_done(void *ud, bool ran) {
+static void resource_done(void *ud, json_t *r, const sbx_error *why) {
   resource_read *rr = ud;
-  if (!ran) {
-    snprintf(rr->msg, sizeof rr->msg, "the sandbox was destroyed before this read ran");
-    rr->err_data = json_pack("{s:s}", "uri", rr->uri);
-  }
-  if (rr->content) {
-    json_t *res = json_pack("{s:[o]}", "contents", rr->content);
+  json_t *content = json_object_get(r, "content");
+  if (content) {
+    json_t *res = json_pack("{s:[O]}", "contents", content);
     if (rr->modern) send_list_result(rr->c, rr->id, true, res); /* modern reads carry cache fields too */
     else send_result(rr->c, rr->id, false, res);
   } else {
-    send_error_data(rr->c, rr->id, -32002, rr->msg, rr->err_data ? rr->err_data : json_object());
+    char msg[700];
+    snprintf(msg, sizeof msg, "%s", r ? json_string_value(json_object_get(r, "message")) ?: "" : why->message);
+    json_t *data = json_object_get(r, "data");
+    send_error_data(rr->c, rr->id, -32002, msg, data ? json_incref(data) : json_pack("{s:s}", "uri", rr->uri));
   }
   conn_unref(rr->c);
   json_decref(rr->id);
@@ -677,10 +689,12 @@ static void do_resources_read(request *r) {
   rr->modern = r->modern;
   snprintf(rr->path, sizeof rr->path, "%s", path);
   r->c->refs++;
-  if (mcp_offload(r->c->loop, sb, resource_work, resource_done, rr, &err) < 0) {
-    snprintf(rr->msg, sizeof rr->msg, "%s: %s", err.code, err.message);
-    rr->err_data = json_pack("{s:s}", "uri", uri);
-    resource_done(rr, true);
+  if (!mcp_offload_wanted(sb)) {
+    json_t *res = resource_work(rr, sb);
+    resource_done(rr, res, NULL);
+    json_decref(res);
+  } else if (mcp_offload(r->c->loop, sb, 0, resource_work, resource_done, rr, &err) < 0) {
+    resource_done(rr, NULL, &err);
   }
 }
 

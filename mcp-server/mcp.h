@@ -63,7 +63,7 @@ typedef struct mcp_call {
   bool reset;           /* the sandbox was woken after an idle reset */
   bool restarted;       /* ...after a daemon restart, its files intact */
   int log_level;        /* notifications/message at or above this; -1 none */
-  struct mcp_outcome *outcome; /* its handler runs on a worker thread: the answer is kept here (offload.h) */
+  struct mcp_outcome *outcome; /* its handler runs in a child: the answer is kept here (offload.h) */
   struct mcp_call *next;
 } mcp_call;
 
@@ -91,7 +91,7 @@ typedef struct mcp_handler {
   mcp_tool_fn fn;
   bool own_sandbox; /* handles the sandbox lookup itself (create, list) */
   bool no_wake;     /* works on a sleeping sandbox as it is (destroy) */
-  bool offload;     /* runs on a worker thread (offload.h): it only works on the sandbox's files */
+  bool offload;     /* may run in a child (offload.h): it only works on the sandbox's files */
 } mcp_handler;
 extern const mcp_handler mcp_handlers[];
 extern const size_t mcp_handler_count;

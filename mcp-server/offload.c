@@ -3,105 +3,34 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <malloc.h>
-#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
-#include <time.h>
+#include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
-
-/* Workers that finished wait a while for the next job instead of ending:
- * a thread made for each call costs more than the call. */
-#define IDLE_WORKERS 4
-#define IDLE_SECONDS 10
 
 typedef struct job {
   sbx_sandbox *sb; /* NULL once the sandbox went (mcp_offload_forget) */
   mcp_work_fn work;
   mcp_done_fn done;
   void *ud;
-  sbx_sandbox view; /* the worker's: id, rootfd (its own), uid_base */
-  bool started;
-  struct job *next;   /* q.jobs: the loop's alone */
-  struct job *next_q; /* q.finished or q.handed: under q.lock */
+  bool started, answered; /* answered: done was called already (destroy, stop) */
+  size_t bytes;           /* counted in q.bytes until it finishes */
+  int pidfd;
+  uv_poll_t exited; /* on pidfd: the child is gone (its pipe may live on in other children of the daemon) */
+  uv_pipe_t out;    /* the child's result */
+  int closing;      /* handles still to close */
+  sbx_buf buf;
+  bool too_big;
+  struct job *next;
 } job;
 
 static struct {
-  uv_async_t async;
-  bool ready, stopped;
-  pthread_mutex_t lock;
-  pthread_cond_t wake;
-  job *finished; /* done, for the loop: under lock */
-  job *handed;   /* for an idle worker to take: under lock */
-  int idle, nhanded;
+  uv_loop_t *loop;
   job *jobs; /* waiting and running, oldest first */
-} q = {.lock = PTHREAD_MUTEX_INITIALIZER};
-
-static void *worker(void *arg) {
-  job *j = arg;
-  while (j) {
-    j->work(j->ud, &j->view);
-    pthread_mutex_lock(&q.lock);
-    j->next_q = q.finished;
-    q.finished = j;
-    if (!q.stopped) uv_async_send(&q.async);
-    j = NULL;
-    if (!q.stopped && q.idle < IDLE_WORKERS) {
-      q.idle++;
-      struct timespec until;
-      clock_gettime(CLOCK_MONOTONIC, &until);
-      until.tv_sec += IDLE_SECONDS;
-      while (!q.handed && !q.stopped)
-        if (pthread_cond_timedwait(&q.wake, &q.lock, &until) == ETIMEDOUT) break;
-      if ((j = q.handed)) {
-        q.handed = j->next_q;
-        q.nhanded--;
-      }
-      q.idle--;
-    }
-    pthread_mutex_unlock(&q.lock);
-  }
-  return NULL;
-}
-
-static void start(job *j) {
-  j->started = true;
-  snprintf(j->view.id, sizeof j->view.id, "%s", j->sb->id);
-  j->view.uid_base = j->sb->uid_base;
-  j->view.state = j->sb->state;
-  j->view.rootfd = j->sb->rootfd >= 0 ? fcntl(j->sb->rootfd, F_DUPFD_CLOEXEC, 3) : -1;
-  pthread_mutex_lock(&q.lock);
-  if (q.idle > q.nhanded) { /* a worker is waiting for it */
-    job **tail = &q.handed;
-    while (*tail) tail = &(*tail)->next_q;
-    j->next_q = NULL;
-    *tail = j;
-    q.nhanded++;
-    pthread_cond_signal(&q.wake);
-    pthread_mutex_unlock(&q.lock);
-    return;
-  }
-  pthread_mutex_unlock(&q.lock);
-  /* the worker takes no signal: the loop's handlers stay the loop's */
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  pthread_attr_t a;
-  pthread_attr_init(&a);
-  pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-  pthread_t t;
-  int r = pthread_create(&t, &a, worker, j);
-  pthread_attr_destroy(&a);
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
-  if (r != 0) { /* no thread to be had: the work is done here, late rather than never */
-    j->work(j->ud, &j->view);
-    pthread_mutex_lock(&q.lock);
-    j->next_q = q.finished;
-    q.finished = j;
-    uv_async_send(&q.async);
-    pthread_mutex_unlock(&q.lock);
-  }
-}
+  size_t bytes;
+  bool stopped;
+} q;
 
 static void unlink_job(job *j) {
   for (job **pp = &q.jobs; *pp; pp = &(*pp)->next)
@@ -109,6 +38,126 @@ static void unlink_job(job *j) {
       *pp = j->next;
       return;
     }
+}
+
+/* The child: the work, its result on fd `out`, and nothing else of the
+ * daemon's (the rootfd is all the files API needs). */
+static void child_main(job *j, int out) {
+  int keep[2] = {j->sb->rootfd < out ? j->sb->rootfd : out, j->sb->rootfd < out ? out : j->sb->rootfd};
+  unsigned from = 3;
+  for (int i = 0; i < 2; i++) {
+    if (keep[i] < 0) continue;
+    if ((unsigned)keep[i] > from) close_range(from, (unsigned)keep[i] - 1, 0);
+    from = (unsigned)keep[i] + 1;
+  }
+  close_range(from, ~0U, 0);
+  sbx_child_unblock();
+  json_t *r = j->work(j->ud, j->sb);
+  char *s = r ? json_dumps(r, JSON_COMPACT) : NULL;
+  if (s && sbx_write_all(out, s, strlen(s)) < 0) _exit(1);
+  _exit(s ? 0 : 1);
+}
+
+static void start_next(sbx_sandbox *sb);
+
+static void closed(uv_handle_t *h) {
+  job *j = h->data;
+  if (--j->closing) return;
+  if (j->pidfd >= 0) close(j->pidfd);
+  sbx_buf_free(&j->buf);
+  free(j);
+}
+
+/* The child is done: its result goes to done. */
+static void finish(job *j) {
+  uv_read_stop((uv_stream_t *)&j->out);
+  if (j->pidfd >= 0) {
+    sbx_pidfd_send_signal(j->pidfd, SIGKILL); /* a result too large: it is done either way */
+    waitid(P_PIDFD, j->pidfd, &(siginfo_t){0}, WEXITED);
+    uv_poll_stop(&j->exited);
+  }
+  unlink_job(j);
+  q.bytes -= j->bytes;
+  sbx_sandbox *sb = j->sb;
+  if (sb) {
+    sb->running--;
+    sbx_sandbox_touch(sb);
+  }
+  if (!j->answered) {
+    json_t *r = NULL;
+    sbx_error why = {0};
+    if (j->too_big) sbx_err(&why, "INTERNAL", "the result was over %u MiB", MCP_OFFLOAD_RESULT_MAX >> 20);
+    else if (!(r = json_loadb(j->buf.data ? j->buf.data : "", j->buf.len, 0, NULL)))
+      sbx_err(&why, "INTERNAL", "the process doing this call ended without an answer");
+    j->done(j->ud, r, r ? NULL : &why);
+    json_decref(r);
+  }
+  j->closing = j->pidfd >= 0 ? 2 : 1;
+  uv_close((uv_handle_t *)&j->out, closed);
+  if (j->pidfd >= 0) uv_close((uv_handle_t *)&j->exited, closed);
+  if (sb && !q.stopped) start_next(sb);
+}
+
+static void out_alloc(uv_handle_t *h, size_t hint, uv_buf_t *b) {
+  (void)h, (void)hint;
+  static char chunk[65536];
+  *b = uv_buf_init(chunk, sizeof chunk);
+}
+
+static bool take(job *j, const char *data, size_t n) {
+  if (j->buf.len + n > MCP_OFFLOAD_RESULT_MAX || sbx_buf_append(&j->buf, data, n) < 0) {
+    j->too_big = true;
+    return false;
+  }
+  return true;
+}
+
+static void out_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
+  job *j = s->data;
+  if (n > 0 && !take(j, b->base, (size_t)n)) finish(j);
+  else if (n < 0) uv_read_stop(s); /* the end: finished when the child is gone */
+}
+
+/* The child exited: what it wrote is in the pipe (it waited for us to
+ * read as it wrote). */
+static void on_exited(uv_poll_t *p, int status, int events) {
+  (void)status, (void)events;
+  job *j = p->data;
+  int fd = -1;
+  uv_fileno((uv_handle_t *)&j->out, &fd);
+  char chunk[65536];
+  for (ssize_t n; fd >= 0 && (n = read(fd, chunk, sizeof chunk)) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 || !take(j, chunk, (size_t)n)) break;
+  }
+  finish(j);
+}
+
+static void start(job *j) {
+  j->started = true;
+  int p[2];
+  if (pipe2(p, O_CLOEXEC) < 0) goto fail;
+  pid_t pid = sbx_fork_child(0, &j->pidfd);
+  if (pid == 0) child_main(j, p[1]);
+  close(p[1]);
+  if (pid < 0) {
+    close(p[0]);
+    goto fail;
+  }
+  uv_pipe_init(q.loop, &j->out, 0);
+  j->out.data = j;
+  uv_pipe_open(&j->out, p[0]);
+  uv_read_start((uv_stream_t *)&j->out, out_alloc, out_read);
+  uv_poll_init(q.loop, &j->exited, j->pidfd);
+  j->exited.data = j;
+  uv_poll_start(&j->exited, UV_READABLE, on_exited);
+  return;
+fail:
+  /* no child to be had: answered at once, as a child that failed */
+  j->pidfd = -1;
+  uv_pipe_init(q.loop, &j->out, 0);
+  j->out.data = j;
+  finish(j);
 }
 
 static void start_next(sbx_sandbox *sb) {
@@ -119,52 +168,16 @@ static void start_next(sbx_sandbox *sb) {
     }
 }
 
-static void on_finished(uv_async_t *a) {
-  (void)a;
-  pthread_mutex_lock(&q.lock);
-  job *list = q.finished;
-  q.finished = NULL;
-  pthread_mutex_unlock(&q.lock);
-  for (job *j = list, *next; j; j = next) {
-    next = j->next_q;
-    if (j->view.rootfd >= 0) close(j->view.rootfd);
-    unlink_job(j);
-    sbx_sandbox *sb = j->sb;
-    if (sb) {
-      sb->running--;
-      sbx_sandbox_touch(sb);
-      start_next(sb);
-    }
-    j->done(j->ud, true);
-    free(j);
-  }
+bool mcp_offload_wanted(sbx_sandbox *sb) {
+  if (sb->buckets) return true;
+  for (job *j = q.jobs; j; j = j->next)
+    if (j->sb == sb) return true; /* after those, in order */
+  return false;
 }
 
-int mcp_offload_init(uv_loop_t *loop) {
-  if (q.ready) return 0;
-  /* The loop clones children with a raw clone (sbx_fork_child), which
-   * takes none of malloc's locks first: a child that allocates finds the
-   * arena of the thread that cloned it as it was. Workers must never hold
-   * that arena's lock: with no limit on arenas worth reaching, each thread
-   * gets an arena of its own instead of sharing the loop's (glibc shares
-   * arenas only past M_ARENA_MAX, a limit it fixes at the first thread's
-   * first allocation: so this runs before any thread exists), and workers
-   * free nothing the loop allocated. */
-  mallopt(M_ARENA_MAX, 1 << 20);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&q.wake, &ca);
-  pthread_condattr_destroy(&ca);
-  int r = uv_async_init(loop, &q.async, on_finished);
-  if (r < 0) return r;
-  uv_unref((uv_handle_t *)&q.async); /* pending work does not keep a stopping daemon up */
-  q.ready = true;
-  return 0;
-}
-
-int mcp_offload(uv_loop_t *loop, sbx_sandbox *sb, mcp_work_fn work, mcp_done_fn done, void *ud, sbx_error *err) {
-  if (mcp_offload_init(loop) < 0) return sbx_err(err, "INTERNAL", "uv_async_init failed");
+int mcp_offload(uv_loop_t *loop, sbx_sandbox *sb, size_t bytes, mcp_work_fn work, mcp_done_fn done, void *ud,
+                sbx_error *err) {
+  q.loop = loop;
   int waiting = 0;
   bool busy = false;
   job **tail = &q.jobs;
@@ -176,12 +189,18 @@ int mcp_offload(uv_loop_t *loop, sbx_sandbox *sb, mcp_work_fn work, mcp_done_fn 
   if (waiting >= MCP_OFFLOAD_QUEUED)
     return sbx_err(err, "RESOURCE_LIMIT", "sandbox '%s' already has %d file calls waiting; wait for their answers",
                    sb->id, waiting);
+  if (busy && q.bytes + bytes > MCP_OFFLOAD_BYTES)
+    return sbx_err(err, "RESOURCE_LIMIT", "file calls waiting on bucket mounts hold %zu MiB already; wait for their answers",
+                   q.bytes >> 20);
   job *j = calloc(1, sizeof *j);
   if (!j) return sbx_err(err, "INTERNAL", "out of memory");
   j->sb = sb;
   j->work = work;
   j->done = done;
   j->ud = ud;
+  j->pidfd = -1;
+  j->bytes = bytes;
+  q.bytes += bytes;
   *tail = j;
   sb->running++; /* not idle while its files are being worked on */
   if (!busy) start(j);
@@ -197,21 +216,29 @@ void mcp_offload_forget(sbx_sandbox *sb) {
     }
     j->sb = NULL;
     sb->running--;
+    sbx_error why;
+    sbx_err(&why, "SANDBOX_NOT_FOUND", "sandbox '%s' was destroyed %s this call ran", sb->id,
+            j->started ? "while" : "before");
+    j->done(j->ud, NULL, &why);
     if (j->started) {
+      /* its child is killed, and goes once the file system lets it (a
+       * request a bucket server holds is waited out, even by SIGKILL) */
+      j->answered = true;
+      sbx_pidfd_send_signal(j->pidfd, SIGKILL);
       pp = &j->next;
       continue;
     }
     *pp = j->next;
-    j->done(j->ud, false);
+    q.bytes -= j->bytes;
     free(j);
   }
 }
 
 void mcp_offload_stop(void) {
-  if (!q.ready) return;
-  pthread_mutex_lock(&q.lock);
-  q.stopped = true; /* a worker still blocked wakes to a loop that is gone */
-  pthread_cond_broadcast(&q.wake);
-  pthread_mutex_unlock(&q.lock);
-  uv_close((uv_handle_t *)&q.async, NULL);
+  q.stopped = true;
+  for (job *j = q.jobs; j; j = j->next)
+    if (j->started) {
+      j->answered = true; /* never: the daemon is going */
+      sbx_pidfd_send_signal(j->pidfd, SIGKILL);
+    }
 }

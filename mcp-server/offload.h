@@ -1,39 +1,46 @@
 /* Work on a sandbox's files, off the daemon's loop.
  *
- * A file call can block in the kernel for as long as a filesystem takes to
- * answer: a bucket mount whose endpoint hangs holds a read or a lookup for
- * minutes (its server retries). Such work runs on a thread of its own, so
- * the loop keeps serving every other client and sandbox. Jobs of one
- * sandbox run one at a time, in the order they came; at most
- * MCP_OFFLOAD_QUEUED wait behind the one running. A job counts as a
- * command running in its sandbox, so it is never reset for idleness
- * under it. */
+ * A file call can block in the kernel for as long as a file system takes
+ * to answer: a bucket mount whose endpoint hangs holds a read or a lookup
+ * for minutes (its server retries). For a sandbox with a bucket mount,
+ * such work runs in a child process of its own (the daemon stays
+ * single-threaded: its children are raw clones, util.h), which hands its
+ * result back as JSON on a pipe, so the loop keeps serving every other
+ * client and sandbox; a destroy kills it. Jobs of one sandbox run one at a
+ * time, in the order they came; at most MCP_OFFLOAD_QUEUED wait behind the
+ * one running. A job counts as a command running in its sandbox, so it is
+ * never reset for idleness under it. */
 #pragma once
 #include "../sandbox-core/sandbox.h"
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <uv.h>
 
 #define MCP_OFFLOAD_QUEUED 64
+#define MCP_OFFLOAD_BYTES (256u * 1024 * 1024) /* what waiting jobs hold (writeFile's content), all sandboxes */
+#define MCP_OFFLOAD_RESULT_MAX (96u * 1024 * 1024) /* a result as JSON: a 32 MiB readFile, base64 */
 
-/* Sets up the completions on the loop and malloc for threads: call before
- * the daemon makes any thread (mcp_offload does it otherwise). */
-int mcp_offload_init(uv_loop_t *loop);
+/* Runs in the child, with the sandbox as the daemon has it; returns the
+ * result to hand back (stolen), NULL for none. */
+typedef json_t *(*mcp_work_fn)(void *ud, sbx_sandbox *sb);
+/* Runs on the loop with the result (borrowed); NULL with why when there is
+ * none: the child failed (INTERNAL), or the sandbox was destroyed first
+ * (SANDBOX_NOT_FOUND). */
+typedef void (*mcp_done_fn)(void *ud, json_t *result, const sbx_error *why);
 
-/* Runs on the worker thread. `view` holds only what the files API reads
- * (files.h: id, rootfd, uid_base), with a rootfd of its own. Work frees
- * nothing the loop allocated (see mcp_offload_init) and touches none of
- * the loop's state. */
-typedef void (*mcp_work_fn)(void *ud, sbx_sandbox *view);
-/* Runs on the loop once the work is done, or without it having run when
- * the sandbox was destroyed or reset while the job waited (`ran` false). */
-typedef void (*mcp_done_fn)(void *ud, bool ran);
-
-/* Queues work for sb; -1 + err (RESOURCE_LIMIT) when too many wait, in
- * which case neither callback is called. */
-int mcp_offload(uv_loop_t *loop, sbx_sandbox *sb, mcp_work_fn work, mcp_done_fn done, void *ud, sbx_error *err);
-/* sb is going (destroyed or reset): jobs waiting for it end now with
- * ran=false; the one running finishes on its own root fd. */
+/* Whether sb's file work goes to a child: it has a bucket mount (the only
+ * file system in a sandbox that can keep a call waiting: sandboxes mount
+ * nothing themselves), or work of its own waits already. Otherwise the
+ * work runs on the loop at once, a fork cheaper. */
+bool mcp_offload_wanted(sbx_sandbox *sb);
+/* Queues work for sb, which holds `bytes` while it waits; -1 + err
+ * (RESOURCE_LIMIT) when too many wait, or too much, in which case done is
+ * not called. */
+int mcp_offload(uv_loop_t *loop, sbx_sandbox *sb, size_t bytes, mcp_work_fn work, mcp_done_fn done, void *ud,
+                sbx_error *err);
+/* sb is going (destroyed): jobs waiting for it end now, the one running is
+ * killed and ends with its child. */
 void mcp_offload_forget(sbx_sandbox *sb);
-/* The daemon is stopping: what is still running is never answered. */
+/* The daemon is stopping: running jobs are killed and never answered. */
 void mcp_offload_stop(void);

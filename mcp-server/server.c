@@ -509,7 +509,6 @@ int sbx_daemon_main(const char *http_addr, bool http_allow_remote, const char *m
     return 1;
   }
   d.loop = uv_default_loop();
-  mcp_offload_init(d.loop);
   uv_pipe_init(d.loop, &d.server, 0);
   unlink(d.paths.sock); /* stale: we hold the lock */
   mode_t old = umask(077);

@@ -1,9 +1,8 @@
 /* The files API: paths as the sandbox sees them, resolved from the
  * sandbox's root fd with openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS),
- * regular files only, created owned by sandbox root. Of the sandbox these
- * read only id, rootfd and uid_base, and they may run on any thread (they
- * switch the calling thread's filesystem ids alone): a worker thread
- * passes a copy with a rootfd of its own (mcp-server/offload.h). */
+ * regular files only, created owned by sandbox root. They may block as
+ * long as a file system does: for a sandbox with a bucket mount the file
+ * tools call them in a child process (mcp-server/offload.h). */
 #pragma once
 #include "sandbox.h"
 

@@ -642,9 +642,9 @@ static void sandbox_free(sbx_sandbox *sb) {
 
 #define NS_FLAGS (CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWIPC)
 
-/* Credentials of the calling thread alone: the raw system calls, not
- * glibc's, which change every thread of the process (and wait for each:
- * a daemon thread blocked on a filesystem would hold the loop). */
+/* Credentials of the calling thread alone: the raw system calls. glibc's
+ * change every thread of the process and wait for each; the daemon has no
+ * other thread (util.h), and these never will. */
 static int thread_setresuid(uid_t r, uid_t e, uid_t s) { return (int)syscall(SYS_setresuid, r, e, s); }
 static int thread_setresgid(gid_t r, gid_t e, gid_t s) { return (int)syscall(SYS_setresgid, r, e, s); }
 
@@ -654,8 +654,7 @@ static int thread_setresgid(gid_t r, gid_t e, gid_t s) { return (int)syscall(SYS
  * instances, message queues, pending signals...) of a namespace to its
  * owner, so each sandbox gets its own instead of sharing host root's. The
  * real and saved ids stay 0 (nothing running as that uid may signal or
- * trace the daemon), the daemon's other threads keep theirs, and it is
- * root again one syscall later. */
+ * trace the daemon), and it is root again one syscall later. */
 static pid_t clone_init(sbx_sandbox *sb, const sbx_init_args *args, int sock_other, int *pidfd) {
   uid_t u = sb->uid_base;
   if (!eng.cfg.rootless && (thread_setresgid(-1, u, -1) < 0 || thread_setresuid(-1, u, -1) < 0)) {
