@@ -42,6 +42,7 @@
 #define JOURNAL_INPLACE 4096 /* a journal entry rewritten in place: within one page */
 #define MAX_KEY 1024
 #define RETRY_MS 1000        /* a failed upload is tried again after this */
+#define JOURNAL_COST 4096    /* what a journal entry takes of the host's disk (a block), out of cache_max */
 #define EXIT_LEFT_JOURNALED 3 /* exit status: some changes wait in the journal */
 
 typedef enum { T_FILE, T_DIR, T_LINK } ntype;
@@ -51,7 +52,17 @@ typedef struct lentry {
   bool dir;
   uint64_t size;
   int64_t modified_ns; /* LastModified */
+  int32_t next;        /* the next entry of its chain in an lindex */
 } lentry;
+
+/* An array of entries found by name in constant time (a directory of
+ * 100,000 files is listed, created in and looked up in without walking
+ * it): chains of indices, heads in a table twice the entries' size. With
+ * no table (none could be allocated), lookups walk the array. */
+typedef struct lindex {
+  int32_t *head;
+  size_t mask;
+} lindex;
 
 typedef struct bnode {
   char *path; /* "" for the root, else "a/b" (no leading or trailing slash) */
@@ -85,10 +96,12 @@ typedef struct bnode {
   uint64_t uploaded_ms; /* when it last went up (a listing older than that lacks it) */
   /* what is not in the bucket yet */
   bool dirty, queued;
+  bool tried; /* an upload of it began: the bucket may have it, whatever it said */
   uint64_t gen, up_gen, fail_gen;
   /* a directory's listing as the bucket had it, plus our own changes */
   lentry *list;
   size_t nlist, cap;
+  lindex lix; /* over list, made when first wanted */
   uint64_t list_at, list_started;
   struct bnode *hnext;
 } bnode;
@@ -138,6 +151,7 @@ static struct {
   bool read_only;
   uid_t uid_base; /* the host uid of sandbox root (rootless: 0, ids are the namespace's) */
   uint64_t cache_max, cache_used, tick;
+  uint64_t njournal; /* journal entries: dirty nodes and deletions not done yet */
   bnode *hash[HASH_SIZE];
   gone *gone[HASH_SIZE];
   bnode root;
@@ -210,6 +224,62 @@ static size_t hash_of(const char *p) {
   return (size_t)(h % HASH_SIZE);
 }
 
+/* ---- names in a listing ---------------------------------------------------- */
+
+static size_t name_hash(const char *p) {
+  uint64_t h = 1469598103934665603ull;
+  for (; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+  return (size_t)h;
+}
+
+static void lindex_free(lindex *x) {
+  free(x->head);
+  *x = (lindex){0};
+}
+
+static void lindex_link(lindex *x, lentry *e, size_t i) {
+  int32_t *b = &x->head[name_hash(e[i].name) & x->mask];
+  e[i].next = *b;
+  *b = (int32_t)i;
+}
+
+static void lindex_build(lindex *x, lentry *e, size_t n) {
+  size_t size = 16;
+  while (size < 2 * n) size *= 2;
+  lindex_free(x);
+  if (!(x->head = malloc(size * sizeof *x->head))) return;
+  memset(x->head, 0xff, size * sizeof *x->head);
+  x->mask = size - 1;
+  for (size_t i = 0; i < n; i++) lindex_link(x, e, i);
+}
+
+/* e[i] was just appended (e has i + 1 entries). */
+static void lindex_add(lindex *x, lentry *e, size_t i) {
+  if (!x->head) return;
+  if (2 * (i + 1) > x->mask + 1) lindex_build(x, e, i + 1);
+  else lindex_link(x, e, i);
+}
+
+static void lindex_unlink(lindex *x, lentry *e, size_t i) {
+  if (!x->head) return;
+  for (int32_t *pp = &x->head[name_hash(e[i].name) & x->mask]; *pp >= 0; pp = &e[*pp].next)
+    if (*pp == (int32_t)i) {
+      *pp = e[i].next;
+      return;
+    }
+}
+
+static lentry *lindex_find(const lindex *x, lentry *e, size_t n, const char *name) {
+  if (!x->head) {
+    for (size_t i = 0; i < n; i++)
+      if (!strcmp(e[i].name, name)) return &e[i];
+    return NULL;
+  }
+  for (int32_t i = x->head[name_hash(name) & x->mask]; i >= 0; i = e[i].next)
+    if (!strcmp(e[i].name, name)) return &e[i];
+  return NULL;
+}
+
 /* ---- nodes (lock held) ---------------------------------------------------- */
 
 static bnode *node_find(const char *path) {
@@ -254,13 +324,13 @@ static void list_free(bnode *d) {
   free(d->list);
   d->list = NULL;
   d->nlist = d->cap = 0;
+  lindex_free(&d->lix);
   d->list_at = 0;
 }
 
 static lentry *list_find(bnode *d, const char *name) {
-  for (size_t i = 0; i < d->nlist; i++)
-    if (!strcmp(d->list[i].name, name)) return &d->list[i];
-  return NULL;
+  if (!d->lix.head && d->nlist > 8) lindex_build(&d->lix, d->list, d->nlist);
+  return lindex_find(&d->lix, d->list, d->nlist, name);
 }
 
 /* Our own changes, kept in the listing so it stays right until the next
@@ -282,17 +352,24 @@ static void list_add(bnode *d, const char *name, bool dir) {
     d->list = nl;
     d->cap = cap;
   }
-  d->list[d->nlist++] = (lentry){.name = strdup(name), .dir = dir};
+  char *copy = strdup(name);
+  if (!copy) return;
+  d->list[d->nlist] = (lentry){.name = copy, .dir = dir};
+  lindex_add(&d->lix, d->list, d->nlist++);
 }
 
 static void list_remove(bnode *d, const char *name) {
-  if (!d) return;
-  for (size_t i = 0; i < d->nlist; i++)
-    if (!strcmp(d->list[i].name, name)) {
-      free(d->list[i].name);
-      d->list[i] = d->list[--d->nlist];
-      return;
-    }
+  lentry *e = d ? list_find(d, name) : NULL;
+  if (!e) return;
+  size_t i = (size_t)(e - d->list), last = d->nlist - 1;
+  lindex_unlink(&d->lix, d->list, i);
+  free(d->list[i].name);
+  if (i != last) { /* the last entry takes its place */
+    lindex_unlink(&d->lix, d->list, last);
+    d->list[i] = d->list[last];
+    if (d->lix.head) lindex_link(&d->lix, d->list, i);
+  }
+  d->nlist--;
 }
 
 /* The directory node of a path's parent, if we have it. */
@@ -546,10 +623,18 @@ static gone *gone_add(const char *path, bool dir) {
     size_t h = hash_of(path);
     g->next = B.gone[h];
     B.gone[h] = g;
+    g->done_ms = 1; /* not pending yet */
   }
+  if (g->done_ms) B.njournal++; /* pending now: journaled by the caller */
   g->dir = dir;
   g->done_ms = 0;
   return g;
+}
+
+/* The deletion is done: its journal entry goes (the caller unlinks it). */
+static void gone_done(gone *g) {
+  if (!g->done_ms) B.njournal--;
+  g->done_ms = sbx_now_ms();
 }
 
 static void gone_drop(const char *path) {
@@ -557,6 +642,7 @@ static void gone_drop(const char *path) {
     if (!strcmp((*pp)->path, path)) {
       gone *g = *pp;
       *pp = g->next;
+      if (!g->done_ms) B.njournal--;
       free(g->path);
       free(g);
       return;
@@ -579,8 +665,17 @@ static void mark_dirty(bnode *n) {
   n->gen++;
   if (!n->dirty) {
     n->dirty = true;
+    B.njournal++;
     journal_node(n);
   }
+}
+
+/* Its journal entry goes: the bucket has it, or it went. */
+static void mark_clean(bnode *n) {
+  if (!n->dirty) return;
+  journal_unnode(n->path);
+  n->dirty = false;
+  B.njournal--;
 }
 
 /* ---- the cache -------------------------------------------------------------- */
@@ -654,9 +749,12 @@ static void unkeep(bnode *n) {
   if (n->kept) n->kept = false, B.nkept--;
 }
 
+/* What the mount takes of its cap: cached data and the journal. */
+static uint64_t budget_used(void) { return B.cache_used + B.njournal * JOURNAL_COST; }
+
 /* Least recently used clean data goes when the cache is past its cap. */
 static void evict(uint64_t want) {
-  while (B.cache_used + want > B.cache_max) {
+  while (budget_used() + want > B.cache_max) {
     bnode *victim = NULL;
     for (size_t h = 0; h < HASH_SIZE; h++)
       for (bnode *n = B.hash[h]; n; n = n->hnext)
@@ -931,15 +1029,15 @@ static void *uploader(void *arg) {
     if (q->kind == OP_PUT && n && n != &B.root && n->dirty && !n->unlinked) {
       uint64_t gen = n->gen;
       n->busy++;
+      n->tried = true;
       rc = put_node(n, key, &e);
       n->busy--;
       if (rc == 0) {
         n->remote = true;
         n->uploaded_ms = sbx_now_ms();
         if (n->gen == gen) {
-          n->dirty = false;
+          mark_clean(n);
           n->up_gen = gen;
-          journal_unnode(n->path);
         }
         if (strcmp(n->path, q->path) || n->unlinked) {
           /* renamed or removed while it went up: what went up is stale */
@@ -967,7 +1065,7 @@ static void *uploader(void *arg) {
           char jp[PBUF];
           journal_path(q->path, true, jp, sizeof jp);
           unlink(jp);
-          g->done_ms = sbx_now_ms();
+          gone_done(g);
           list_remove(parent_of(q->path), base_of(q->path));
         }
       }
@@ -1039,6 +1137,7 @@ static void syncs_settle(void) {
 typedef struct list_ctx {
   lentry *e;
   size_t n, cap;
+  lindex ix;
   bool oom;
 } list_ctx;
 
@@ -1056,24 +1155,33 @@ static void list_cb(void *ud, const char *name, bool dir, uint64_t size, int64_t
     l->e = e;
     l->cap = cap;
   }
-  for (size_t i = 0; dir && i < l->n; i++) /* a name both a file and a directory: the directory wins */
-    if (!strcmp(l->e[i].name, name)) {
-      l->e[i].dir = true;
-      return;
-    }
-  l->e[l->n++] = (lentry){.name = strdup(name), .dir = dir, .size = size, .modified_ns = modified};
+  if (!l->ix.head) lindex_build(&l->ix, l->e, l->n);
+  lentry *same = dir ? lindex_find(&l->ix, l->e, l->n, name) : NULL;
+  if (same) { /* a name both a file and a directory: the directory wins */
+    same->dir = true;
+    return;
+  }
+  char *copy = strdup(name);
+  if (!copy) {
+    l->oom = true;
+    return;
+  }
+  l->e[l->n] = (lentry){.name = copy, .dir = dir, .size = size, .modified_ns = modified};
+  lindex_add(&l->ix, l->e, l->n++);
 }
 
 static void list_ctx_free(list_ctx *l) {
   for (size_t i = 0; i < l->n; i++) free(l->e[i].name);
   free(l->e);
+  lindex_free(&l->ix);
 }
 
 /* The directory's listing from the bucket, trusted for LIST_TTL_MS (lock
  * held, dropped during the request). When the bucket is away, an older
  * listing still serves. */
 static int refresh_listing(bnode *d) {
-  if (d->list_at && sbx_now_ms() - d->list_at < LIST_TTL_MS) return 0;
+  uint64_t now = sbx_now_ms();
+  if (d->list_at && (now - d->list_at < LIST_TTL_MS || now < B.away_until)) return 0; /* away: the last one serves */
   uint64_t started = sbx_now_ms();
   char prefix[PBUF];
   dir_key_of(d->path, prefix, sizeof prefix);
@@ -1087,13 +1195,14 @@ static int refresh_listing(bnode *d) {
   if (k < 0 || l.oom) {
     list_ctx_free(&l);
     snprintf(B.last_error, sizeof B.last_error, "%s", l.oom ? "out of memory" : e.msg);
+    if (k < 0 && (e.http == 0 || e.http >= 500)) B.away_until = sbx_now_ms() + RETRY_MS; /* as for uploads */
     return d->list_at ? 0 : l.oom ? -ENOMEM : -e.errnum;
   }
-  for (size_t i = 0; i < d->nlist; i++) free(d->list[i].name);
-  free(d->list);
+  list_free(d);
   d->list = l.e;
   d->nlist = l.n;
   d->cap = l.cap;
+  d->lix = l.ix;
   d->list_at = sbx_now_ms();
   d->list_started = started;
   /* deletions the bucket had done before this listing began are in it */
@@ -1348,7 +1457,7 @@ static void b_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *a, int valid,
     uint64_t to = (uint64_t)a->st_size;
     /* growing a file is a write of zeros: the cache's cap bounds it too */
     if (to > n->size) evict(to - n->size);
-    if (to > n->size && B.cache_used + (to - n->size) > B.cache_max) r = -ENOSPC;
+    if (to > n->size && budget_used() + (to - n->size) > B.cache_max) r = -ENOSPC;
     if (!r) r = to ? ensure_full(n) : truncate_to_empty(n); /* what stays is kept */
     if (!r && ftruncate(n->cfd, a->st_size) < 0) r = -errno;
     if (!r) {
@@ -1374,6 +1483,7 @@ static void b_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *a, int valid,
 
 /* A new node at parent/name, replacing a removed one (lock held). */
 static int make_node(bnode *p, const char *name, ntype type, mode_t mode, const struct fuse_ctx *ctx, bnode **out) {
+  if (budget_used() + JOURNAL_COST > B.cache_max) return -ENOSPC; /* its journal entry would pass the cap */
   char *path = join(p->path, name);
   if (!path) return -errno;
   bnode *n = node_find(path);
@@ -1505,7 +1615,7 @@ static void b_write(fuse_req_t req, fuse_ino_t ino, const char *data, size_t siz
   int fd = n->cfd;
   uint64_t end = (uint64_t)off + size, grow = end > n->size ? end - n->size : 0;
   if (grow) evict(grow);
-  bool full = grow && B.cache_used + grow > B.cache_max;
+  bool full = grow && budget_used() + grow > B.cache_max;
   pthread_mutex_unlock(&B.lock);
   if (full) return (void)fuse_reply_err(req, ENOSPC); /* the cache holds only changes not uploaded yet */
   ssize_t k = pwrite(fd, data, size, off); /* into the cache file: journaled, uploaded on close */
@@ -1564,7 +1674,7 @@ static void b_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off
   }
   bool grow = end > n->size;
   if (grow) evict(end - n->size);
-  bool nospace = grow && B.cache_used + (end - n->size) > B.cache_max;
+  bool nospace = grow && budget_used() + (end - n->size) > B.cache_max;
   pthread_mutex_unlock(&B.lock);
   if (nospace) return (void)fuse_reply_err(req, ENOSPC);
   if (fallocate(fd, mode, off, len) < 0) return (void)fuse_reply_err(req, errno);
@@ -1660,15 +1770,14 @@ static int dir_empty(bnode *d) {
 static void remove_node(bnode *p, bnode *n) {
   n->unlinked = true;
   bool was_remote = n->remote;
-  if (n->dirty) journal_unnode(n->path);
-  n->dirty = false;
+  mark_clean(n);
   char cp[PBUF];
   cache_path(n->path, cp, sizeof cp);
   unlink(cp); /* open handles keep reading and writing their fd */
   if (n->opens == 0) cache_drop(n, false);
   n->uploaded_ms = 0;
   list_remove(p, base_of(n->path));
-  if (was_remote || n->queued) tombstone(n->path, n->type == T_DIR);
+  if (was_remote || n->tried) tombstone(n->path, n->type == T_DIR); /* never sent: nothing to delete */
   node_unhash(n);
   syncs_settle();
 }
@@ -1711,11 +1820,11 @@ static void b_unlink(fuse_req_t req, fuse_ino_t parent, const char *name) {
 typedef struct dirh {
   lentry *e;
   size_t n;
+  lindex ix; /* while it is filled */
 } dirh;
 
 static void dirh_add(dirh *h, size_t *cap, const char *name, bool dir) {
-  for (size_t i = 0; i < h->n; i++)
-    if (!strcmp(h->e[i].name, name)) return;
+  if (lindex_find(&h->ix, h->e, h->n, name)) return;
   if (h->n == *cap) {
     size_t nc = *cap ? *cap * 2 : 64;
     lentry *ne = realloc(h->e, nc * sizeof *ne);
@@ -1723,7 +1832,11 @@ static void dirh_add(dirh *h, size_t *cap, const char *name, bool dir) {
     h->e = ne;
     *cap = nc;
   }
-  h->e[h->n++] = (lentry){.name = strdup(name), .dir = dir};
+  char *copy = strdup(name);
+  if (!copy) return;
+  h->e[h->n] = (lentry){.name = copy, .dir = dir};
+  if (!h->ix.head) lindex_build(&h->ix, h->e, h->n);
+  lindex_add(&h->ix, h->e, h->n++);
 }
 
 static void b_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
@@ -1751,6 +1864,7 @@ static void b_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
       const char *rest = l ? (strncmp(n->path, d->path, l) || n->path[l] != '/' ? NULL : n->path + l + 1) : n->path;
       if (rest && !strchr(rest, '/')) dirh_add(h, &cap, rest, n->type == T_DIR);
     }
+  lindex_free(&h->ix);
   pthread_mutex_unlock(&B.lock);
   fi->fh = (uintptr_t)h;
   fuse_reply_open(req, fi);
@@ -1821,8 +1935,7 @@ static void replace_target(const char *to) {
   bnode *old = node_find(to);
   if (!old) return;
   old->unlinked = true;
-  if (old->dirty) journal_unnode(old->path);
-  old->dirty = false;
+  mark_clean(old);
   node_unhash(old);
   syncs_settle();
   node_maybe_free(old);
@@ -1833,14 +1946,15 @@ static int rename_file(bnode *p, bnode *np, bnode *n, const char *to) {
   snprintf(from, sizeof from, "%s", n->path);
   if (n->dirty || n->queued || !n->remote || n->type == T_LINK) {
     /* not in the bucket as it is: it goes up under the new name */
-    bool was_remote = n->remote;
+    bool was_sent = n->remote || n->tried;
     replace_target(to);
     move_node(n, to);
     n->remote = false;
+    n->tried = false; /* the new name never was */
     mark_dirty(n);
     journal_node(n);
     if (!n->opens) enqueue(to, OP_PUT);
-    if (was_remote) tombstone(from, false);
+    if (was_sent) tombstone(from, false);
   } else {
     char kf[PBUF], kt[PBUF];
     key_of(from, kf, sizeof kf);
@@ -1857,7 +1971,7 @@ static int rename_file(bnode *p, bnode *np, bnode *n, const char *to) {
     move_node(n, to);
     n->uploaded_ms = sbx_now_ms();
     gone *g = gone_add(from, false); /* deleted there already: a listing begun before says otherwise */
-    if (g) g->done_ms = sbx_now_ms();
+    if (g) gone_done(g);
   }
   list_remove(p, base_of(from));
   list_add(np, base_of(to), false);
@@ -1958,7 +2072,7 @@ out:
 static void b_statfs(fuse_req_t req, fuse_ino_t ino) {
   (void)ino;
   pthread_mutex_lock(&B.lock);
-  uint64_t total = B.cache_max / 4096, used = B.cache_used / 4096;
+  uint64_t total = B.cache_max / 4096, used = budget_used() / 4096;
   pthread_mutex_unlock(&B.lock);
   /* what may be written before uploads must catch up: the cache */
   struct statvfs sv = {.f_bsize = 4096, .f_frsize = 4096, .f_blocks = total, .f_bfree = total - (used < total ? used : total),
@@ -2038,6 +2152,8 @@ static void recover(void) {
         const char *target = json_string_value(json_object_get(j, "target"));
         if (t == T_LINK) n->target = strdup(target ? target : ""), n->size = strlen(n->target);
         n->full = true;
+        n->tried = true; /* an earlier run may have sent it */
+        if (!n->dirty) B.njournal++;
         n->dirty = true;
         n->gen = 1;
         if (t == T_FILE) account(n, n->size);

@@ -461,6 +461,29 @@ def test_outage(t, x):
     t.ok(True, 'once the server is back every one of them is uploaded')
 
 
+def test_outage_names_bounded(t, x):
+    """With the bucket away, names with nothing in them (symlinks with long
+    targets, empty files) are journaled on the host, each a block: they
+    count against the sandbox's diskMB as data does, so that making them
+    ends in ENOSPC instead of filling the host's disk."""
+    c = x.c
+    mounted_then_away(x, 'names', limits={'diskMB': 64})
+    try:
+        r = c.sh('cd /data && python3 -c "\nimport os\nn = 0\ntry:\n    while n < 40000:\n'
+                 '        os.symlink(\'t\' * 3000, \'l%d\' % n)\n        n += 1\nexcept OSError as e:\n'
+                 '    print(e.strerror)\nprint(n)"', sandbox='names', wait=600)
+        out = r['stdout'].split('\n')
+        t.eq(out[0], 'No space left on device', 'making symlinks with the bucket away ends in ENOSPC', r)
+        cache = os.path.join(x.env.state, 'bucket-cache', 'names')
+        used = int(subprocess.run(['du', '-sk', cache], capture_output=True, text=True).stdout.split()[0])
+        t.ok(used <= 64 * 1024 * 1.1, 'when the host holds about the sandbox\'s 64 MB of them (%d KiB, %s symlinks)'
+             % (used, out[1]))
+        r = c.sh('rm -f /data/l*; : > /data/after; echo rc=$?', sandbox='names', wait=600)
+        t.ok('rc=0' in r['stdout'], 'and removing them makes room again', r)
+    finally:
+        x.s3.start()
+
+
 def test_crash_during_outage(t, x):
     """What waits for an unreachable bucket survives kill -9 of its server,
     including entries rewritten shorter than before (a file grown, then
@@ -636,6 +659,28 @@ def test_more_files_than_fds(t, x):
         env.close()
 
 
+def test_big_directory(t, x):
+    """One directory of 3,000 names made, removed and renamed in: every
+    listing says what is there, as it is, and as a fresh mount reads it
+    from the bucket."""
+    c = x.c
+    x.mount('/big', prefix='bigdir')
+    c.sh('cd /big && for i in $(seq 3000); do : > f$i; done; mkdir d1 d2; '
+         'for i in $(seq 3 3 3000); do rm f$i; done; for i in $(seq 1 10 3000); do [ -e f$i ] && mv f$i g$i; done; '
+         'rm g11; mv g31 d1/; rmdir d2; : > f3; sync', wait=300)
+    want = set('f%d' % i for i in range(1, 3001) if i % 3) - set('f%d' % i for i in range(1, 3001, 10))
+    want |= set('g%d' % i for i in range(1, 3001, 10) if i % 3) | {'d1', 'f3'}
+    want -= {'g11', 'g31'}
+    got = set(c.sh('ls -A /big')['stdout'].split())
+    t.eq(sorted(got ^ want), [], 'the listing has every name made, none removed or renamed away')
+    t.eq(c.sh('ls /big/d1; [ -e /big/f6 ] || echo no-f6; [ -e /big/g41 ] && echo g41')['stdout'], 'g31\nno-f6\ng41\n',
+         'lookups agree with it')
+    c.ok('unmountBucket', {'mountPath': '/big'})
+    x.mount('/big2', prefix='bigdir')
+    got = set(c.sh('ls -A /big2')['stdout'].split())
+    t.eq(sorted(got ^ want), [], 'and a fresh mount lists the same from the bucket')
+
+
 def test_cold_directory(t, x):
     """A fresh mount (empty cache) going through a directory in order, as
     tar, cp -r and grep -r do: small files come ahead of their lookups,
@@ -679,5 +724,5 @@ def test_destroy_cleans_up(t, x):
 if __name__ == '__main__':
     sys.exit(run_tests([test_mount_write_read, test_signatures, test_fsync_means_in_bucket, test_secrets_never_shown,
                         test_errors, test_read_only, test_server_cpu_bounded, test_fsyncs_hold_no_thread, test_hung_bucket_stalls_nobody, test_local_bucket, test_local_bucket_quota, test_reset_keeps_bucket, test_restart_kill9,
-                        test_crash_of_bucket_server, test_daemon_killed_during_writes, test_outage, test_crash_during_outage, test_syscall_suite,
-                        test_view_shows_bucket, test_unmount, test_more_files_than_fds, test_cold_directory, test_destroy_cleans_up], Ctx))
+                        test_crash_of_bucket_server, test_daemon_killed_during_writes, test_outage, test_outage_names_bounded, test_crash_during_outage, test_syscall_suite,
+                        test_view_shows_bucket, test_unmount, test_more_files_than_fds, test_big_directory, test_cold_directory, test_destroy_cleans_up], Ctx))
