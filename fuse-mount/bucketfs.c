@@ -515,6 +515,14 @@ static int path_take(const char *path) {
   return -1;
 }
 
+/* A failure that says the bucket is away (no answer, or the server's own
+ * failure), not that this one request or our own cache went wrong. */
+static bool bucket_away(const s3_err *e) {
+  if (e->http >= 500) return true;
+  return e->http == 0 && (!strcmp(e->code, "DNS") || !strcmp(e->code, "connect") || !strcmp(e->code, "TLS") ||
+                          !strcmp(e->code, "network"));
+}
+
 static void q_append(qitem **head, qitem ***tail, qitem *q) {
   q->next = NULL;
   if (!*tail) *tail = head;
@@ -589,14 +597,20 @@ static qitem *dequeue(uint64_t now, uint64_t *wait_ms) {
     return NULL;
   }
   qitem *q = NULL;
-  for (qitem **pp = &B.queue; *pp && !q; pp = &(*pp)->next)
-    if (!path_busy((*pp)->path)) q = q_take(pp, &B.queue_tail);
+  for (qitem **pp = &B.queue; *pp; pp = &(*pp)->next)
+    if (!path_busy((*pp)->path)) {
+      q = q_take(pp, &B.queue_tail);
+      break;
+    }
   for (qitem **pp = &B.retry; *pp && !q; pp = &(*pp)->next) {
     if ((*pp)->not_before > now) {
       *wait_ms = (*pp)->not_before - now;
       break;
     }
-    if (!path_busy((*pp)->path)) q = q_take(pp, &B.retry_tail);
+    if (!path_busy((*pp)->path)) {
+      q = q_take(pp, &B.retry_tail);
+      break;
+    }
   }
   if (q) {
     q->retry = false;
@@ -663,6 +677,7 @@ static void tombstone(const char *path, bool dir) {
 
 static void mark_dirty(bnode *n) {
   n->gen++;
+  if (n->unlinked) return; /* open after its removal: nothing of it goes up */
   if (!n->dirty) {
     n->dirty = true;
     B.njournal++;
@@ -1076,7 +1091,7 @@ static void *uploader(void *arg) {
       uint64_t later = sbx_now_ms() + RETRY_MS;
       /* no answer, or the server's own failure: the bucket is away, and
        * what else is queued waits too instead of failing one by one */
-      if (e.http == 0 || e.http >= 500) B.away_until = later;
+      if (bucket_away(&e)) B.away_until = later;
       if (*q_hash_slot(q->path, q->kind)) { /* queued again meanwhile: that one does it */
         free(q->path);
         free(q);
@@ -1195,7 +1210,7 @@ static int refresh_listing(bnode *d) {
   if (k < 0 || l.oom) {
     list_ctx_free(&l);
     snprintf(B.last_error, sizeof B.last_error, "%s", l.oom ? "out of memory" : e.msg);
-    if (k < 0 && (e.http == 0 || e.http >= 500)) B.away_until = sbx_now_ms() + RETRY_MS; /* as for uploads */
+    if (k < 0 && bucket_away(&e)) B.away_until = sbx_now_ms() + RETRY_MS; /* as for uploads */
     return d->list_at ? 0 : l.oom ? -ENOMEM : -e.errnum;
   }
   list_free(d);
@@ -1493,6 +1508,9 @@ static int make_node(bnode *p, const char *name, ntype type, mode_t mode, const 
   }
   if (n) node_unhash(n);
   gone *g = gone_find(path);
+  /* the bucket may have an object of that name: removing the new node
+   * deletes it, sent or not */
+  bool shadows = (g && g->dir == (type == T_DIR) && !g->done_ms) || (p->list_at && list_find(p, name));
   if (g && g->dir == (type == T_DIR)) { /* the new one replaces the old object: no deletion */
     char jp[PBUF];
     journal_path(path, true, jp, sizeof jp);
@@ -1503,6 +1521,7 @@ static int make_node(bnode *p, const char *name, ntype type, mode_t mode, const 
   free(path);
   if (!n) return -ENOMEM;
   n->mode = mode & 07777;
+  n->tried = shadows;
   n->uid = ctx->uid >= B.uid_base ? ctx->uid - B.uid_base : 0;
   n->gid = ctx->gid >= B.uid_base ? ctx->gid - B.uid_base : 0;
   if (p->mode & S_ISGID) n->gid = p->gid;
@@ -1947,10 +1966,14 @@ static int rename_file(bnode *p, bnode *np, bnode *n, const char *to) {
   if (n->dirty || n->queued || !n->remote || n->type == T_LINK) {
     /* not in the bucket as it is: it goes up under the new name */
     bool was_sent = n->remote || n->tried;
+    bnode *old = node_find(to);
+    /* the new name may be in the bucket already: what it replaces, or a
+     * name the listing has */
+    bool shadows = (old && (old->remote || old->tried)) || (np->list_at && list_find(np, base_of(to)));
     replace_target(to);
     move_node(n, to);
     n->remote = false;
-    n->tried = false; /* the new name never was */
+    n->tried = shadows;
     mark_dirty(n);
     journal_node(n);
     if (!n->opens) enqueue(to, OP_PUT);

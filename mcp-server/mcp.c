@@ -432,16 +432,30 @@ typedef struct offloaded {
   mcp_tool_fn fn;
 } offloaded;
 
+/* A message as JSON can carry it (it may quote a sandbox's names, or be
+ * cut in the middle of a character). */
+static json_t *json_repaired(const char *s) {
+  size_t len;
+  char *fixed = sbx_utf8_repair(s ? s : "", s ? strlen(s) : 0, &len);
+  json_t *j = fixed ? json_stringn(fixed, len) : json_string("");
+  free(fixed);
+  return j;
+}
+
 /* In the child: the handler, its answer as JSON. */
 static json_t *call_work(void *ud, sbx_sandbox *sb) {
   offloaded *o = ud;
   mcp_outcome out = {0};
   o->call->outcome = &out;
   o->fn(o->call, o->args, sb);
-  if (!out.ok)
-    return json_pack("{s:b, s:s, s:s}", "ok", 0, "code", out.err.code ? out.err.code : "INTERNAL", "message", out.err.message);
-  return json_pack("{s:b, s:o?, s:s?, s:O?}", "ok", 1, "structured", out.structured, "text", out.text, "extra",
-                   o->call->extra_content);
+  json_t *r = out.ok ? json_pack("{s:b, s:o?, s:s?, s:O?}", "ok", 1, "structured", out.structured, "text", out.text,
+                                 "extra", o->call->extra_content)
+                     : json_pack("{s:b, s:s, s:o}", "ok", 0, "code", out.err.code ? out.err.code : "INTERNAL", "message",
+                                 json_repaired(out.err.message));
+  if (!r) /* text that is not UTF-8 got this far: an answer all the same */
+    r = json_pack("{s:b, s:s, s:s}", "ok", 0, "code", "INTERNAL", "message",
+                  "the result could not be encoded as JSON (text that is not UTF-8?)");
+  return r;
 }
 
 static void call_done(void *ud, json_t *r, const sbx_error *why) {
@@ -624,7 +638,7 @@ static json_t *resource_work(void *ud, sbx_sandbox *sb) {
     if (sbx_fs_list(sb, path, false, true, listing_cb, entries, NULL, &err) < 0) {
       json_decref(entries);
       snprintf(msg, sizeof msg, "%s: %s", err.code, err.message);
-      return json_pack("{s:s, s:{s:s}}", "message", msg, "data", "uri", uri);
+      return json_pack("{s:o, s:{s:s}}", "message", json_repaired(msg), "data", "uri", uri);
     }
     char *text = json_dumps(entries, JSON_COMPACT);
     json_decref(entries);
@@ -632,7 +646,7 @@ static json_t *resource_work(void *ud, sbx_sandbox *sb) {
     free(text);
   } else if (sbx_fs_read(sb, path, SBX_MAX_READ, &data, &len, &err) < 0) {
     snprintf(msg, sizeof msg, "%s: %s", err.code, err.message);
-    return json_pack("{s:s, s:{s:s, s:s}}", "message", msg, "data", "uri", uri, "code", err.code);
+    return json_pack("{s:o, s:{s:s, s:s}}", "message", json_repaired(msg), "data", "uri", uri, "code", err.code);
   } else if (memchr(data, 0, len) || !sbx_utf8_valid(data, len)) {
     _cleanup_free_ char *b = sbx_base64_encode(data, len, NULL);
     content = json_pack("{s:s, s:s, s:s}", "uri", uri, "mimeType", sbx_fs_mime(path), "blob", b);
@@ -651,7 +665,8 @@ static void resource_done(void *ud, json_t *r, const sbx_error *why) {
     else send_result(rr->c, rr->id, false, res);
   } else {
     char msg[700];
-    snprintf(msg, sizeof msg, "%s", r ? json_string_value(json_object_get(r, "message")) ?: "" : why->message);
+    snprintf(msg, sizeof msg, "%s",
+             r ? json_string_value(json_object_get(r, "message")) ?: "" : why ? why->message : "the read failed");
     json_t *data = json_object_get(r, "data");
     send_error_data(rr->c, rr->id, -32002, msg, data ? json_incref(data) : json_pack("{s:s}", "uri", rr->uri));
   }

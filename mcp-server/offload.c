@@ -68,12 +68,11 @@ static void closed(uv_handle_t *h) {
   free(j);
 }
 
-/* The child is done: its result goes to done. */
+/* The child is gone (or never was): its result goes to done. */
 static void finish(job *j) {
   uv_read_stop((uv_stream_t *)&j->out);
   if (j->pidfd >= 0) {
-    sbx_pidfd_send_signal(j->pidfd, SIGKILL); /* a result too large: it is done either way */
-    waitid(P_PIDFD, j->pidfd, &(siginfo_t){0}, WEXITED);
+    waitid(P_PIDFD, j->pidfd, &(siginfo_t){0}, WEXITED); /* it exited: reaped at once */
     uv_poll_stop(&j->exited);
   }
   unlink_job(j);
@@ -114,8 +113,12 @@ static bool take(job *j, const char *data, size_t n) {
 
 static void out_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
   job *j = s->data;
-  if (n > 0 && !take(j, b->base, (size_t)n)) finish(j);
-  else if (n < 0) uv_read_stop(s); /* the end: finished when the child is gone */
+  if (n > 0 && !take(j, b->base, (size_t)n)) {
+    uv_read_stop(s); /* too much: finished when the child is gone */
+    sbx_pidfd_send_signal(j->pidfd, SIGKILL);
+  } else if (n < 0) {
+    uv_read_stop(s); /* the end: finished when the child is gone */
+  }
 }
 
 /* The child exited: what it wrote is in the pipe (it waited for us to
@@ -126,7 +129,7 @@ static void on_exited(uv_poll_t *p, int status, int events) {
   int fd = -1;
   uv_fileno((uv_handle_t *)&j->out, &fd);
   char chunk[65536];
-  for (ssize_t n; fd >= 0 && (n = read(fd, chunk, sizeof chunk)) != 0;) {
+  for (ssize_t n; fd >= 0 && !j->too_big && (n = read(fd, chunk, sizeof chunk)) != 0;) {
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 || !take(j, chunk, (size_t)n)) break;
   }
@@ -180,18 +183,20 @@ int mcp_offload(uv_loop_t *loop, sbx_sandbox *sb, size_t bytes, mcp_work_fn work
   q.loop = loop;
   int waiting = 0;
   bool busy = false;
+  size_t held = 0;
   job **tail = &q.jobs;
   for (; *tail; tail = &(*tail)->next)
     if ((*tail)->sb == sb) {
       busy = true;
       waiting += !(*tail)->started;
+      held += (*tail)->bytes;
     }
   if (waiting >= MCP_OFFLOAD_QUEUED)
     return sbx_err(err, "RESOURCE_LIMIT", "sandbox '%s' already has %d file calls waiting; wait for their answers",
                    sb->id, waiting);
-  if (busy && q.bytes + bytes > MCP_OFFLOAD_BYTES)
-    return sbx_err(err, "RESOURCE_LIMIT", "file calls waiting on bucket mounts hold %zu MiB already; wait for their answers",
-                   q.bytes >> 20);
+  if (busy && (held + bytes > MCP_OFFLOAD_SANDBOX_BYTES || q.bytes + bytes > MCP_OFFLOAD_BYTES))
+    return sbx_err(err, "RESOURCE_LIMIT", "file calls waiting on bucket mounts hold %zu MiB already (%zu MiB of them sandbox "
+                   "'%s''s); wait for their answers", q.bytes >> 20, held >> 20, sb->id);
   job *j = calloc(1, sizeof *j);
   if (!j) return sbx_err(err, "INTERNAL", "out of memory");
   j->sb = sb;
@@ -236,9 +241,11 @@ void mcp_offload_forget(sbx_sandbox *sb) {
 
 void mcp_offload_stop(void) {
   q.stopped = true;
-  for (job *j = q.jobs; j; j = j->next)
+  for (job *j = q.jobs; j; j = j->next) {
+    j->sb = NULL; /* the sandboxes go before the children may */
     if (j->started) {
       j->answered = true; /* never: the daemon is going */
       sbx_pidfd_send_signal(j->pidfd, SIGKILL);
     }
+  }
 }

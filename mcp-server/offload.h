@@ -18,7 +18,10 @@
 #include <uv.h>
 
 #define MCP_OFFLOAD_QUEUED 64
-#define MCP_OFFLOAD_BYTES (256u * 1024 * 1024) /* what waiting jobs hold (writeFile's content), all sandboxes */
+/* what jobs hold (writeFile's content) while they wait: one sandbox's,
+ * and all sandboxes' together */
+#define MCP_OFFLOAD_SANDBOX_BYTES (128u * 1024 * 1024)
+#define MCP_OFFLOAD_BYTES (512u * 1024 * 1024)
 #define MCP_OFFLOAD_RESULT_MAX (96u * 1024 * 1024) /* a result as JSON: a 32 MiB readFile, base64 */
 
 /* Runs in the child, with the sandbox as the daemon has it; returns the

@@ -484,6 +484,40 @@ def test_outage_names_bounded(t, x):
         x.s3.start()
 
 
+def test_removed_stays_removed(t, x):
+    """A name removed, made again and removed again, or renamed over and
+    removed, while the bucket is away: once the bucket is back, the object
+    it had under that name is gone too."""
+    c = x.c
+    x.s3.put('test', 'rz/x', b'old x\n')
+    x.s3.put('test', 'rz/a', b'old a\n')
+    c.ok('createSandbox', {'sandboxId': 'rz'})
+    x.mount('/data', sandbox='rz', prefix='rz')
+    t.eq(c.sh('cat /data/x /data/a', sandbox='rz')['stdout'], 'old x\nold a\n', 'two objects read through the mount')
+    x.s3.stop()
+    try:
+        r = c.sh('rm /data/x && touch /data/x && rm /data/x && echo new > /data/b && mv /data/b /data/a && rm /data/a && '
+                 'ls -A /data', sandbox='rz')
+        t.eq(r['stdout'], '', 'the mount shows the removals', r)
+    finally:
+        x.s3.start()
+    t.ok(wait_until(lambda: not {'rz/x', 'rz/a'} & set(x.s3.stored_keys('test', 'rz/')), 60, 'the deletions'),
+         'and once the bucket is back, neither old object is left in it')
+
+
+def test_open_unlinked_files(t, x):
+    """Files written after their removal (tmpfile's way) give their space
+    back when closed: 200 MB of them through a 64 MB sandbox's mount."""
+    c = x.c
+    c.ok('createSandbox', {'sandboxId': 'tmpf', 'limits': {'diskMB': 64}})
+    x.mount('/data', sandbox='tmpf', prefix='tmpf')
+    r = c.sh('cd /data && python3 -c "\nimport os\nfor i in range(100):\n    f = open(\'t%d\' % i, \'wb\')\n'
+             '    os.unlink(\'t%d\' % i)\n    f.write(os.urandom(2 << 20))\n    f.close()\nprint(\'ok\')" && '
+             'head -c 20000000 /dev/zero > kept && echo kept', sandbox='tmpf', wait=120)
+    t.eq(r['stdout'], 'ok\nkept\n', 'then a 20 MB file still fits', r)
+    c.ok('destroySandbox', {'sandboxId': 'tmpf'})
+
+
 def test_crash_during_outage(t, x):
     """What waits for an unreachable bucket survives kill -9 of its server,
     including entries rewritten shorter than before (a file grown, then
@@ -724,5 +758,5 @@ def test_destroy_cleans_up(t, x):
 if __name__ == '__main__':
     sys.exit(run_tests([test_mount_write_read, test_signatures, test_fsync_means_in_bucket, test_secrets_never_shown,
                         test_errors, test_read_only, test_server_cpu_bounded, test_fsyncs_hold_no_thread, test_hung_bucket_stalls_nobody, test_local_bucket, test_local_bucket_quota, test_reset_keeps_bucket, test_restart_kill9,
-                        test_crash_of_bucket_server, test_daemon_killed_during_writes, test_outage, test_outage_names_bounded, test_crash_during_outage, test_syscall_suite,
+                        test_crash_of_bucket_server, test_daemon_killed_during_writes, test_outage, test_outage_names_bounded, test_removed_stays_removed, test_open_unlinked_files, test_crash_during_outage, test_syscall_suite,
                         test_view_shows_bucket, test_unmount, test_more_files_than_fds, test_big_directory, test_cold_directory, test_destroy_cleans_up], Ctx))

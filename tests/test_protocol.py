@@ -100,6 +100,10 @@ def test_resources(t, x):
     t.eq(r.get('error', {}).get('code'), -32002, 'resources stay inside the sandbox')
     r = x.c.request('resources/read', {'uri': 'sbx://nobody/workspace'})
     t.eq(r.get('error', {}).get('code'), -32002, 'unknown sandbox is resource-not-found')
+    for uri in ('sbx://proto/workspace/%FF%FE', 'sbx://proto/workspace/a' + '\u00e9' * 300):
+        r = x.c.request('resources/read', {'uri': uri})
+        t.eq(r.get('error', {}).get('code'), -32002, 'a path that is not UTF-8, or a long one, is an error: %.40s' % uri, r)
+    t.eq(x.c.sh('echo alive', sandbox='proto')['stdout'], 'alive\n', 'and the daemon goes on')
 
 
 def test_logging(t, x):
