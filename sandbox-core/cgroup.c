@@ -569,7 +569,9 @@ int sbx_cg_remove(sbx_cgroup *c) {
   int r = 0;
   for (int i = 0; i < c->n; i++)
     if (c->dirs[i] && !(c->joined & (1u << i))) {
-      if (spare_kind(i, c->dirs[i]) && spare_keep(i, c->dirs[i])) continue;
+      /* kept for reuse, unless the cgroups are shut down (a bucket
+       * server can end after that) */
+      if (cg.ready && spare_kind(i, c->dirs[i]) && spare_keep(i, c->dirs[i])) continue;
       int q = rm_tree(c->dirs[i], 0);
       if (q < 0) r = q;
     }
