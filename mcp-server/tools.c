@@ -1136,7 +1136,7 @@ static void h_session_create(mcp_call *call, json_t *args, sbx_sandbox *sb) {
   else snprintf(id, sizeof id, "session-%llu", (unsigned long long)(sbx_now_us() % 100000000));
   char cwd[4096] = "/workspace";
   const char *c = str(args, "cwd");
-  if ((c && (sbx_fs_abspath(c, cwd, &err) < 0 || sbx_fs_check_dir(sb, cwd, &err) < 0)) ||
+  if ((c && (sbx_fs_abspath(c, cwd, &err) < 0 || sbx_fs_check_dir_nowait(sb, cwd, &err) < 0)) ||
       env_from_json(json_object_get(args, "env"), &env, &err) < 0) {
     sbx_env_clear(&env);
     return mcp_call_fail(call, &err);

@@ -946,9 +946,7 @@ static sbx_shell *shell_for(uv_loop_t *loop, sbx_sandbox *sb, sbx_session *s, co
     sh = NULL;
   }
   if (!sh) {
-    bool bash = false;
-    sbx_error nerr = {0};
-    if (sbx_fs_exists(sb, "/bin/bash", &bash, &nerr) < 0 || !bash) return NULL;
+    if (!sbx_fs_has_bash(sb)) return NULL;
     sh = shell_start(loop, sb, s, cwd);
   }
   return sh;
@@ -1000,10 +998,14 @@ int sbx_exec_start(uv_loop_t *loop, sbx_sandbox *sb, const sbx_exec_opts *o, sbx
   char given[4096]; /* a relative cwd is under /workspace, as every path of the tools */
   if (o->cwd && sbx_fs_abspath(o->cwd, given, err) < 0) return -1;
   const char *cwd = o->cwd ? given : s->cwd;
-  if (sbx_fs_check_dir(sb, cwd, err) < 0) {
+  /* checked here, unless that would wait on a bucket mount: then the
+   * command enters it itself, and fails if it cannot */
+  int known = sbx_fs_check_dir_nowait(sb, cwd, err);
+  bool strict_cwd = known == 1 && o->cwd;
+  if (known < 0) {
     if (o->cwd) return -1;
     cwd = "/workspace"; /* the session's directory was removed */
-    if (sbx_fs_check_dir(sb, cwd, err) < 0) cwd = "/";
+    if (sbx_fs_check_dir_nowait(sb, cwd, err) < 0) cwd = "/";
   }
   if (o->stdin_len > SBX_MAX_STDIN)
     return sbx_err(err, "VALIDATION_FAILED", "stdin is limited to %d bytes; put larger input in files (writeFile) and redirect it",
@@ -1089,9 +1091,7 @@ int sbx_exec_start(uv_loop_t *loop, sbx_sandbox *sb, const sbx_exec_opts *o, sbx
     close(fds[1]);
     if ((fds[1] = fcntl(o->stdio_fd, F_DUPFD_CLOEXEC, 0)) < 0) goto fail_errno;
   }
-  bool bash = false;
-  sbx_error nerr = {0};
-  if (sbx_fs_exists(sb, "/bin/bash", &bash, &nerr) < 0) bash = false;
+  bool bash = sbx_fs_has_bash(sb);
   x->bash = bash;
   int nfds = 4;
   if (bash && s->shell_len) {
@@ -1102,7 +1102,8 @@ int sbx_exec_start(uv_loop_t *loop, sbx_sandbox *sb, const sbx_exec_opts *o, sbx
   }
   char *argv[] = {bash ? "/bin/bash" : "/bin/sh", "-c", (char *)(bash ? bash_wrapper : sh_wrapper),
                   bash ? "bash" : "sh", (char *)o->command, bash ? (nfds == 5 ? "1" : "0") : NULL, NULL};
-  sbx_spawn sp = {.argv = argv, .envp = env.v, .cwd = cwd, .fds = fds, .nfds = nfds, .cg = x->cg.n ? &x->cg : NULL};
+  sbx_spawn sp = {.argv = argv, .envp = env.v, .cwd = cwd, .strict_cwd = strict_cwd, .fds = fds, .nfds = nfds,
+                  .cg = x->cg.n ? &x->cg : NULL};
   x->start_us = sbx_now_us();
   x->pid = sbx_sandbox_spawn(sb, &sp, &x->pidfd, err);
   for (int i = 0; i < 5; i++)

@@ -123,6 +123,48 @@ int sbx_fs_check_dir(sbx_sandbox *sb, const char *path, sbx_error *err) {
   return 0;
 }
 
+/* openat2_in from the dentry cache alone: -1 with EAGAIN when a name is
+ * not in it (or a file system would have to be asked). */
+static int openat2_cached(int root, const char *path, int flags) {
+  struct open_how how = {.flags = (uint64_t)(flags | O_CLOEXEC),
+                         .resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | RESOLVE_CACHED};
+  return (int)syscall(SYS_openat2, root, path, &how, sizeof how);
+}
+
+int sbx_fs_check_dir_cached(sbx_sandbox *sb, const char *path, sbx_error *err) {
+  AS_SANDBOX(sb);
+  char abs[4096];
+  if (sbx_fs_abspath(path, abs, err) < 0) return -1;
+  _cleanup_close_ int fd = openat2_cached(sb->rootfd, abs, O_PATH | O_DIRECTORY);
+  if (fd >= 0) return 0;
+  if (errno == EAGAIN) return 1;
+  return fail_errno(err, errno, "directory", abs);
+}
+
+int sbx_fs_exists_cached(sbx_sandbox *sb, const char *path, bool *exists, sbx_error *err) {
+  AS_SANDBOX(sb);
+  char abs[4096];
+  if (sbx_fs_abspath(path, abs, err) < 0) return -1;
+  _cleanup_close_ int fd = openat2_cached(sb->rootfd, abs, O_PATH);
+  *exists = fd >= 0;
+  if (fd >= 0 || errno == ENOENT || errno == ENOTDIR) return 0;
+  if (errno == EAGAIN) return 1;
+  return fail_errno(err, errno, "looking up", abs);
+}
+
+int sbx_fs_check_dir_nowait(sbx_sandbox *sb, const char *path, sbx_error *err) {
+  if (sb->buckets) return sbx_fs_check_dir_cached(sb, path, err);
+  return sbx_fs_check_dir(sb, path, err);
+}
+
+bool sbx_fs_has_bash(sbx_sandbox *sb) {
+  bool bash = false;
+  sbx_error err = {0};
+  if (!sb->buckets) return sbx_fs_exists(sb, "/bin/bash", &bash, &err) == 0 && bash;
+  int r = sbx_fs_exists_cached(sb, "/bin/bash", &bash, &err);
+  return r == 1 || (r == 0 && bash); /* not cached: sandboxes have bash as a rule, and a missing one fails the command */
+}
+
 int sbx_fs_open_dir(sbx_sandbox *sb, const char *path, sbx_error *err) {
   char abs[4096];
   if (sbx_fs_abspath(path, abs, err) < 0) return -1;

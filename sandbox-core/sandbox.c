@@ -1241,7 +1241,11 @@ static int command_main(void *arg) {
   if (setgroups(0, NULL) < 0 && errno != EPERM) child_fail("setgroups");
   if (setresgid(0, 0, 0) < 0) child_fail("setresgid");
   if (setresuid(0, 0, 0) < 0) child_fail("setresuid");
-  if (chdir(sp->cwd ? sp->cwd : "/workspace") < 0 && chdir("/") < 0) child_fail("chdir");
+  int cwd_errno = 0;
+  if (chdir(sp->cwd ? sp->cwd : "/workspace") < 0) {
+    cwd_errno = errno;
+    if (chdir("/") < 0) child_fail("chdir");
+  }
   if (c->pin) sched_setaffinity(0, sizeof c->cpus, &c->cpus);
   /* counted per user of the sandbox's own user namespace: per sandbox */
   if (c->nproc != RLIM_INFINITY && setrlimit(RLIMIT_NPROC, &(struct rlimit){c->nproc, c->nproc}) < 0)
@@ -1261,6 +1265,12 @@ static int command_main(void *arg) {
   for (int i = 0; i < sp->nfds && i < 8; i++)
     if (dup2(tmp[i], i) < 0) child_fail("dup2");
   close_range(sp->nfds, ~0U, 0);
+  if (cwd_errno && sp->strict_cwd) { /* told on the command's own stderr */
+    char msg[4200];
+    int n = snprintf(msg, sizeof msg, "sbx: cwd %s: %s\n", sp->cwd, strerror(cwd_errno));
+    (void)!write(2, msg, n < (int)sizeof msg ? (size_t)n : sizeof msg - 1);
+    _exit(1);
+  }
   signal(SIGTERM, SIG_DFL); /* the supervisor's handler is not the command's */
   sbx_child_unblock();
   execve(sp->argv[0], sp->argv, sp->envp);

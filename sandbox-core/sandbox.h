@@ -159,6 +159,7 @@ typedef struct sbx_spawn {
   char *const *argv;
   char *const *envp;
   const char *cwd; /* inside the sandbox */
+  bool strict_cwd; /* unchecked by the daemon: not entering it fails the command (else it runs in /) */
   const int *fds;
   int nfds;
   const sbx_cgroup *cg;

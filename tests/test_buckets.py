@@ -614,6 +614,7 @@ def test_hung_bucket_stalls_nobody(t, x):
     x.s3.put('test', 'hung/cold.txt', b'from the bucket\n')
     x.s3.put('test', 'hung/cold2.txt', b'also from the bucket\n')
     x.s3.put('test', 'hung/sub/deep.txt', b'deeper\n')
+    x.s3.put('test', 'hung/work/f', b'f\n')
     x.mount('/data', sandbox='hung', prefix='hung')  # a fresh mount: nothing cached
     os.kill(x.s3.node.pid, signal.SIGSTOP)  # the bucket accepts and answers nothing
     try:
@@ -624,6 +625,10 @@ def test_hung_bucket_stalls_nobody(t, x):
                 'params': {'name': 'listFiles', 'arguments': {'sandboxId': 'hung', 'path': '/data'}}})
         c.send({'jsonrpc': '2.0', 'id': ids[2], 'method': 'resources/read',
                 'params': {'uri': 'sbx://hung/data/cold.txt'}})
+        cwds = [next(c.ids) for _ in range(2)]  # commands whose cwd the daemon cannot check without the bucket
+        for i, d in zip(cwds, ('/data/work', '/data/nowhere')):
+            c.send({'jsonrpc': '2.0', 'id': i, 'method': 'tools/call',
+                    'params': {'name': 'exec', 'arguments': {'sandboxId': 'hung', 'command': 'pwd', 'cwd': d}}})
         more = [next(c.ids) for _ in range(70)]  # 2 wait already: 62 more may, 8 are refused at once
         for i in more:
             c.send({'jsonrpc': '2.0', 'id': i, 'method': 'tools/call',
@@ -636,17 +641,22 @@ def test_hung_bucket_stalls_nobody(t, x):
         t.eq(c.ok('writeFile', {'sandboxId': 'b1', 'path': 'w.txt', 'content': 'w'}, 20)['size'], 1,
              'and so is its file call')
         t.eq(c.sh('echo here', sandbox='hung', wait=20)['stdout'], 'here\n', 'and the same sandbox\'s command')
-        answered = [m.get('id') for m in c.pending if m.get('id') in ids + more]
+        answered = [m.get('id') for m in c.pending if m.get('id') in ids + more + cwds]
         t.eq(answered, [], 'the calls on the bucket are still waiting (its server is stopped)')
     finally:
         os.kill(x.s3.node.pid, signal.SIGCONT)
     r = c.next(lambda m: m.get('id') == ids[0] and 'method' not in m, 240)['result']
     t.eq(r.get('structuredContent', {}).get('content'), 'from the bucket\n', 'the read answers once the bucket does', r)
     r = c.next(lambda m: m.get('id') == ids[1] and 'method' not in m, 240)['result']
-    t.eq(sorted(f['name'] for f in r.get('structuredContent', {}).get('files', [])), ['cold.txt', 'cold2.txt', 'sub'],
+    t.eq(sorted(f['name'] for f in r.get('structuredContent', {}).get('files', [])), ['cold.txt', 'cold2.txt', 'sub', 'work'],
          'so does the listing', r)
     r = c.next(lambda m: m.get('id') == ids[2] and 'method' not in m, 240)
     t.eq(r.get('result', {}).get('contents', [{}])[0].get('text'), 'from the bucket\n', 'and the resource read', r)
+    r = c.next(lambda m: m.get('id') == cwds[0] and 'method' not in m, 240)['result']['structuredContent']
+    t.eq(r.get('stdout'), '/data/work\n', 'a command in a directory of the bucket runs there once it answers', r)
+    r = c.next(lambda m: m.get('id') == cwds[1] and 'method' not in m, 240)['result']['structuredContent']
+    t.ok(r.get('exitCode') == 1 and 'cwd /data/nowhere' in r.get('stderr', ''),
+         'one in a directory that is not there fails, saying so', r)
     waited = [c.next(lambda m: m.get('id') in more and 'method' not in m, 240) for _ in range(62)]
     t.eq({r['result']['structuredContent'].get('exists') for r in waited}, {True}, 'and the 62 calls that waited', waited[:1])
     # destroyed while a call waits on the bucket and more wait behind it
