@@ -218,19 +218,16 @@ static int64_t now_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-static size_t hash_of(const char *p) {
-  uint64_t h = 1469598103934665603ull;
-  for (; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
-  return (size_t)(h % HASH_SIZE);
-}
-
-/* ---- names in a listing ---------------------------------------------------- */
-
+/* FNV-1a */
 static size_t name_hash(const char *p) {
   uint64_t h = 1469598103934665603ull;
   for (; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
   return (size_t)h;
 }
+
+static size_t hash_of(const char *p) { return name_hash(p) % HASH_SIZE; }
+
+/* ---- names in a listing ---------------------------------------------------- */
 
 static void lindex_free(lindex *x) {
   free(x->head);
@@ -253,11 +250,17 @@ static void lindex_build(lindex *x, lentry *e, size_t n) {
   for (size_t i = 0; i < n; i++) lindex_link(x, e, i);
 }
 
-/* e[i] was just appended (e has i + 1 entries). */
+/* e[i] was just appended (e has i + 1 entries). A few entries are walked
+ * instead: the table is made past LINDEX_MIN. */
+#define LINDEX_MIN 8
 static void lindex_add(lindex *x, lentry *e, size_t i) {
-  if (!x->head) return;
-  if (2 * (i + 1) > x->mask + 1) lindex_build(x, e, i + 1);
-  else lindex_link(x, e, i);
+  if (!x->head) {
+    if (i + 1 > LINDEX_MIN) lindex_build(x, e, i + 1);
+  } else if (2 * (i + 1) > x->mask + 1) {
+    lindex_build(x, e, i + 1);
+  } else {
+    lindex_link(x, e, i);
+  }
 }
 
 static void lindex_unlink(lindex *x, lentry *e, size_t i) {
@@ -267,6 +270,23 @@ static void lindex_unlink(lindex *x, lentry *e, size_t i) {
       *pp = e[i].next;
       return;
     }
+}
+
+/* Appends a copy of name to e[0..n), growing it (cap), and indexes it: the
+ * new entry, or NULL when memory ran out (nothing changed). */
+static lentry *lentry_append(lentry **e, size_t *n, size_t *cap, lindex *x, const char *name) {
+  if (*n == *cap) {
+    size_t c = *cap ? *cap * 2 : 64;
+    lentry *ne = realloc(*e, c * sizeof *ne);
+    if (!ne) return NULL;
+    *e = ne;
+    *cap = c;
+  }
+  char *copy = strdup(name);
+  if (!copy) return NULL;
+  (*e)[*n] = (lentry){.name = copy};
+  lindex_add(x, *e, (*n)++);
+  return &(*e)[*n - 1];
 }
 
 static lentry *lindex_find(const lindex *x, lentry *e, size_t n, const char *name) {
@@ -328,34 +348,18 @@ static void list_free(bnode *d) {
   d->list_at = 0;
 }
 
-static lentry *list_find(bnode *d, const char *name) {
-  if (!d->lix.head && d->nlist > 8) lindex_build(&d->lix, d->list, d->nlist);
-  return lindex_find(&d->lix, d->list, d->nlist, name);
-}
+static lentry *list_find(bnode *d, const char *name) { return lindex_find(&d->lix, d->list, d->nlist, name); }
 
 /* Our own changes, kept in the listing so it stays right until the next
  * one from the bucket (which has them by then, or has them pending). */
 static void list_add(bnode *d, const char *name, bool dir) {
   if (!d || !d->list_at) return;
   lentry *e = list_find(d, name);
-  if (e) {
-    e->dir = dir;
+  if (!e && !(e = lentry_append(&d->list, &d->nlist, &d->cap, &d->lix, name))) {
+    list_free(d); /* listed again next time */
     return;
   }
-  if (d->nlist == d->cap) {
-    size_t cap = d->cap ? d->cap * 2 : 16;
-    lentry *nl = realloc(d->list, cap * sizeof *nl);
-    if (!nl) {
-      list_free(d); /* listed again next time */
-      return;
-    }
-    d->list = nl;
-    d->cap = cap;
-  }
-  char *copy = strdup(name);
-  if (!copy) return;
-  d->list[d->nlist] = (lentry){.name = copy, .dir = dir};
-  lindex_add(&d->lix, d->list, d->nlist++);
+  e->dir = dir;
 }
 
 static void list_remove(bnode *d, const char *name) {
@@ -1160,29 +1164,19 @@ static void list_cb(void *ud, const char *name, bool dir, uint64_t size, int64_t
   list_ctx *l = ud;
   /* the directory's own marker, and keys no file name can be ("a//b", "../x") */
   if (!*name || strchr(name, '/') || !strcmp(name, ".") || !strcmp(name, "..") || strlen(name) > NAME_MAX) return;
-  if (l->n == l->cap) {
-    size_t cap = l->cap ? l->cap * 2 : 64;
-    lentry *e = realloc(l->e, cap * sizeof *e);
-    if (!e) {
-      l->oom = true;
-      return;
-    }
-    l->e = e;
-    l->cap = cap;
-  }
-  if (!l->ix.head) lindex_build(&l->ix, l->e, l->n);
   lentry *same = dir ? lindex_find(&l->ix, l->e, l->n, name) : NULL;
   if (same) { /* a name both a file and a directory: the directory wins */
     same->dir = true;
     return;
   }
-  char *copy = strdup(name);
-  if (!copy) {
+  lentry *e = lentry_append(&l->e, &l->n, &l->cap, &l->ix, name);
+  if (!e) {
     l->oom = true;
     return;
   }
-  l->e[l->n] = (lentry){.name = copy, .dir = dir, .size = size, .modified_ns = modified};
-  lindex_add(&l->ix, l->e, l->n++);
+  e->dir = dir;
+  e->size = size;
+  e->modified_ns = modified;
 }
 
 static void list_ctx_free(list_ctx *l) {
@@ -1844,18 +1838,8 @@ typedef struct dirh {
 
 static void dirh_add(dirh *h, size_t *cap, const char *name, bool dir) {
   if (lindex_find(&h->ix, h->e, h->n, name)) return;
-  if (h->n == *cap) {
-    size_t nc = *cap ? *cap * 2 : 64;
-    lentry *ne = realloc(h->e, nc * sizeof *ne);
-    if (!ne) return;
-    h->e = ne;
-    *cap = nc;
-  }
-  char *copy = strdup(name);
-  if (!copy) return;
-  h->e[h->n] = (lentry){.name = copy, .dir = dir};
-  if (!h->ix.head) lindex_build(&h->ix, h->e, h->n);
-  lindex_add(&h->ix, h->e, h->n++);
+  lentry *e = lentry_append(&h->e, &h->n, cap, &h->ix, name);
+  if (e) e->dir = dir;
 }
 
 static void b_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {

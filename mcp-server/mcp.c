@@ -432,9 +432,7 @@ typedef struct offloaded {
   mcp_tool_fn fn;
 } offloaded;
 
-/* A message as JSON can carry it (it may quote a sandbox's names, or be
- * cut in the middle of a character). */
-static json_t *json_repaired(const char *s) {
+json_t *mcp_json_repaired(const char *s) {
   size_t len;
   char *fixed = sbx_utf8_repair(s ? s : "", s ? strlen(s) : 0, &len);
   json_t *j = fixed ? json_stringn(fixed, len) : json_string("");
@@ -451,7 +449,7 @@ static json_t *call_work(void *ud, sbx_sandbox *sb) {
   json_t *r = out.ok ? json_pack("{s:b, s:o?, s:s?, s:O?}", "ok", 1, "structured", out.structured, "text", out.text,
                                  "extra", o->call->extra_content)
                      : json_pack("{s:b, s:s, s:o}", "ok", 0, "code", out.err.code ? out.err.code : "INTERNAL", "message",
-                                 json_repaired(out.err.message));
+                                 mcp_json_repaired(out.err.message));
   if (!r) /* text that is not UTF-8 got this far: an answer all the same */
     r = json_pack("{s:b, s:s, s:s}", "ok", 0, "code", "INTERNAL", "message",
                   "the result could not be encoded as JSON (text that is not UTF-8?)");
@@ -638,7 +636,7 @@ static json_t *resource_work(void *ud, sbx_sandbox *sb) {
     if (sbx_fs_list(sb, path, false, true, listing_cb, entries, NULL, &err) < 0) {
       json_decref(entries);
       snprintf(msg, sizeof msg, "%s: %s", err.code, err.message);
-      return json_pack("{s:o, s:{s:s}}", "message", json_repaired(msg), "data", "uri", uri);
+      return json_pack("{s:o, s:{s:s}}", "message", mcp_json_repaired(msg), "data", "uri", uri);
     }
     char *text = json_dumps(entries, JSON_COMPACT);
     json_decref(entries);
@@ -646,7 +644,7 @@ static json_t *resource_work(void *ud, sbx_sandbox *sb) {
     free(text);
   } else if (sbx_fs_read(sb, path, SBX_MAX_READ, &data, &len, &err) < 0) {
     snprintf(msg, sizeof msg, "%s: %s", err.code, err.message);
-    return json_pack("{s:o, s:{s:s, s:s}}", "message", json_repaired(msg), "data", "uri", uri, "code", err.code);
+    return json_pack("{s:o, s:{s:s, s:s}}", "message", mcp_json_repaired(msg), "data", "uri", uri, "code", err.code);
   } else if (memchr(data, 0, len) || !sbx_utf8_valid(data, len)) {
     _cleanup_free_ char *b = sbx_base64_encode(data, len, NULL);
     content = json_pack("{s:s, s:s, s:s}", "uri", uri, "mimeType", sbx_fs_mime(path), "blob", b);

@@ -75,6 +75,9 @@ int mcp_catalog_check_names(const char *csv, char *err, size_t errlen);
 void mcp_sandbox_ended(sbx_sandbox *sb);
 /* Ends a waitForLog/waitForExit/streamProcessLogs call (tools.c). */
 void mcp_wait_cancel(void *wait);
+/* A string as JSON can carry it: bytes that are not UTF-8 become U+FFFD
+ * (a sandbox's names, a message cut inside a character). */
+json_t *mcp_json_repaired(const char *s);
 /* Finishes the call with structured content (stolen) and a short text. */
 void mcp_call_ok(mcp_call *call, json_t *structured, const char *text);
 void mcp_call_fail(mcp_call *call, const sbx_error *err);

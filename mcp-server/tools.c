@@ -1012,13 +1012,9 @@ struct list_ctx {
 /* A name as JSON can carry it: bytes that are not UTF-8 become U+FFFD (the
  * entry says so; such a file is reached with exec). */
 static json_t *list_string(const char *s, bool *repaired) {
-  size_t n = strlen(s), len;
-  if (sbx_utf8_valid(s, n)) return json_string(s);
+  if (sbx_utf8_valid(s, strlen(s))) return json_string(s);
   *repaired = true;
-  char *fixed = sbx_utf8_repair(s, n, &len);
-  json_t *j = fixed ? json_stringn(fixed, len) : NULL;
-  free(fixed);
-  return j;
+  return mcp_json_repaired(s);
 }
 
 static void list_cb(void *ud, const sbx_fs_entry *e) {

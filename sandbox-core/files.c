@@ -30,14 +30,21 @@ static void as_daemon(fs_identity *id) {
 }
 #define AS_SANDBOX(sb) _cleanup_(as_daemon) __attribute__((unused)) fs_identity fs_id_ = as_sandbox(sb)
 
-static int openat2_in(int root, const char *path, int flags, mode_t mode) {
+/* resolve: more RESOLVE_ flags. With RESOLVE_CACHED, EAGAIN means a name
+ * is not in the kernel's caches (a file system would be asked): returned,
+ * not tried again as a rename that raced the lookup is. */
+static int openat2_how(int root, const char *path, int flags, mode_t mode, uint64_t resolve) {
   struct open_how how = {.flags = (uint64_t)(flags | O_CLOEXEC),
                          .mode = (flags & O_CREAT) ? mode : 0,
-                         .resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS};
+                         .resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | resolve};
   int fd;
   do fd = (int)syscall(SYS_openat2, root, path, &how, sizeof how);
-  while (fd < 0 && errno == EAGAIN); /* a rename raced the lookup */
+  while (fd < 0 && errno == EAGAIN && !(resolve & RESOLVE_CACHED));
   return fd;
+}
+
+static int openat2_in(int root, const char *path, int flags, mode_t mode) {
+  return openat2_how(root, path, flags, mode, 0);
 }
 
 int sbx_fs_abspath(const char *path, char out[4096], sbx_error *err) {
@@ -114,66 +121,34 @@ static int mkdir_p_in(sbx_sandbox *sb, const char *abs, sbx_error *err) {
   return made;
 }
 
-int sbx_fs_check_dir(sbx_sandbox *sb, const char *path, sbx_error *err) {
+/* In a sandbox with a bucket mount, whose server may keep a lookup waiting
+ * for minutes, the daemon's loop looks names up in the kernel's caches
+ * alone (files.h: "nowait"). */
+static uint64_t nowait_resolve(sbx_sandbox *sb) { return sb->buckets ? RESOLVE_CACHED : 0; }
+
+/* 0, -1 + err, or 1 when resolve has RESOLVE_CACHED and the caches do not
+ * know. */
+static int check_dir(sbx_sandbox *sb, const char *path, uint64_t resolve, sbx_error *err) {
   AS_SANDBOX(sb);
   char abs[4096];
   if (sbx_fs_abspath(path, abs, err) < 0) return -1;
-  _cleanup_close_ int fd = openat2_in(sb->rootfd, abs, O_PATH | O_DIRECTORY, 0);
-  if (fd < 0) return fail_errno(err, errno, "directory", abs);
-  return 0;
-}
-
-/* openat2_in from the dentry cache alone: -1 with EAGAIN when a name is
- * not in it (or a file system would have to be asked). */
-static int openat2_cached(int root, const char *path, int flags) {
-  struct open_how how = {.flags = (uint64_t)(flags | O_CLOEXEC),
-                         .resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | RESOLVE_CACHED};
-  return (int)syscall(SYS_openat2, root, path, &how, sizeof how);
-}
-
-int sbx_fs_check_dir_cached(sbx_sandbox *sb, const char *path, sbx_error *err) {
-  AS_SANDBOX(sb);
-  char abs[4096];
-  if (sbx_fs_abspath(path, abs, err) < 0) return -1;
-  _cleanup_close_ int fd = openat2_cached(sb->rootfd, abs, O_PATH | O_DIRECTORY);
+  _cleanup_close_ int fd = openat2_how(sb->rootfd, abs, O_PATH | O_DIRECTORY, 0, resolve);
   if (fd >= 0) return 0;
-  if (errno == EAGAIN) return 1;
+  if (errno == EAGAIN && (resolve & RESOLVE_CACHED)) return 1;
   return fail_errno(err, errno, "directory", abs);
 }
 
-int sbx_fs_exists_cached(sbx_sandbox *sb, const char *path, bool *exists, sbx_error *err) {
-  AS_SANDBOX(sb);
-  char abs[4096];
-  if (sbx_fs_abspath(path, abs, err) < 0) return -1;
-  _cleanup_close_ int fd = openat2_cached(sb->rootfd, abs, O_PATH);
-  *exists = fd >= 0;
-  if (fd >= 0 || errno == ENOENT || errno == ENOTDIR) return 0;
-  if (errno == EAGAIN) return 1;
-  return fail_errno(err, errno, "looking up", abs);
-}
+int sbx_fs_check_dir(sbx_sandbox *sb, const char *path, sbx_error *err) { return check_dir(sb, path, 0, err); }
 
 int sbx_fs_check_dir_nowait(sbx_sandbox *sb, const char *path, sbx_error *err) {
-  if (sb->buckets) return sbx_fs_check_dir_cached(sb, path, err);
-  return sbx_fs_check_dir(sb, path, err);
-}
-
-bool sbx_fs_has_bash(sbx_sandbox *sb) {
-  bool bash = false;
-  sbx_error err = {0};
-  if (!sb->buckets) return sbx_fs_exists(sb, "/bin/bash", &bash, &err) == 0 && bash;
-  int r = sbx_fs_exists_cached(sb, "/bin/bash", &bash, &err);
-  return r == 1 || (r == 0 && bash); /* not cached: sandboxes have bash as a rule, and a missing one fails the command */
+  return check_dir(sb, path, nowait_resolve(sb), err);
 }
 
 int sbx_fs_open_dir(sbx_sandbox *sb, const char *path, sbx_error *err) {
   char abs[4096];
   if (sbx_fs_abspath(path, abs, err) < 0) return -1;
   if (sb->rootfd < 0) return sbx_err(err, "INTERNAL", "sandbox '%s' is not running", sb->id);
-  struct open_how how = {.flags = O_PATH | O_DIRECTORY | O_CLOEXEC,
-                         .resolve = RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV};
-  int fd;
-  do fd = (int)syscall(SYS_openat2, sb->rootfd, abs, &how, sizeof how);
-  while (fd < 0 && errno == EAGAIN);
+  int fd = openat2_how(sb->rootfd, abs, O_PATH | O_DIRECTORY, 0, RESOLVE_NO_SYMLINKS | RESOLVE_NO_XDEV);
   if (fd < 0) return fail_errno(err, errno, "opening", abs);
   return fd;
 }
@@ -315,11 +290,12 @@ int sbx_fs_rename(sbx_sandbox *sb, const char *from, const char *to, bool into_d
   return 0;
 }
 
-int sbx_fs_exists(sbx_sandbox *sb, const char *path, bool *exists, sbx_error *err) {
+/* As check_dir, for any kind of file. */
+static int exists_in(sbx_sandbox *sb, const char *path, uint64_t resolve, bool *exists, sbx_error *err) {
   AS_SANDBOX(sb);
   char abs[4096];
   if (sbx_fs_abspath(path, abs, err) < 0) return -1;
-  int fd = openat2_in(sb->rootfd, abs, O_PATH, 0);
+  int fd = openat2_how(sb->rootfd, abs, O_PATH, 0, resolve);
   if (fd >= 0) {
     close(fd);
     *exists = true;
@@ -329,7 +305,18 @@ int sbx_fs_exists(sbx_sandbox *sb, const char *path, bool *exists, sbx_error *er
     *exists = false;
     return 0;
   }
+  if (errno == EAGAIN && (resolve & RESOLVE_CACHED)) return 1;
   return fail_errno(err, errno, "looking up", abs);
+}
+
+int sbx_fs_exists(sbx_sandbox *sb, const char *path, bool *exists, sbx_error *err) {
+  return exists_in(sb, path, 0, exists, err);
+}
+
+bool sbx_fs_has_bash(sbx_sandbox *sb) {
+  bool bash = false;
+  int r = exists_in(sb, "/bin/bash", nowait_resolve(sb), &bash, NULL);
+  return r == 1 || (r == 0 && bash); /* not known: sandboxes have bash as a rule, and a missing one fails the command */
 }
 
 struct walk {

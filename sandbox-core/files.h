@@ -15,15 +15,12 @@
 int sbx_fs_abspath(const char *path, char out[4096], sbx_error *err);
 
 int sbx_fs_check_dir(sbx_sandbox *sb, const char *path, sbx_error *err);
-/* The same from the kernel's caches alone (RESOLVE_CACHED), so it never
- * waits on a file system: 1 when they do not have every name of it. */
-int sbx_fs_check_dir_cached(sbx_sandbox *sb, const char *path, sbx_error *err);
-/* exists, 1 when the caches do not know. */
-int sbx_fs_exists_cached(sbx_sandbox *sb, const char *path, bool *exists, sbx_error *err);
-/* For the daemon's loop: the full check, or in a sandbox with a bucket
- * mount (whose server may keep a lookup waiting for minutes) the cached
- * one, 1 meaning "not known without waiting". */
+/* For the daemon's loop ("nowait"): in a sandbox with a bucket mount
+ * (whose server may keep a lookup waiting for minutes) names are looked up
+ * in the kernel's caches alone (RESOLVE_CACHED); 1 means "not known
+ * without waiting". */
 int sbx_fs_check_dir_nowait(sbx_sandbox *sb, const char *path, sbx_error *err);
+/* Whether /bin/bash is there ("nowait": true when not known). */
 bool sbx_fs_has_bash(sbx_sandbox *sb);
 /* An O_PATH fd of a directory of the sandbox reached without any symlink
  * or mount crossing (for the FUSE view: its /workspace). */
