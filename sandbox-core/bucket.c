@@ -120,7 +120,7 @@ int sbx_bucket_prepare(const sbx_bucket_req *r, sbx_bucket *b, char ak[256], cha
     nl += (size_t)snprintf(norm + nl, sizeof norm - nl, "/%s", c);
   }
   static const char *const forbidden[] = {"/proc", "/sys", "/dev", "/etc", "/usr", "/bin", "/sbin", "/lib", "/lib64",
-                                          "/run", "/tmp/.sbx"};
+                                          "/run", "/tmp/sbx-output"};
   if (!nl) return sbx_err(err, "VALIDATION_FAILED", "mountPath must not be /");
   for (size_t i = 0; i < SBX_ARRAY_SIZE(forbidden); i++) {
     size_t fl = strlen(forbidden[i]);

@@ -325,54 +325,18 @@ static void close_pipe(sbx_exec *x, int i) {
  * only the newest SPILLS_KEPT stay. */
 #define SPILL_DIR "/tmp/sbx-output"
 #define SPILLS_KEPT 16
-struct spill_list {
-  struct {
-    int64_t mtime;
-    char name[128];
-  } e[256];
-  int n;
-};
-
-static void collect_spill(void *ud, const sbx_fs_entry *e) {
-  struct spill_list *l = ud;
-  if (l->n < (int)SBX_ARRAY_SIZE(l->e) && !strcmp(e->type, "file")) {
-    l->e[l->n].mtime = e->mtime_ms;
-    snprintf(l->e[l->n].name, sizeof l->e[0].name, "%s", e->name);
-    l->n++;
-  }
-}
-
-static int by_mtime(const void *a, const void *b) {
-  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-  return x < y ? -1 : x > y;
-}
-
-static void prune_spills(sbx_sandbox *sb) {
-  struct spill_list *l = calloc(1, sizeof *l);
-  if (!l) return;
-  if (sbx_fs_list(sb, SPILL_DIR, false, true, collect_spill, l, NULL, NULL) > SPILLS_KEPT) {
-    qsort(l->e, l->n, sizeof l->e[0], by_mtime);
-    for (int i = 0; i < l->n - SPILLS_KEPT; i++) {
-      char path[256];
-      snprintf(path, sizeof path, SPILL_DIR "/%s", l->e[i].name);
-      sbx_fs_delete(sb, path, false, NULL);
-    }
-  }
-  free(l);
-}
 
 /* The first time a stream passes its bound, everything so far is still in
  * memory: it goes to a file inside the sandbox, and so does the rest. */
 static void spill(sbx_exec *x, int i, const char *p, size_t n) {
   struct stream *st = &x->s[i];
   if (st->file_fd < 0 && !st->path && x->sb && st->ht.total + n > x->limit) {
-    char path[128];
-    snprintf(path, sizeof path, SPILL_DIR "/exec-%d-%llu.%s", x->pid, (unsigned long long)x->start_us,
-             i ? "stderr" : "stdout");
+    char name[96], path[128];
+    snprintf(name, sizeof name, "exec-%d-%llu.%s", x->pid, (unsigned long long)x->start_us, i ? "stderr" : "stdout");
+    snprintf(path, sizeof path, SPILL_DIR "/%s", name);
     sbx_error err;
-    st->file_fd = sbx_fs_create(x->sb, path, 0600, &err);
+    st->file_fd = sbx_fs_own_file(x->sb, SPILL_DIR, name, SPILLS_KEPT, &err);
     if (st->file_fd >= 0) {
-      prune_spills(x->sb);
       st->path = strdup(path);
       size_t len;
       char *prev = sbx_headtail_render(&st->ht, &len);

@@ -201,6 +201,65 @@ int sbx_fs_create(sbx_sandbox *sb, const char *path, mode_t mode, sbx_error *err
   return fd;
 }
 
+/* The directory dir of the sandbox's root filesystem, made if absent,
+ * reached through no symlink and no other mount (a bucket mount's server
+ * could keep the daemon's loop waiting): an O_DIRECTORY fd, or -1. */
+static int own_dir(sbx_sandbox *sb, const char *dir, sbx_error *err) {
+  const uint64_t strict = RESOLVE_NO_SYMLINKS | RESOLVE_NO_XDEV;
+  int fd = openat2_how(sb->rootfd, dir, O_RDONLY | O_DIRECTORY, 0, strict);
+  if (fd >= 0 || errno != ENOENT) return fd >= 0 ? fd : fail_errno(err, errno, "opening", dir);
+  const char *slash = strrchr(dir, '/');
+  char parent[4096];
+  snprintf(parent, sizeof parent, "%.*s", slash == dir ? 1 : (int)(slash - dir), dir);
+  _cleanup_close_ int pfd = openat2_how(sb->rootfd, parent, O_PATH | O_DIRECTORY, 0, strict);
+  if (pfd < 0) return fail_errno(err, errno, "opening", parent);
+  if (mkdirat(pfd, slash + 1, 0700) < 0 && errno != EEXIST) return fail_errno(err, errno, "creating", dir);
+  fd = openat(pfd, slash + 1, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  return fd >= 0 ? fd : fail_errno(err, errno, "opening", dir);
+}
+
+struct own_file {
+  int64_t mtime_ns;
+  char name[NAME_MAX + 1];
+};
+
+static int by_age(const void *a, const void *b) {
+  int64_t x = ((const struct own_file *)a)->mtime_ns, y = ((const struct own_file *)b)->mtime_ns;
+  return x < y ? -1 : x > y;
+}
+
+int sbx_fs_own_file(sbx_sandbox *sb, const char *dir, const char *name, int keep, sbx_error *err) {
+  AS_SANDBOX(sb);
+  if (sb->rootfd < 0) return sbx_err(err, "INTERNAL", "sandbox '%s' is not running", sb->id);
+  _cleanup_close_ int dfd = own_dir(sb, dir, err);
+  if (dfd < 0) return -1;
+  int fd = openat(dfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0600);
+  if (fd < 0) return fail_errno(err, errno, "creating", name);
+  /* only regular files of the directory itself are looked at: a name
+   * that is anything else is never followed */
+  enum { MAX_SEEN = 256 };
+  struct own_file *f = calloc(MAX_SEEN, sizeof *f);
+  int ld = f ? openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+  DIR *d = ld >= 0 ? fdopendir(ld) : NULL;
+  if (!d && ld >= 0) close(ld);
+  int n = 0;
+  for (struct dirent *e; d && n < MAX_SEEN && (e = readdir(d));) {
+    struct stat st;
+    if (e->d_type != DT_REG || fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode)) continue;
+    f[n].mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+    snprintf(f[n].name, sizeof f[n].name, "%s", e->d_name);
+    n++;
+  }
+  if (d) closedir(d);
+  if (n > keep) {
+    qsort(f, (size_t)n, sizeof *f, by_age);
+    for (int i = 0; i < n - keep; i++)
+      if (strcmp(f[i].name, name)) unlinkat(dfd, f[i].name, 0);
+  }
+  free(f);
+  return fd;
+}
+
 int sbx_fs_write(sbx_sandbox *sb, const char *path, const void *data, size_t len, sbx_error *err) {
   if (len > SBX_MAX_WRITE) return sbx_err(err, "FILE_TOO_LARGE", "writeFile takes at most %d bytes", SBX_MAX_WRITE);
   _cleanup_close_ int fd = sbx_fs_create(sb, path, 0644, err);

@@ -27,6 +27,12 @@ bool sbx_fs_has_bash(sbx_sandbox *sb);
 int sbx_fs_open_dir(sbx_sandbox *sb, const char *path, sbx_error *err);
 /* Creates (or truncates) a regular file, making parents; returns its fd. */
 int sbx_fs_create(sbx_sandbox *sb, const char *path, mode_t mode, sbx_error *err);
+/* A new file name (0600) in dir, a directory of the sandbox's root
+ * filesystem made if absent (for the daemon's own files, such as spilled
+ * output): reached through no symlink and no other mount, so it never
+ * waits on a bucket mount; only the newest `keep` regular files of dir
+ * stay. Returns its fd. */
+int sbx_fs_own_file(sbx_sandbox *sb, const char *dir, const char *name, int keep, sbx_error *err);
 int sbx_fs_write(sbx_sandbox *sb, const char *path, const void *data, size_t len, sbx_error *err);
 /* *data is malloc'd (NUL-terminated for convenience). */
 int sbx_fs_read(sbx_sandbox *sb, const char *path, size_t max, char **data, size_t *len, sbx_error *err);

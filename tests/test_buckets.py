@@ -641,6 +641,11 @@ def test_hung_bucket_stalls_nobody(t, x):
         t.eq(c.ok('writeFile', {'sandboxId': 'b1', 'path': 'w.txt', 'content': 'w'}, 20)['size'], 1,
              'and so is its file call')
         t.eq(c.sh('echo here', sandbox='hung', wait=20)['stdout'], 'here\n', 'and the same sandbox\'s command')
+        # where the daemon saves a command's long output, the sandbox points into the bucket
+        c.sh('ln -s /data/spill /tmp/sbx-output', sandbox='hung', wait=20)
+        r = c.sh('head -c 200000 /dev/zero | tr "\\0" a', sandbox='hung', wait=20)
+        t.ok(r.get('truncated') is True and 'outputPath' not in r,
+             'a long output is answered, not saved through the symlink into the stopped bucket', r.get('outputPath'))
         answered = [m.get('id') for m in c.pending if m.get('id') in ids + more + cwds]
         t.eq(answered, [], 'the calls on the bucket are still waiting (its server is stopped)')
     finally:

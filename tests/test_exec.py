@@ -187,6 +187,13 @@ def test_output_bound(t, x):
     t.ok(p and p.startswith('/tmp/sbx-output/'), 'outputPath given', r.get('outputPath'))
     s = x.c.sh('wc -c < %s' % p)
     t.eq(s['stdout'].strip(), '3000005', 'full output saved inside the sandbox')
+    # the sandbox puts a symlink where the daemon saves output: it is not followed
+    x.c.sh('mv /tmp/sbx-output /tmp/saved-output && mkdir /workspace/elsewhere && '
+           'ln -s /workspace/elsewhere /tmp/sbx-output')
+    r = x.c.sh('head -c 200000 /dev/zero | tr "\\0" c')
+    t.ok(r.get('truncated') is True and 'outputPath' not in r, 'with a symlink in its place, no output is saved', r.get('outputPath'))
+    t.eq(x.c.sh('ls -A /workspace/elsewhere')['stdout'], '', 'and nothing is written where the symlink points')
+    x.c.sh('rm /tmp/sbx-output && mv /tmp/saved-output /tmp/sbx-output && rmdir /workspace/elsewhere')
     r = x.c.sh('head -c 200000 /dev/zero | tr "\\0" b')
     t.ok(r.get('truncated') and len(r['stdout']) <= 65536 + 200, 'default bound is 64 KiB')
     # 16 MiB of control characters is over 64 MiB once JSON-escaped (twice: structured and text)

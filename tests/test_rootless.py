@@ -56,6 +56,10 @@ def test_files(t, x):
     x.c.ok('writeFile', {'path': 'note.txt', 'content': 'rootless\n'})
     t.eq(x.c.sh('cat /workspace/note.txt')['stdout'], 'rootless\n', 'files work')
     t.eq(x.c.ok('readFile', {'path': '/etc/hostname'})['content'], 'rl\n', 'readFile works')
+    r = x.c.sh('head -c 100000 /dev/zero | tr "\\0" a')
+    p = r.get('outputPath', '')
+    t.ok(r.get('truncated') and p.startswith('/tmp/sbx-output/'), 'a long output is saved in the sandbox', p)
+    t.eq(x.c.sh('wc -c < %s' % p)['stdout'], '100000\n', 'all of it')
 
 
 def test_system_dirs_read_only(t, x):
