@@ -415,33 +415,23 @@ static int signal_number(const char *name) {
   return SIGTERM;
 }
 
-static void h_kill_process(mcp_call *call, json_t *args, sbx_sandbox *sb) {
-  sbx_process *p = find_process(call, args, sb);
-  if (!p) return;
-  int k = sbx_process_kill(p, signal_number(str(args, "signal")));
-  mcp_call_ok(call, json_pack("{s:s, s:b}", "processId", p->id, "killed", k), k ? "signalled" : "it had already ended");
-}
-
-static void h_kill_all(mcp_call *call, json_t *args, sbx_sandbox *sb) {
-  int sig = signal_number(str(args, "signal")), n = 0;
-  for (sbx_process *p = sbx_process_list(); p; p = p->next)
-    if (!p->orphaned && !strcmp(p->sandbox, sb->id)) n += sbx_process_kill(p, sig);
-  char text[64];
-  snprintf(text, sizeof text, "signalled %d processes", n);
-  mcp_call_ok(call, json_pack("{s:i}", "count", n), text);
-}
-
 /* ---- waiting on processes ------------------------------------------------------ */
 
 #define MAX_LOG_LINE (64 * 1024) /* a longer line is matched on its first 64 KiB */
 
+/* What a call waits on (call->wait): cancelled through its first member. */
+typedef struct wait_head {
+  void (*cancel)(void *self);
+} wait_head;
+
 struct proc_wait {
+  wait_head head;
   mcp_call *call;
   sbx_process *p;
   sbx_process_watch *w;
   uv_timer_t timer;
   regex_t re;
-  bool has_re, stream_all, finished;
+  bool has_re, stream_all, finished, kill;
   sbx_buf line[2];
   char id[64];
 };
@@ -465,6 +455,12 @@ static void wait_finish(struct proc_wait *pw, json_t *ok, const char *text, cons
   else mcp_call_ok(pw->call, ok, text);
   uv_timer_stop(&pw->timer);
   uv_close((uv_handle_t *)&pw->timer, wait_closed);
+}
+
+static void proc_wait_cancel(void *self) {
+  sbx_error err;
+  sbx_err(&err, "INTERNAL", "cancelled");
+  wait_finish(self, NULL, NULL, &err);
 }
 
 static bool wait_line(struct proc_wait *pw, int stream, const char *line, size_t len) {
@@ -528,7 +524,9 @@ static void wait_end(void *ud, sbx_process *p) {
   }
   char text[128];
   snprintf(text, sizeof text, "%s %s (exit code %d)", p->id, p->status, p->exit_code);
-  wait_finish(pw, exit_json(p), text, NULL);
+  json_t *res = exit_json(p);
+  if (pw->kill) json_object_set_new(res, "killed", json_true());
+  wait_finish(pw, res, text, NULL);
 }
 
 static void wait_timeout(uv_timer_t *t) {
@@ -545,6 +543,7 @@ static void process_wait(mcp_call *call, json_t *args, sbx_sandbox *sb, char kin
   if (!p) return;
   struct proc_wait *pw = calloc(1, sizeof *pw);
   if (!pw) return mcp_call_fail(call, &(sbx_error){.code = "INTERNAL", .message = "out of memory"});
+  pw->head.cancel = proc_wait_cancel;
   pw->call = call;
   pw->p = p;
   snprintf(pw->id, sizeof pw->id, "%s", p->id);
@@ -597,16 +596,107 @@ static void process_wait(mcp_call *call, json_t *args, sbx_sandbox *sb, char kin
   call->wait = pw;
 }
 
+/* killProcess with a signal that asks a process to stop answers once it
+ * has (its final status), or after KILL_WAIT_MS with it still running (a
+ * process may catch SIGTERM): a getProcess after it never says "running"
+ * of a process that was on its way out. */
+#define KILL_WAIT_MS 5000
+
+static void kill_timeout(uv_timer_t *t) {
+  struct proc_wait *pw = t->data;
+  char text[160];
+  snprintf(text, sizeof text, "%s signalled; still running after %d s (SIGKILL ends it)", pw->id, KILL_WAIT_MS / 1000);
+  wait_finish(pw, json_pack("{s:s, s:b, s:s}", "processId", pw->id, "killed", 1, "status", "running"), text, NULL);
+}
+
+static void h_kill_process(mcp_call *call, json_t *args, sbx_sandbox *sb) {
+  sbx_process *p = find_process(call, args, sb);
+  if (!p) return;
+  int sig = signal_number(str(args, "signal"));
+  if (!sbx_process_kill(p, sig)) {
+    char text[160];
+    snprintf(text, sizeof text, "%s had already ended (%s, exit code %d)", p->id, p->status, p->exit_code);
+    return mcp_call_ok(call, json_pack("{s:s, s:b, s:s, s:i}", "processId", p->id, "killed", 0, "status", p->status,
+                                       "exitCode", p->exit_code), text);
+  }
+  if (!sbx_signal_stops(sig)) /* one it may well handle (SIGHUP, SIGUSR1...): not waited for */
+    return mcp_call_ok(call, json_pack("{s:s, s:b, s:s}", "processId", p->id, "killed", 1, "status", p->status), "signalled");
+  struct proc_wait *pw = calloc(1, sizeof *pw);
+  if (!pw) return mcp_call_fail(call, &(sbx_error){.code = "INTERNAL", .message = "out of memory"});
+  pw->head.cancel = proc_wait_cancel;
+  pw->call = call;
+  pw->p = p;
+  pw->kill = true;
+  snprintf(pw->id, sizeof pw->id, "%s", p->id);
+  uv_timer_init(mcp_call_loop(call), &pw->timer);
+  pw->timer.data = pw;
+  pw->w = sbx_process_watch_add(p, NULL, wait_end, pw);
+  if (!pw->w) return wait_finish(pw, NULL, NULL, &(sbx_error){.code = "INTERNAL", .message = "out of memory"});
+  uv_timer_start(&pw->timer, kill_timeout, KILL_WAIT_MS, 0);
+  call->wait = pw;
+}
+
+/* killAllProcesses waits the same way, for all of them at once. */
+struct kill_all {
+  wait_head head;
+  mcp_call *call;
+  uv_timer_t timer;
+  int signalled, waiting;
+  struct kill_one {
+    struct kill_all *ka;
+    sbx_process *p;
+    sbx_process_watch *w;
+  } one[SBX_MAX_PROCESSES];
+};
+
+static void kill_all_closed(uv_handle_t *h) { free(h->data); }
+
+static void kill_all_finish(struct kill_all *ka) {
+  ka->call->wait = NULL;
+  for (int i = 0; i < ka->signalled; i++)
+    if (ka->one[i].w) sbx_process_unwatch(ka->one[i].p, ka->one[i].w);
+  char text[96];
+  snprintf(text, sizeof text, "signalled %d processes%s", ka->signalled,
+           ka->waiting ? "; some still run after 5 s (SIGKILL ends them)" : "");
+  mcp_call_ok(ka->call, json_pack("{s:i, s:i}", "count", ka->signalled, "running", ka->waiting), text);
+  uv_timer_stop(&ka->timer);
+  uv_close((uv_handle_t *)&ka->timer, kill_all_closed);
+}
+
+static void kill_all_end(void *ud, sbx_process *p) {
+  struct kill_one *o = ud;
+  (void)p;
+  o->w = NULL; /* the process drops its watches itself */
+  if (--o->ka->waiting == 0) kill_all_finish(o->ka);
+}
+
+static void kill_all_timeout(uv_timer_t *t) { kill_all_finish(t->data); }
+static void kill_all_cancel(void *self) { kill_all_finish(self); }
+
+static void h_kill_all(mcp_call *call, json_t *args, sbx_sandbox *sb) {
+  int sig = signal_number(str(args, "signal"));
+  struct kill_all *ka = calloc(1, sizeof *ka);
+  if (!ka) return mcp_call_fail(call, &(sbx_error){.code = "INTERNAL", .message = "out of memory"});
+  ka->head.cancel = kill_all_cancel;
+  ka->call = call;
+  uv_timer_init(mcp_call_loop(call), &ka->timer);
+  ka->timer.data = ka;
+  for (sbx_process *p = sbx_process_list(); p && ka->signalled < SBX_MAX_PROCESSES; p = p->next) {
+    if (p->orphaned || strcmp(p->sandbox, sb->id) || !sbx_process_kill(p, sig)) continue;
+    struct kill_one *o = &ka->one[ka->signalled++];
+    *o = (struct kill_one){ka, p, NULL};
+    if (sbx_signal_stops(sig) && (o->w = sbx_process_watch_add(p, NULL, kill_all_end, o))) ka->waiting++;
+  }
+  if (!ka->waiting) return kill_all_finish(ka);
+  uv_timer_start(&ka->timer, kill_all_timeout, KILL_WAIT_MS, 0);
+  call->wait = ka;
+}
+
 static void h_wait_log(mcp_call *call, json_t *args, sbx_sandbox *sb) { process_wait(call, args, sb, 'l'); }
 static void h_wait_exit(mcp_call *call, json_t *args, sbx_sandbox *sb) { process_wait(call, args, sb, 'x'); }
 static void h_stream_logs(mcp_call *call, json_t *args, sbx_sandbox *sb) { process_wait(call, args, sb, 's'); }
 
-void mcp_wait_cancel(void *wait) {
-  struct proc_wait *pw = wait;
-  sbx_error err;
-  sbx_err(&err, "INTERNAL", "cancelled");
-  wait_finish(pw, NULL, NULL, &err);
-}
+void mcp_wait_cancel(void *wait) { ((wait_head *)wait)->cancel(wait); }
 
 /* ---- gitCheckout --------------------------------------------------------------- */
 

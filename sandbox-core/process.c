@@ -149,7 +149,7 @@ int sbx_process_start(uv_loop_t *loop, sbx_sandbox *sb, const char *id, const sb
 
 int sbx_process_kill(sbx_process *p, int sig) {
   if (p->done) return 0;
-  p->killed = sig == SIGKILL || sig == SIGTERM || sig == SIGINT;
+  p->killed |= sbx_signal_stops(sig);
   sbx_exec_signal(p->x, sig);
   return 1;
 }

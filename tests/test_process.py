@@ -28,12 +28,28 @@ def test_server(t, x):
     t.ok('Serving HTTP' in logs['stdout'] and 'GET /index.html' in logs['stderr'], 'logs so far', logs)
     t.ok(any(q['id'] == 'web' for q in c.ok('listProcesses')['processes']), 'listProcesses')
     k = c.ok('killProcess', {'processId': 'web'})
-    t.eq(k['killed'], True, 'killProcess')
-    t.ok(wait_until(lambda: status(x, 'web')['status'] != 'running', 20, 'the server to stop'), 'it stops')
+    t.ok(k['killed'] is True and k.get('status') == 'killed', 'killProcess answers once the process has ended', k)
     p = status(x, 'web')
-    t.ok(p['status'] == 'killed' and 'endTime' in p, 'status killed with an end time', p)
+    t.ok(p['status'] == 'killed' and 'endTime' in p, 'getProcess right after says killed, with an end time', p)
     w = c.ok('waitForPort', {'port': 8000, 'timeout': 300})
     t.eq(w['ready'], False, 'waitForPort times out on a closed port')
+
+
+def test_kill_waits(t, x):
+    c = x.c
+    c.ok('startProcess', {'processId': 'stubborn', 'command': 'trap "echo got it" TERM USR1; echo ready; '
+                          'while :; do sleep 0.1; done'})
+    c.ok('waitForLog', {'processId': 'stubborn', 'pattern': '^ready$', 'timeout': 20000}, 40)
+    k = c.ok('killProcess', {'processId': 'stubborn'}, 30)
+    t.ok(k['killed'] is True and k.get('status') == 'running', 'a process that catches SIGTERM is said to run on', k)
+    t.eq(status(x, 'stubborn')['status'], 'running', 'and getProcess agrees')
+    k = c.ok('killProcess', {'processId': 'stubborn', 'signal': 'SIGUSR1'})
+    t.ok(k['killed'] is True and k.get('status') == 'running', 'a signal that does not ask it to stop is not waited on', k)
+    k = c.ok('killProcess', {'processId': 'stubborn', 'signal': 'SIGKILL'}, 30)
+    t.eq((k.get('status'), k.get('exitCode')), ('killed', 137), 'SIGKILL: ended, with its exit code')
+    t.eq(status(x, 'stubborn')['status'], 'killed', 'getProcess says so too')
+    k = c.ok('killProcess', {'processId': 'stubborn'})
+    t.eq((k['killed'], k.get('status')), (False, 'killed'), 'killing it again says it had ended')
 
 
 def test_exit_and_logs(t, x):
@@ -59,7 +75,9 @@ def test_tree_and_kill_all(t, x):
     c.ok('startProcess', {'processId': 'tree2', 'command': 'sleep 1000'})
     wait_until(lambda: c.sh('ps -e -o comm= | grep -c "^sleep$" || true')['stdout'].strip() == '3', 20, 'sleeps')
     r = c.ok('killAllProcesses', {'signal': 'SIGKILL'})
-    t.eq(r['count'], 2, 'killAllProcesses signals every running one')
+    t.eq((r['count'], r.get('running')), (2, 0), 'killAllProcesses signals every running one and answers once they ended')
+    t.eq({q['id']: q['status'] for q in c.ok('listProcesses')['processes'] if q['id'] in ('tree', 'tree2')},
+         {'tree': 'killed', 'tree2': 'killed'}, 'listProcesses right after says so')
     t.ok(wait_until(lambda: c.sh('ps -e -o comm= | grep -c "^sleep$" || true')['stdout'].strip() == '0', 20,
                     'the trees to die'), 'whole trees die, background children too')
 
@@ -186,5 +204,5 @@ def test_output_flood(t, x):
 
 
 if __name__ == '__main__':
-    sys.exit(run_tests([test_server, test_exit_and_logs, test_tree_and_kill_all, test_with_sandbox, test_early_signals,
+    sys.exit(run_tests([test_server, test_kill_waits, test_exit_and_logs, test_tree_and_kill_all, test_with_sandbox, test_early_signals,
                         test_wait_for_log_and_exit, test_stream_logs, test_output_flood], lambda: Ctx('procs')))
