@@ -947,7 +947,8 @@ int sbx_bucket_mount(sbx_sandbox *sb, const sbx_bucket_req *r, sbx_bucket_cb cb,
   sbx_bucket spec;
   char ak[256], sk[256];
   if (sbx_bucket_prepare(r, &spec, ak, sk, err) < 0) return -1;
-  for (sbx_bucket *b = sb->buckets; b; b = b->next) {
+  int n = 0;
+  for (sbx_bucket *b = sb->buckets; b; b = b->next, n++) {
     if (!strcmp(b->mount_path, spec.mount_path) && !strcmp(b->id, spec.id) && b->read_only == spec.read_only) {
       explicit_bzero(sk, sizeof sk);
       cb(ud, NULL, "already mounted");
@@ -959,6 +960,10 @@ int sbx_bucket_mount(sbx_sandbox *sb, const sbx_bucket_req *r, sbx_bucket_cb cb,
                      b->bucket, b->mount_path, spec.mount_path,
                      !strcmp(b->mount_path, spec.mount_path) ? "replace" : "overlap");
     }
+  }
+  if (n >= SBX_MAX_BUCKETS) {
+    explicit_bzero(sk, sizeof sk);
+    return sbx_err(err, "RESOURCE_LIMIT", "a sandbox has at most %d bucket mounts (unmountBucket one first)", SBX_MAX_BUCKETS);
   }
   sbx_bucket *b = malloc(sizeof *b);
   if (!b) return sbx_err(err, "INTERNAL", "out of memory");

@@ -40,8 +40,13 @@ typedef void (*sbx_bucket_cb)(void *ud, const sbx_error *err, const char *detail
 /* Validates a request against the daemon's configuration into b (and the
  * credentials into ak/sk); pure but for the configuration (unit-tested). */
 int sbx_bucket_prepare(const sbx_bucket_req *r, sbx_bucket *b, char ak[256], char sk[256], sbx_error *err);
+/* What an agent can make the host give one sandbox is bounded: each S3
+ * mount is a server process (512 MiB of memory at most) with a cache on
+ * the host's disk of up to the sandbox's diskMB. */
+#define SBX_MAX_BUCKETS 8
 /* Mounts a bucket into a running sandbox: a local one at once, an S3 one
- * once the bucket answered (cb then, MOUNT_FAILED saying why). */
+ * once the bucket answered (cb then, MOUNT_FAILED saying why); at most
+ * SBX_MAX_BUCKETS per sandbox (RESOURCE_LIMIT). */
 int sbx_bucket_mount(sbx_sandbox *sb, const sbx_bucket_req *r, sbx_bucket_cb cb, void *ud, sbx_error *err);
 /* Unmounts it; cb once its server has put every change in the bucket (or
  * kept what it could not in its journal, for later). */

@@ -603,6 +603,25 @@ def test_unmount(t, x):
     t.eq(res['structuredContent'].get('error', {}).get('code'), 'VALIDATION_FAILED', 'unmounting twice says nothing is there')
 
 
+def test_mounts_bounded(t, x):
+    """What a sandbox's bucket mounts take of the host is bounded: at most
+    8 mounts (each a server and a cache on the host's disk)."""
+    c = x.c
+    c.ok('createSandbox', {'sandboxId': 'many', 'limits': {'diskMB': 256}})
+    for i in range(1, 9):
+        x.mount('/m%d' % i, sandbox='many', prefix='many%d' % i)
+    res, _ = c.call('mountBucket', {'sandboxId': 'many', 'bucket': 'test', 'mountPath': '/m9', 'endpoint': x.s3.endpoint,
+                                    'credentials': {'accessKeyId': AK, 'secretAccessKey': SK}})
+    err = res['structuredContent'].get('error', {})
+    t.ok(res.get('isError') and err.get('code') == 'RESOURCE_LIMIT' and 'at most 8' in err.get('message', ''),
+         'a ninth bucket mount is refused with RESOURCE_LIMIT, saying the limit', err)
+    t.eq(c.sh('ls -d /m[0-9]', sandbox='many')['stdout'].split(), ['/m%d' % i for i in range(1, 9)], 'the eight work on')
+    c.ok('unmountBucket', {'sandboxId': 'many', 'mountPath': '/m1'})
+    x.mount('/m9', sandbox='many', prefix='many9')
+    t.ok(True, 'once one is unmounted, another mounts')
+    c.ok('destroySandbox', {'sandboxId': 'many'})
+
+
 def test_hung_bucket_stalls_nobody(t, x):
     """A file call that waits on a bucket whose server answers nothing (a
     read, a listing, a resources/read of files the cache does not have)
@@ -774,4 +793,4 @@ if __name__ == '__main__':
     sys.exit(run_tests([test_mount_write_read, test_signatures, test_fsync_means_in_bucket, test_secrets_never_shown,
                         test_errors, test_read_only, test_server_cpu_bounded, test_fsyncs_hold_no_thread, test_hung_bucket_stalls_nobody, test_local_bucket, test_local_bucket_quota, test_reset_keeps_bucket, test_restart_kill9,
                         test_crash_of_bucket_server, test_daemon_killed_during_writes, test_outage, test_outage_names_bounded, test_removed_stays_removed, test_open_unlinked_files, test_crash_during_outage, test_syscall_suite,
-                        test_view_shows_bucket, test_unmount, test_more_files_than_fds, test_big_directory, test_cold_directory, test_destroy_cleans_up], Ctx))
+                        test_view_shows_bucket, test_unmount, test_mounts_bounded, test_more_files_than_fds, test_big_directory, test_cold_directory, test_destroy_cleans_up], Ctx))
