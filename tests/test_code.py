@@ -110,6 +110,13 @@ def test_javascript(t, x):
     t.eq(r['results'][0]['text'], '41', 'top-level await')
     r = run(x, 'got * 2 + a', language='javascript')
     t.eq(r['results'][0]['text'], '120', 'let/const survive between runs, awaited ones too')
+    r = run(x, "const fs = require('fs'), util = require('util')\nlet current = 7, out = [], err = 0, vm = 1, send = 2\n"
+               "fs.existsSync('/workspace') + ':' + current", language='javascript')
+    t.eq((r['results'][0]['text'] if r['results'] else None, r.get('error')), ('true:7', None),
+         'a cell may declare the names the interpreter\'s driver uses for itself (fs, current, out...)', r.get('error'))
+    r = run(x, 'console.log("still"); current + out.length', language='javascript')
+    t.eq((r['results'][0]['text'] if r['results'] else None, r['logs']['stdout']), ('7', ['still\n']),
+         'and the context goes on, its output captured')
     for code, want in (('const v = await Promise.resolve(5); v', '5'), ("let s = 'I await you'\ns", 'I await you'),
                        ('// a comment\nawait 1', '1'), ('async function f() { return 3 }; await f()', '3'),
                        ('const {p, r} = await Promise.resolve({p: 1, r: 2})\np + r', '3'),

@@ -3,7 +3,10 @@
 // an interrupt is SIGINT; everything goes back as JSON lines on fd 1. Code runs in this
 // realm (runInThisContext), rewritten as a cell (see cellWrap): top-level
 // await, declarations that persist between runs as globals, the last
-// expression as the result.
+// expression as the result. The driver's own names live in the function
+// below, not in the global scope user code shares: a cell may declare fs,
+// current or out as its own.
+(() => {
 'use strict';
 const fs = require('fs');
 const util = require('util');
@@ -327,3 +330,4 @@ process.stdin.on('data', (chunk) => {
 });
 process.stdin.on('end', () => process.exit(0));
 send({ ready: true, pid: process.pid, version: process.version });
+})();
