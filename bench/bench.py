@@ -20,6 +20,9 @@
            2,000 source files and reading them back, 1 GiB sequential write
            and read; the wake of a sandbox with a bucket mount (--s3-tmpfs:
            s3rver keeps its objects on a tmpfs, off the host's disk)
+  recover  a bucket server killed with 20,000 files journaled (written while
+           its bucket was away), started again: until a stat answers,
+           against the same with none
   code     runCode "1+1" in a warm context against `exec true`; the first
            run in a new Python/Node context against `python3 -c pass` and
            `node -e 0` run by exec; gitCheckout of a 1,000-commit repository
@@ -34,7 +37,7 @@
            HTTP; the ping difference stdio - socket is what the relay adds
   clients  `exec true` latency and throughput with 1, 8 and 64 socket clients
 
-Usage: bench/bench.py [create|wake|many|disk|view|churn|buckets|code|preview|exec|parallel|transports|clients|all] [--n N] [--s3-tmpfs]. Needs root, a built
+Usage: bench/bench.py [create|wake|many|disk|view|churn|buckets|recover|code|preview|exec|parallel|transports|clients|all] [--n N] [--s3-tmpfs]. Needs root, a built
 build/sbx and bubblewrap (scripts/bootstrap installs it)."""
 import argparse
 import os
@@ -745,6 +748,62 @@ def bench_buckets(size_mb=1024, files=2000, s3_tmpfs=False):
         env.close()
 
 
+def bench_bucket_recover(files=20000):
+    """A bucket server killed (-9) with files written while its bucket was
+    away, then started again on the same cache: the time until a stat
+    through the mount answers (what an earlier run journaled is taken up
+    first), against the same start with nothing journaled."""
+    import json
+    import signal
+    from s3server import AK, SK, S3
+    env = Env()
+    s3 = S3(env.root, buckets=('bench',))
+    try:
+        def start(mnt, cache):
+            cfg = json.dumps({'endpoint': s3.direct, 'bucket': 'bench', 'region': 'us-east-1', 'prefix': 'rec',
+                              'accessKeyId': AK, 'secretAccessKey': SK, 'pathStyle': True, 'cacheDir': cache,
+                              'cacheMaxMB': 8192, 'uidBase': 0})
+            p = subprocess.Popen([env.sbx, 'bucketfs', mnt], stdin=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            p.stdin.write(cfg.encode())
+            p.stdin.close()
+            t0 = time.perf_counter()
+            deadline = time.monotonic() + 600
+            while not os.path.ismount(mnt):
+                assert time.monotonic() < deadline and p.poll() is None, 'bucketfs did not mount'
+                time.sleep(0.01)
+            return p, t0
+
+        def stop(p, mnt):
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+            subprocess.run(['umount', '-l', mnt])
+
+        times = {}
+        for n in (0, files):
+            mnt, cache = os.path.join(env.root, 'm%d' % n), os.path.join(env.root, 'c%d' % n)
+            os.makedirs(mnt)
+            os.makedirs(cache)
+            if not s3.node or s3.node.poll() is not None:
+                s3.start()
+            p, _ = start(mnt, cache)
+            os.mkdir(os.path.join(mnt, 'd'))
+            s3.stop()  # the bucket is away: what follows is journaled, not sent
+            subprocess.run(['sh', '-c', 'cd %s/d && i=0; while [ $i -lt %d ]; do echo $i > f$i; i=$((i+1)); done'
+                            % (mnt, n)], check=True)
+            stop(p, mnt)
+            p, t0 = start(mnt, cache)
+            subprocess.run(['stat', os.path.join(mnt, 'd')], capture_output=True)
+            times[n] = time.perf_counter() - t0
+            stop(p, mnt)
+        print('== a bucket server started again after kill -9, until a stat through it answers ==')
+        print('%6d files journaled            %8.2f s' % (files, times[files]))
+        print('%6d files journaled            %8.2f s' % (0, times[0]))
+        print()
+    finally:
+        s3.close()
+        env.close()
+
+
 def bench_bucket_wake(env, s3, n=20):
     """The first call to a sandbox reset for idleness, with one bucket
     mount it gets back, against the same without a mount."""
@@ -976,6 +1035,8 @@ def main():
             bench_churn()
         if a.what in ('buckets', 'all'):
             bench_buckets(s3_tmpfs=a.s3_tmpfs)
+        if a.what in ('recover', 'all'):
+            bench_bucket_recover(a.n or 20000)
         if a.what in ('code', 'all'):
             bench_code()
         if a.what in ('preview', 'all'):

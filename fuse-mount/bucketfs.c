@@ -2124,6 +2124,8 @@ static const struct fuse_lowlevel_ops ops = {
 
 /* ---- start ------------------------------------------------------------------ */
 
+static int by_name(const void *a, const void *b) { return strcmp(a, b); }
+
 /* What an earlier run left journaled goes up first; cached data it did
  * not journal was clean, and goes (lock held). */
 static void recover(void) {
@@ -2173,20 +2175,31 @@ static void recover(void) {
     json_decref(j);
   }
   if (d) closedir(d);
-  snprintf(dir, sizeof dir, "%s/data", B.cache);
-  d = opendir(dir);
-  for (struct dirent *e; d && (e = readdir(d));) {
-    if (e->d_name[0] == '.') continue;
-    bool wanted = false;
-    for (size_t h = 0; h < HASH_SIZE && !wanted; h++)
-      for (bnode *n = B.hash[h]; n && !wanted; n = n->hnext) {
-        char cp[PBUF];
-        cache_path(n->path, cp, sizeof cp);
-        wanted = !strcmp(base_of(cp), e->d_name);
+  /* the cache files of the nodes recovered stay: their names, sorted, so
+   * that a cache of many files is cleaned in n log n, not n squared */
+  size_t nw = 0, cap = 0;
+  char(*wanted)[65] = NULL;
+  bool oom = false;
+  for (size_t h = 0; h < HASH_SIZE && !oom; h++)
+    for (bnode *n = B.hash[h]; n && !oom; n = n->hnext) {
+      if (nw == cap) {
+        void *m = realloc(wanted, (cap = cap ? cap * 2 : 256) * sizeof *wanted);
+        if (!m) {
+          oom = true;
+          break;
+        }
+        wanted = m;
       }
-    if (!wanted) unlinkat(dirfd(d), e->d_name, 0);
-  }
+      sha256_hex(n->path, strlen(n->path), wanted[nw++]);
+    }
+  if (wanted) qsort(wanted, nw, sizeof *wanted, by_name);
+  snprintf(dir, sizeof dir, "%s/data", B.cache);
+  d = oom ? NULL : opendir(dir); /* short of memory: stale files stay (only space) */
+  for (struct dirent *e; d && (e = readdir(d));)
+    if (e->d_name[0] != '.' && !(wanted && bsearch(e->d_name, wanted, nw, sizeof *wanted, by_name)))
+      unlinkat(dirfd(d), e->d_name, 0);
   if (d) closedir(d);
+  free(wanted);
 }
 
 static int load_config(char *err, size_t errlen) {
