@@ -317,6 +317,11 @@ static void h_exec(mcp_call *call, json_t *args, sbx_sandbox *sb) {
 
 /* ---- background processes ---------------------------------------------- */
 
+/* What a call waits on (call->wait): cancelled through its first member. */
+typedef struct wait_head {
+  void (*cancel)(void *self);
+} wait_head;
+
 static json_t *process_json(sbx_process *p) {
   char start[32], end[32];
   sbx_iso_time(p->start_ms, start);
@@ -343,6 +348,52 @@ static sbx_process *find_process(mcp_call *call, json_t *args, sbx_sandbox *sb) 
   return p;
 }
 
+/* startProcess answers once the command's pid is known (its supervisor
+ * starts it a moment after the call), or once it has ended, or after
+ * START_WAIT_MS without it. */
+#define START_WAIT_MS 1000
+
+struct start_wait {
+  wait_head head;
+  mcp_call *call;
+  sbx_process *p;
+  sbx_process_watch *w;
+  uv_timer_t timer;
+  int ticks;
+};
+
+static void start_closed(uv_handle_t *h) { free(h->data); }
+
+static void start_answer(struct start_wait *sw) {
+  mcp_call *call = sw->call;
+  call->wait = NULL;
+  if (sw->w) sbx_process_unwatch(sw->p, sw->w);
+  uv_timer_stop(&sw->timer);
+  uv_close((uv_handle_t *)&sw->timer, start_closed);
+  if (!sw->p) {
+    sbx_error err;
+    sbx_err(&err, "PROCESS_NOT_FOUND", "the process is gone (its sandbox was reset or destroyed)");
+    return mcp_call_fail(call, &err);
+  }
+  char text[200];
+  snprintf(text, sizeof text, "started process %s", sw->p->id);
+  mcp_call_ok(call, process_json(sw->p), text);
+}
+
+static void start_ended(void *ud, sbx_process *p) {
+  struct start_wait *sw = ud;
+  sw->w = NULL; /* the process drops its watches itself */
+  sw->p = p;
+  start_answer(sw);
+}
+
+static void start_tick(uv_timer_t *t) {
+  struct start_wait *sw = t->data;
+  if (sbx_exec_pid_in_sandbox(sw->p->x) > 0 || ++sw->ticks * 2 >= START_WAIT_MS) start_answer(sw);
+}
+
+static void start_cancel(void *self) { start_answer(self); }
+
 static void h_start_process(mcp_call *call, json_t *args, sbx_sandbox *sb) {
   sbx_error err = {0};
   sbx_env env = {0};
@@ -356,9 +407,14 @@ static void h_start_process(mcp_call *call, json_t *args, sbx_sandbox *sb) {
   int r = sbx_process_start(mcp_call_loop(call), sb, str(args, "processId"), &o, &p, &err);
   sbx_env_clear(&env);
   if (r < 0) return mcp_call_fail(call, &err);
-  char text[200];
-  snprintf(text, sizeof text, "started process %s", p->id);
-  mcp_call_ok(call, process_json(p), text);
+  struct start_wait *sw = calloc(1, sizeof *sw);
+  if (!sw) return mcp_call_fail(call, &(sbx_error){.code = "INTERNAL", .message = "out of memory"});
+  *sw = (struct start_wait){.head.cancel = start_cancel, .call = call, .p = p};
+  uv_timer_init(mcp_call_loop(call), &sw->timer);
+  sw->timer.data = sw;
+  call->wait = sw;
+  if (p->done || !(sw->w = sbx_process_watch_add(p, NULL, start_ended, sw))) return start_answer(sw);
+  uv_timer_start(&sw->timer, start_tick, 0, 2);
 }
 
 static void h_list_processes(mcp_call *call, json_t *args, sbx_sandbox *sb) {
@@ -418,11 +474,6 @@ static int signal_number(const char *name) {
 /* ---- waiting on processes ------------------------------------------------------ */
 
 #define MAX_LOG_LINE (64 * 1024) /* a longer line is matched on its first 64 KiB */
-
-/* What a call waits on (call->wait): cancelled through its first member. */
-typedef struct wait_head {
-  void (*cancel)(void *self);
-} wait_head;
 
 struct proc_wait {
   wait_head head;

@@ -37,6 +37,12 @@ def test_server(t, x):
 
 def test_kill_waits(t, x):
     c = x.c
+    got = [c.ok('startProcess', {'processId': 'p%d' % i, 'command': 'exec sleep 1000'}) for i in range(5)]
+    t.ok(all(isinstance(g.get('pid'), int) and g['pid'] > 1 for g in got), 'startProcess gives the pid every time',
+         [g.get('pid') for g in got])
+    pids = c.sh('pgrep -x sleep | sort -n')['stdout'].split()
+    t.eq(sorted(str(g.get('pid')) for g in got), sorted(pids), 'the pids of the commands, as the sandbox sees them')
+    c.ok('killAllProcesses', {'signal': 'SIGKILL'})
     c.ok('startProcess', {'processId': 'stubborn', 'command': 'trap "echo got it" TERM USR1; echo ready; '
                           'while :; do sleep 0.1; done'})
     c.ok('waitForLog', {'processId': 'stubborn', 'pattern': '^ready$', 'timeout': 20000}, 40)
