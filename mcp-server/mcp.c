@@ -647,9 +647,9 @@ static json_t *resource_work(void *ud, sbx_sandbox *sb) {
     return json_pack("{s:o, s:{s:s, s:s}}", "message", mcp_json_repaired(msg), "data", "uri", uri, "code", err.code);
   } else if (memchr(data, 0, len) || !sbx_utf8_valid(data, len)) {
     _cleanup_free_ char *b = sbx_base64_encode(data, len, NULL);
-    content = json_pack("{s:s, s:s, s:s}", "uri", uri, "mimeType", sbx_fs_mime(path), "blob", b);
+    content = json_pack("{s:s, s:s, s:s}", "uri", uri, "mimeType", sbx_fs_mime(path, false), "blob", b);
   } else {
-    content = json_pack("{s:s, s:s, s:s%}", "uri", uri, "mimeType", sbx_fs_mime(path), "text", data, len);
+    content = json_pack("{s:s, s:s, s:s%}", "uri", uri, "mimeType", sbx_fs_mime(path, true), "text", data, len);
   }
   return json_pack("{s:o}", "content", content);
 }

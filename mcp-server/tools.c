@@ -1036,8 +1036,9 @@ static void h_exposed(mcp_call *call, json_t *args, sbx_sandbox *sb) {
     json_array_append_new(a, o);
   }
   sbx_buf_append(&t, "", 1);
-  mcp_call_ok(call, json_pack("{s:o, s:s?}", "ports", a, "warning", problem && sb->exposures ? problem : NULL),
-              t.len > 1 ? t.data : "no exposed ports");
+  json_t *res = json_pack("{s:o}", "ports", a);
+  if (problem && sb->exposures) json_object_set_new(res, "warning", json_string(problem));
+  mcp_call_ok(call, res, t.len > 1 ? t.data : "no exposed ports");
   sbx_buf_free(&t);
 }
 
@@ -1106,7 +1107,7 @@ static void h_read(mcp_call *call, json_t *args, sbx_sandbox *sb) {
     return mcp_call_fail(call, &err);
   bool binary = memchr(data, 0, len) || !sbx_utf8_valid(data, len);
   json_t *o;
-  const char *mime = sbx_fs_mime(abs);
+  const char *mime = sbx_fs_mime(abs, !binary);
   if (binary || is_base64(args)) {
     _cleanup_free_ char *b = sbx_base64_encode(data, len, NULL);
     o = json_pack("{s:s, s:s, s:s, s:I, s:s, s:b}", "path", abs, "content", b, "encoding", "base64", "size",

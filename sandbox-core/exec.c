@@ -275,7 +275,7 @@ static void finish(sbx_exec *x) {
   if (x->sb) {
     update_session(x);
     sbx_session *s = sbx_session_find(x->sb, x->session_id);
-    if (s && s->busy) s->busy--;
+    if (x->keep_session && s && s->busy) s->busy--;
     if (!x->background) {
       x->sb->running--;
       sbx_sandbox_touch(x->sb);
@@ -1113,7 +1113,7 @@ int sbx_exec_start(uv_loop_t *loop, sbx_sandbox *sb, const sbx_exec_opts *o, sbx
   uv_poll_start(&x->pidpoll, UV_READABLE, pid_cb);
   if (o->timeout_ms > 0) uv_timer_start(&x->timer, timer_cb, o->timeout_ms, 0);
 started:
-  s->busy++;
+  if (x->keep_session) s->busy++; /* its session is not deleted under it (a process runs on a copy) */
   if (!x->background) sb->running++;
   x->next = all_execs;
   all_execs = x;

@@ -309,10 +309,18 @@ int sbx_fs_mkdir(sbx_sandbox *sb, const char *path, bool recursive, sbx_error *e
   return 1;
 }
 
+/* /workspace itself is where relative paths, commands and the FUSE view
+ * start: deleting or moving it is refused (what is in it may go). */
+static int refuse_workspace(const char *abs, const char *what, sbx_error *err) {
+  if (strcmp(abs, "/workspace")) return 0;
+  return sbx_err(err, "VALIDATION_FAILED", "/workspace is the sandbox's workspace and cannot be %s (%s what is in it instead)",
+                 what, !strcmp(what, "deleted") ? "delete" : "move");
+}
+
 int sbx_fs_delete(sbx_sandbox *sb, const char *path, bool recursive, sbx_error *err) {
   AS_SANDBOX(sb);
   char abs[4096];
-  if (sbx_fs_abspath(path, abs, err) < 0) return -1;
+  if (sbx_fs_abspath(path, abs, err) < 0 || refuse_workspace(abs, "deleted", err) < 0) return -1;
   char *base;
   _cleanup_close_ int dfd = open_parent(sb, abs, &base, err);
   if (dfd < 0) return -1;
@@ -331,7 +339,8 @@ int sbx_fs_delete(sbx_sandbox *sb, const char *path, bool recursive, sbx_error *
 int sbx_fs_rename(sbx_sandbox *sb, const char *from, const char *to, bool into_dir, sbx_error *err) {
   AS_SANDBOX(sb);
   char a[4096], b[4096];
-  if (sbx_fs_abspath(from, a, err) < 0 || sbx_fs_abspath(to, b, err) < 0) return -1;
+  if (sbx_fs_abspath(from, a, err) < 0 || sbx_fs_abspath(to, b, err) < 0 || refuse_workspace(a, "moved", err) < 0)
+    return -1;
   char *ba, *bb;
   _cleanup_close_ int fa = open_parent(sb, a, &ba, err);
   if (fa < 0) return -1;
@@ -436,7 +445,7 @@ int sbx_fs_list(sbx_sandbox *sb, const char *path, bool recursive, bool hidden, 
   return w.count;
 }
 
-const char *sbx_fs_mime(const char *path) {
+const char *sbx_fs_mime(const char *path, bool text) {
   static const struct {
     const char *ext, *mime;
   } t[] = {{"txt", "text/plain"},       {"md", "text/markdown"},        {"html", "text/html"},
@@ -450,8 +459,9 @@ const char *sbx_fs_mime(const char *path) {
            {"zip", "application/zip"},  {"gz", "application/gzip"},     {"tar", "application/x-tar"},
            {"wasm", "application/wasm"}};
   const char *dot = strrchr(path, '.'), *slash = strrchr(path, '/');
-  if (!dot || (slash && dot < slash)) return "application/octet-stream";
+  const char *unknown = text ? "text/plain" : "application/octet-stream";
+  if (!dot || (slash && dot < slash)) return unknown;
   for (size_t i = 0; i < SBX_ARRAY_SIZE(t); i++)
     if (!strcasecmp(dot + 1, t[i].ext)) return t[i].mime;
-  return "application/octet-stream";
+  return unknown;
 }

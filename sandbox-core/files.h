@@ -54,5 +54,6 @@ typedef void (*sbx_fs_list_cb)(void *ud, const sbx_fs_entry *e);
 int sbx_fs_list(sbx_sandbox *sb, const char *path, bool recursive, bool hidden, sbx_fs_list_cb cb, void *ud,
                 bool *truncated, sbx_error *err);
 
-/* mimeType from a file name's extension. */
-const char *sbx_fs_mime(const char *path);
+/* mimeType from a file name's extension; text/plain for text (valid
+ * UTF-8) whose extension says nothing. */
+const char *sbx_fs_mime(const char *path, bool text);

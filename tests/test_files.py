@@ -20,6 +20,8 @@ def test_write_read(t, x):
 def test_binary(t, x):
     data = bytes(range(256)) * 10
     x.c.ok('writeFile', {'path': 'bin.dat', 'content': base64.b64encode(data).decode(), 'encoding': 'base64'})
+    r = x.c.ok('readFile', {'path': '/etc/hostname'})
+    t.eq((r['mimeType'], r['isBinary']), ('text/plain', False), 'a text file whose name says nothing is text/plain')
     r = x.c.ok('readFile', {'path': 'bin.dat'})
     t.ok(r['isBinary'] and r['encoding'] == 'base64' and base64.b64decode(r['content']) == data,
          'binary round trip is exact and detected')
@@ -113,6 +115,10 @@ def test_mkdir_delete_rename(t, x):
     t.eq(x.c.ok('exists', {'path': '/workspace/m'})['exists'], False, 'recursive delete')
     t.eq(x.c.sh('test -f /etc/hostname && echo kept')['stdout'].strip(), 'kept', 'symlink target untouched')
     t.eq(x.c.err('deleteFile', {'path': '/workspace/none'}), 'FILE_NOT_FOUND', 'delete missing')
+    for tool, args in (('deleteFile', {'path': '/workspace', 'recursive': True}), ('deleteFile', {'path': '.', 'recursive': True}),
+                       ('renameFile', {'oldPath': '/workspace/', 'newPath': '/tmp/ws'})):
+        t.eq(x.c.err(tool, args), 'VALIDATION_FAILED', '%s of the workspace itself is refused (%s)' % (tool, args))
+    t.eq(x.c.sh('test -d /workspace && echo there')['stdout'], 'there\n', 'and it is still there')
 
 
 def test_confinement(t, x):

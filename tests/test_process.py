@@ -43,6 +43,12 @@ def test_kill_waits(t, x):
     pids = c.sh('pgrep -x sleep | sort -n')['stdout'].split()
     t.eq(sorted(str(g.get('pid')) for g in got), sorted(pids), 'the pids of the commands, as the sandbox sees them')
     c.ok('killAllProcesses', {'signal': 'SIGKILL'})
+    c.ok('createSession', {'id': 'bg', 'env': {'WHO': 'bg'}})
+    c.ok('startProcess', {'processId': 'insess', 'sessionId': 'bg', 'command': 'echo $WHO; exec sleep 1000'})
+    c.ok('deleteSession', {'id': 'bg'})
+    t.eq((status(x, 'insess')['status'], c.ok('waitForLog', {'processId': 'insess', 'pattern': '^bg$', 'timeout': 20000}, 40)['line']),
+         ('running', 'bg'), 'a session a background process started from can be deleted; the process runs on, with its state')
+    c.ok('killProcess', {'processId': 'insess', 'signal': 'SIGKILL'})
     c.ok('startProcess', {'processId': 'stubborn', 'command': 'trap "echo got it" TERM USR1; echo ready; '
                           'while :; do sleep 0.1; done'})
     c.ok('waitForLog', {'processId': 'stubborn', 'pattern': '^ready$', 'timeout': 20000}, 40)
