@@ -20,8 +20,15 @@ typedef struct waiter {
   void *ud;
 } waiter;
 
-/* One attempt: connect (and for http, get a status line) within 500 ms. */
-static bool probe(int port, bool http) {
+/* ms from now to the deadline, at most cap (at least 1: a last look). */
+static int left(uint64_t deadline, int cap) {
+  uint64_t now = sbx_now_ms();
+  return now >= deadline ? 1 : deadline - now < (uint64_t)cap ? (int)(deadline - now) : cap;
+}
+
+/* One attempt: connect within 500 ms (and for http, get a status line
+ * within 2 s), none of it past the deadline. */
+static bool probe(int port, bool http, uint64_t deadline) {
   int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (s < 0) return false;
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
@@ -30,19 +37,20 @@ static bool probe(int port, bool http) {
     struct pollfd p = {.fd = s, .events = POLLOUT};
     int err = 0;
     socklen_t l = sizeof err;
-    if (poll(&p, 1, 500) == 1 && getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &l) == 0 && err == 0) {
+    if (poll(&p, 1, left(deadline, 500)) == 1 && getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &l) == 0 && err == 0) {
       ok = true;
       if (http) {
         static const char req[] = "GET / HTTP/1.0\r\nHost: localhost\r\n\r\n";
         char buf[8] = "";
         p.events = POLLIN;
-        ok = send(s, req, sizeof req - 1, MSG_NOSIGNAL) == (ssize_t)sizeof req - 1 && poll(&p, 1, 2000) == 1 &&
+        ok = send(s, req, sizeof req - 1, MSG_NOSIGNAL) == (ssize_t)sizeof req - 1 && poll(&p, 1, left(deadline, 2000)) == 1 &&
              recv(s, buf, 5, 0) == 5 && !memcmp(buf, "HTTP/", 5);
         /* the whole answer is read (HTTP/1.0: the server closes), so the
          * close is not a reset the server would log */
         char rest[4096];
         uint64_t until = sbx_now_ms() + 2000;
-        while (ok && sbx_now_ms() < until && poll(&p, 1, 200) == 1 && recv(s, rest, sizeof rest, 0) > 0) {
+        if (until > deadline) until = deadline;
+        while (ok && sbx_now_ms() < until && poll(&p, 1, left(until, 200)) == 1 && recv(s, rest, sizeof rest, 0) > 0) {
         }
       }
     }
@@ -75,7 +83,7 @@ int sbx_port_wait(uv_loop_t *loop, sbx_sandbox *sb, int port, int64_t timeout_ms
     close_range(3, ~0U, 0); /* none of the daemon's sockets stay open in here */
     uint64_t deadline = sbx_now_ms() + (uint64_t)timeout_ms;
     for (;;) {
-      if (probe(port, http)) _exit(0);
+      if (probe(port, http, deadline)) _exit(0);
       if (sbx_now_ms() >= deadline) _exit(1);
       struct timespec ts = {0, 50 * 1000 * 1000}; /* between attempts: nothing to wait on in another netns */
       nanosleep(&ts, NULL);
