@@ -62,6 +62,7 @@ typedef struct mcp_call {
   bool stdin_socket;    /* _meta "sbx/stdin": stdin from the connection's stdin socket */
   bool reset;           /* the sandbox was woken after an idle reset */
   bool restarted;       /* ...after a daemon restart, its files intact */
+  bool fresh_context;   /* runCode: the default context had died, this runs in a new one */
   int log_level;        /* notifications/message at or above this; -1 none */
   struct mcp_outcome *outcome; /* its handler runs in a child: the answer is kept here (offload.h) */
   struct mcp_call *next;

@@ -1468,6 +1468,11 @@ static void code_done(void *ud, json_t *res, const sbx_error *err) {
   sbx_buf t = {0};
   json_t *v;
   size_t i;
+  if (call->fresh_context) {
+    json_object_set_new(res, "contextRestarted", json_true());
+    static const char note[] = "(the earlier context had ended: this ran in a new one, without its state)\n";
+    sbx_buf_append(&t, note, sizeof note - 1);
+  }
   json_array_foreach(json_object_get(json_object_get(res, "logs"), "stdout"), i, v)
       sbx_buf_append(&t, json_string_value(v), json_string_length(v));
   bool any_err = false;
@@ -1555,8 +1560,9 @@ static void h_run_code(mcp_call *call, json_t *args, sbx_sandbox *sb) {
   snprintf(id, sizeof id, "default-%s", lang ? lang : "python");
   sbx_code_ctx *c = sbx_code_find(sb->id, id);
   if (c && sbx_code_dead(c)) {
-    sbx_code_delete(c); /* it died: a fresh one */
+    sbx_code_delete(c); /* it died: a fresh one, and the result says so */
     c = NULL;
+    call->fresh_context = true;
   }
   if (c) return run_in(call, args, c);
   struct code_call *cc = calloc(1, sizeof *cc);

@@ -101,6 +101,13 @@ def test_contexts_independent(t, x):
          'a run whose interpreter dies fails clearly', res['structuredContent'])
     res, _ = x.c.call('runCode', {'code': '1', 'contextId': a['id']}, 60)
     t.ok(res['isError'] and 'died' in res['structuredContent']['error']['message'], 'and the dead context says so', res)
+    run(x, 'kept = 1')
+    res, _ = x.c.call('runCode', {'code': 'import os\nos._exit(1)'}, 60)
+    t.ok(res['isError'], 'the default context\'s interpreter exits', res['structuredContent'])
+    r = run(x, "'kept' in globals()")
+    t.eq((r['results'][0]['text'], r.get('contextRestarted')), ('False', True),
+         'the next run is in a fresh default context, and says so')
+    t.eq(run(x, '2').get('contextRestarted'), None, 'and the one after is in that context again')
 
 
 def test_javascript(t, x):
