@@ -337,6 +337,7 @@ typedef struct pconn {
   sbx_http_body body;       /* of the request being passed on */
   bool upgrade;             /* it switches to a tunnel once sent */
   char host[304];           /* the Host the connection was routed by */
+  char ip[INET6_ADDRSTRLEN]; /* the client's, for X-Forwarded-For */
   char status[12];          /* the start of the answer to an upgrade */
   size_t status_len;
   struct pconn *next;
@@ -530,11 +531,6 @@ static bool client_ip_header(const char *line) {
  * X-Forwarded-* lines are dropped and the proxy's set, on every request of
  * a kept-alive connection. */
 static void forward_head(pconn *c, const char *p, size_t hl, const char *headers) {
-  struct sockaddr_storage ss;
-  int sl = sizeof ss;
-  char ip[INET6_ADDRSTRLEN] = "127.0.0.1";
-  if (uv_tcp_getpeername(&c->client, (struct sockaddr *)&ss, &sl) == 0 && ss.ss_family == AF_INET)
-    inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, ip, sizeof ip);
   const char *end = p + hl - 2; /* the blank line */
   size_t hlen = 0;
   const char *host = sbx_http_header(headers, end, "Host", &hlen);
@@ -542,7 +538,7 @@ static void forward_head(pconn *c, const char *p, size_t hl, const char *headers
   size_t o = (size_t)(headers - p);
   memcpy(out, p, o);
   o += (size_t)snprintf(out + o, sizeof out - o, "X-Forwarded-Host: %.*s\r\nX-Forwarded-Proto: http\r\nX-Forwarded-For: %s\r\n",
-                        hlen > 300 ? 300 : (int)hlen, host ? host : "", ip);
+                        hlen > 300 ? 300 : (int)hlen, host ? host : "", c->ip);
   sbx_http_field f;
   for (const char *l = headers; sbx_http_next_field(&l, end, &f);)
     if (!client_ip_header(f.line)) {
@@ -811,6 +807,11 @@ static void on_conn(uv_stream_t *server, int status) {
   c->next = conns;
   conns = c;
   if (uv_accept(server, (uv_stream_t *)&c->client) < 0 || P.conns > MAX_CONNS) return conn_close(c);
+  struct sockaddr_storage ss;
+  int sl = sizeof ss;
+  snprintf(c->ip, sizeof c->ip, "127.0.0.1");
+  if (uv_tcp_getpeername(&c->client, (struct sockaddr *)&ss, &sl) == 0 && ss.ss_family == AF_INET)
+    inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, c->ip, sizeof c->ip);
   uv_timer_start(&c->timer, on_idle, HEAD_TIMEOUT_MS, 0); /* a head that does not come in time: closed */
   uv_read_start((uv_stream_t *)&c->client, alloc_cb, client_read);
 }
