@@ -90,7 +90,8 @@ typedef struct bnode {
   uint8_t *present, *inflight;
   size_t nchunks;
   uint64_t cached; /* bytes of the cache file we account for */
-  uint64_t lru;
+  struct bnode *lprev, *lnext; /* B.lru, least recently used first, while it has cached data */
+  bool in_lru;
   bool stale;        /* the bucket's object changed: drop the cache when closed */
   uint64_t seq_off; /* where a sequential reader goes next */
   uint64_t uploaded_ms; /* when it last went up (a listing older than that lacks it) */
@@ -150,7 +151,8 @@ static struct {
   char cache[1024];
   bool read_only;
   uid_t uid_base; /* the host uid of sandbox root (rootless: 0, ids are the namespace's) */
-  uint64_t cache_max, cache_used, tick;
+  uint64_t cache_max, cache_used;
+  bnode *lru, *lru_tail; /* nodes with cached data, least recently used first */
   uint64_t njournal; /* journal entries: dirty nodes and deletions not done yet */
   bnode *hash[HASH_SIZE];
   gone *gone[HASH_SIZE];
@@ -389,6 +391,25 @@ static bnode *parent_of(const char *path) {
  * uses its cache file (callers check opens; fetches are waited for). */
 static void cache_close(bnode *n);
 
+/* The LRU list of cached data: eviction takes from its head. Lock held. */
+static void lru_out(bnode *n) {
+  if (!n->in_lru) return;
+  *(n->lprev ? &n->lprev->lnext : &B.lru) = n->lnext;
+  *(n->lnext ? &n->lnext->lprev : &B.lru_tail) = n->lprev;
+  n->lprev = n->lnext = NULL;
+  n->in_lru = false;
+}
+
+/* n was used (or got data): the most recently used now. */
+static void lru_touch(bnode *n) {
+  if (!n->cached && !n->in_lru) return;
+  lru_out(n);
+  n->lprev = B.lru_tail;
+  *(B.lru_tail ? &B.lru_tail->lnext : &B.lru) = n;
+  B.lru_tail = n;
+  n->in_lru = true;
+}
+
 static void cache_drop(bnode *n, bool unlink_file) {
   while (n->fetching) pthread_cond_wait(&B.fetched, &B.lock);
   cache_close(n);
@@ -399,6 +420,7 @@ static void cache_drop(bnode *n, bool unlink_file) {
   }
   B.cache_used -= n->cached <= B.cache_used ? n->cached : B.cache_used;
   n->cached = 0;
+  lru_out(n);
   n->full = false;
   free(n->present);
   free(n->inflight);
@@ -774,10 +796,9 @@ static uint64_t budget_used(void) { return B.cache_used + B.njournal * JOURNAL_C
 /* Least recently used clean data goes when the cache is past its cap. */
 static void evict(uint64_t want) {
   while (budget_used() + want > B.cache_max) {
-    bnode *victim = NULL;
-    for (size_t h = 0; h < HASH_SIZE; h++)
-      for (bnode *n = B.hash[h]; n; n = n->hnext)
-        if (n->cached && !n->dirty && !n->opens && !n->busy && (!victim || n->lru < victim->lru)) victim = n;
+    bnode *victim = B.lru; /* only a node its path names: its cache file is the one of that path */
+    while (victim && (!victim->cached || victim->dirty || victim->opens || victim->busy || node_find(victim->path) != victim))
+      victim = victim->lnext;
     if (!victim) return;
     cache_drop(victim, true);
     if (victim->kept) { /* fetched ahead and never looked up: goes whole */
@@ -790,6 +811,7 @@ static void evict(uint64_t want) {
 static void account(bnode *n, uint64_t bytes) {
   n->cached += bytes;
   B.cache_used += bytes;
+  if (!n->in_lru) lru_touch(n);
 }
 
 /* Fetches one chunk into the cache file (lock held, dropped meanwhile). */
@@ -817,7 +839,7 @@ static int fetch_chunk(bnode *n, size_t i) {
       set_bit(n->present, i, true);
       account(n, len);
     }
-    n->lru = ++B.tick;
+    lru_touch(n);
   } else if (r == 0) { /* shorter than we knew it: it changed in the bucket */
     r = -EIO;
     snprintf(B.last_error, sizeof B.last_error, "%s changed in the bucket while being read", n->path);
@@ -1572,7 +1594,7 @@ static void b_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
     r = cache_open(n);
   }
   if (!r) n->opens++;
-  n->lru = ++B.tick;
+  lru_touch(n);
   /* the kernel keeps its cached pages unless the object changed */
   fi->keep_cache = n->open_version == n->version;
   n->open_version = n->version;
@@ -1609,7 +1631,7 @@ static void b_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struc
   int r = n->full ? 0 : ensure_range(n, (uint64_t)off, size, seq);
   int fd = n->cfd;
   uint64_t fsize = n->size;
-  n->lru = ++B.tick;
+  lru_touch(n);
   pthread_mutex_unlock(&B.lock);
   if (r < 0) return (void)fuse_reply_err(req, -r);
   if ((uint64_t)off >= fsize) return (void)fuse_reply_buf(req, NULL, 0);

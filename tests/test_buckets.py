@@ -603,6 +603,33 @@ def test_unmount(t, x):
     t.eq(res['structuredContent'].get('error', {}).get('code'), 'VALIDATION_FAILED', 'unmounting twice says nothing is there')
 
 
+def test_cache_cap(t, x):
+    """Reading more than the cache holds (the sandbox's diskMB) keeps the
+    cache on the host's disk within it: the least recently used clean data
+    goes, and comes back from the bucket, byte for byte, when read again."""
+    c = x.c
+    c.ok('createSandbox', {'sandboxId': 'cap', 'limits': {'diskMB': 16}})
+    blobs = {}
+    src = os.path.join(x.env.root, 'cap-src')
+    os.makedirs(src)
+    for i in range(48):  # 24 MiB in the bucket, 16 MiB of cache
+        blobs[i] = os.urandom(512 << 10)
+        with open(os.path.join(src, 'f%02d' % i), 'wb') as f:
+            f.write(blobs[i])
+    x.s3.sync(src, 's3://test/cap')
+    x.mount('/data', sandbox='cap', prefix='cap')
+    want = '\n'.join(sha(blobs[i]) for i in range(48))
+    r = c.sh('cd /data && for i in $(seq -w 0 47); do sha256sum < f$i | cut -d" " -f1; done', sandbox='cap', wait=120)
+    t.eq(r['stdout'].strip(), want, 'every file reads whole while the cache is past its cap')
+    cache = os.path.join(x.env.state, 'bucket-cache', 'cap')
+    used = int(subprocess.run(['du', '-sk', cache], capture_output=True, text=True).stdout.split()[0])
+    t.ok(used <= 18 * 1024, 'the cache on the host stays within diskMB (16 MiB)', '%d KiB' % used)
+    subprocess.run(['sh', '-c', 'echo 3 > /proc/sys/vm/drop_caches'])  # what is read again comes from the server
+    r = c.sh('cd /data && for i in $(seq -w 0 47); do sha256sum < f$i | cut -d" " -f1; done', sandbox='cap', wait=120)
+    t.eq(r['stdout'].strip(), want, 'and read again (the first ones fetched again), they are the same')
+    c.ok('destroySandbox', {'sandboxId': 'cap'})
+
+
 def test_mounts_bounded(t, x):
     """What a sandbox's bucket mounts take of the host is bounded: at most
     8 mounts (each a server and a cache on the host's disk)."""
@@ -793,4 +820,4 @@ if __name__ == '__main__':
     sys.exit(run_tests([test_mount_write_read, test_signatures, test_fsync_means_in_bucket, test_secrets_never_shown,
                         test_errors, test_read_only, test_server_cpu_bounded, test_fsyncs_hold_no_thread, test_hung_bucket_stalls_nobody, test_local_bucket, test_local_bucket_quota, test_reset_keeps_bucket, test_restart_kill9,
                         test_crash_of_bucket_server, test_daemon_killed_during_writes, test_outage, test_outage_names_bounded, test_removed_stays_removed, test_open_unlinked_files, test_crash_during_outage, test_syscall_suite,
-                        test_view_shows_bucket, test_unmount, test_mounts_bounded, test_more_files_than_fds, test_big_directory, test_cold_directory, test_destroy_cleans_up], Ctx))
+                        test_view_shows_bucket, test_unmount, test_cache_cap, test_mounts_bounded, test_more_files_than_fds, test_big_directory, test_cold_directory, test_destroy_cleans_up], Ctx))
