@@ -299,6 +299,7 @@ typedef struct helper {
   int mfd;              /* H_ATTACH: a detached mount */
   const char *host_dir; /* H_LOCAL_ROOTLESS */
   bool read_only;
+  int mnt_id; /* H_UMOUNT: the mount to detach; H_ATTACH, H_LOCAL_ROOTLESS: the one attached (out) */
 } helper;
 
 static _Noreturn void helper_fail(int sock, const char *what) {
@@ -339,32 +340,114 @@ static int fuse_detached(uid_t owner, bool ro, int *devfd) {
   return mfd;
 }
 
-/* Makes path (as the sandbox's root, never through a symlink) and moves the
- * mount there. */
-static void attach_at(int sock, int mfd, const char *path) {
+/* Its mount id (in the namespace it is in), without asking its
+ * filesystem anything (a bucket's server may keep a request waiting). */
+static int mount_id_of(int fd) {
+  struct statx sx;
+  if (statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_MNT_ID, &sx) < 0 || !(sx.stx_mask & STATX_MNT_ID)) return -1;
+  return (int)sx.stx_mnt_id;
+}
+
+/* The directory path names on the sandbox's root filesystem, as its root
+ * sees it, reached through no symlink and into no other mount (not a
+ * bucket's, whose server could keep the walk waiting): an O_PATH fd, or
+ * -1 with errno (ELOOP: a symlink, EXDEV: another mount). make: missing
+ * components are made. */
+static int walk_root(const char *path, bool make) {
   int dfd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
   char copy[1024];
   snprintf(copy, sizeof copy, "%s", path);
-  for (char *save = NULL, *c = strtok_r(copy, "/", &save); c; c = strtok_r(NULL, "/", &save)) {
-    if (mkdirat(dfd, c, 0755) < 0 && errno != EEXIST) helper_fail(sock, "making mountPath");
+  for (char *save = NULL, *c = strtok_r(copy, "/", &save); c && dfd >= 0; c = strtok_r(NULL, "/", &save)) {
+    if (make && mkdirat(dfd, c, 0755) < 0 && errno != EEXIST) {
+      int e = errno;
+      close(dfd);
+      errno = e;
+      return -1;
+    }
     struct open_how how = {.flags = O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC,
-                           .resolve = RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS};
+                           .resolve = RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV};
     int nfd = (int)syscall(SYS_openat2, dfd, c, &how, sizeof how);
-    if (nfd < 0) {
-      /* O_PATH|O_NOFOLLOW|O_DIRECTORY on a symlink is ENOTDIR, not ELOOP */
+    int e = errno;
+    if (nfd < 0) { /* O_PATH|O_NOFOLLOW|O_DIRECTORY on a symlink is ENOTDIR, not ELOOP */
       struct stat st;
-      bool link = errno == ELOOP || (fstatat(dfd, c, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode));
-      if (link) errno = ELOOP;
-      helper_fail(sock, link ? "mountPath goes through a symlink" : "opening mountPath");
+      if (e == ENOTDIR && fstatat(dfd, c, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode)) e = ELOOP;
     }
     close(dfd);
     dfd = nfd;
+    errno = e;
   }
+  return dfd;
+}
+
+/* Makes path (as the sandbox's root, never through a symlink nor into
+ * another mount) and moves the mount there; its mount id is sent back. */
+static void attach_at(int sock, int mfd, const char *path) {
+  int dfd = walk_root(path, true);
+  if (dfd < 0)
+    helper_fail(sock, errno == ELOOP  ? "mountPath goes through a symlink"
+                      : errno == EXDEV ? "mountPath is inside another mount (a bucket, or a system directory such as /opt)"
+                                       : "making mountPath");
   if (move_mount(mfd, "", dfd, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) < 0)
     helper_fail(sock, "mounting at mountPath");
 }
 
+/* Detaches the mount whose id is mnt_id, wherever the sandbox has moved
+ * it (a rename of a directory above it moves it): found in the mount
+ * table, reached without a symlink, checked to be that mount, and
+ * unmounted through its fd (proc: the host's /proc, where "self" is this
+ * process). 0 also when it is not mounted any more. */
+static int umount_id(int proc, int mnt_id) {
+  for (int attempt = 0; attempt < 3; attempt++) { /* a rename racing the lookup: again */
+    int mi = openat(proc, "self/mountinfo", O_RDONLY | O_CLOEXEC);
+    FILE *f = mi >= 0 ? fdopen(mi, "re") : NULL;
+    if (!f) {
+      if (mi >= 0) close(mi);
+      return -1;
+    }
+    char line[4096], where[4096] = "";
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f)) {
+      int id;
+      char mp[4096];
+      if (sscanf(line, "%d %*d %*s %*s %4095s", &id, mp) != 2 || id != mnt_id) continue;
+      size_t o = 0; /* octal escapes: \040 is a space */
+      for (const char *s = mp; *s && o < sizeof where - 1; s++) {
+        if (s[0] == '\\' && s[1] >= '0' && s[1] <= '3' && s[2] >= '0' && s[2] <= '7' && s[3] >= '0' && s[3] <= '7') {
+          where[o++] = (char)((s[1] - '0') * 64 + (s[2] - '0') * 8 + (s[3] - '0'));
+          s += 3;
+        } else {
+          where[o++] = *s;
+        }
+      }
+      where[o] = 0;
+      found = true;
+    }
+    fclose(f);
+    if (!found) return 0; /* not mounted (any more) */
+    char *slash = strrchr(where, '/');
+    if (!slash || !slash[1]) return -1;
+    *slash = 0;
+    int parent = walk_root(where[0] ? where : "/", false);
+    if (parent < 0) continue;
+    struct open_how how = {.flags = O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC,
+                           .resolve = RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS};
+    int fd = (int)syscall(SYS_openat2, parent, slash + 1, &how, sizeof how); /* into the mount's root: no request */
+    close(parent);
+    if (fd < 0) continue;
+    char self[64];
+    snprintf(self, sizeof self, "self/fd/%d", fd);
+    int r = -1;
+    if (mount_id_of(fd) == mnt_id && fchdir(proc) == 0) r = umount2(self, MNT_DETACH);
+    int e = errno;
+    close(fd);
+    if (r == 0) return 0;
+    errno = e;
+  }
+  return -1;
+}
+
 static _Noreturn void helper_main(const helper *h, int sock) {
+  int proc = open("/proc", O_PATH | O_DIRECTORY | O_CLOEXEC); /* the host's: this process is "self" there */
   if (setns(h->pidfd, CLONE_NEWUSER) < 0) helper_fail(sock, "joining the sandbox's user namespace");
   if (setgroups(0, NULL) < 0 && errno != EPERM) helper_fail(sock, "setgroups");
   if (setresgid(0, 0, 0) < 0 || setresuid(0, 0, 0) < 0) helper_fail(sock, "becoming the sandbox's root");
@@ -393,11 +476,12 @@ static _Noreturn void helper_main(const helper *h, int sock) {
     break;
   case H_UMOUNT:
     if (setns(h->pidfd, CLONE_NEWNS) < 0) helper_fail(sock, "joining the sandbox's mount namespace");
-    if (umount2(h->path, MNT_DETACH | UMOUNT_NOFOLLOW) < 0 && errno != EINVAL && errno != ENOENT)
-      helper_fail(sock, "unmounting");
+    if (umount_id(proc, h->mnt_id) < 0) helper_fail(sock, "unmounting");
     break;
   }
-  sbx_send_fds(sock, "ok", 2, fds, nfds, 0);
+  char ok[32];
+  int n = snprintf(ok, sizeof ok, "ok %d", h->op == H_ATTACH || h->op == H_LOCAL_ROOTLESS ? mount_id_of(mfd) : 0);
+  sbx_send_fds(sock, ok, (size_t)n, fds, nfds, 0);
   _exit(0);
 }
 
@@ -431,15 +515,32 @@ static int run_helper(sbx_sandbox *sb, helper *h, int fds_out[2], sbx_error *err
   }
   close(pidfd);
   if (n > 0) buf[n] = 0;
-  if (n <= 0 || strcmp(buf, "ok")) {
+  if (n <= 0 || strncmp(buf, "ok ", 3)) {
     for (int i = 0; i < 2; i++)
       if (got[i] >= 0) close(got[i]);
     return sbx_err(err, "MOUNT_FAILED", "%s", n > 0 ? buf : "the mount helper did not answer");
   }
+  if (h->op != H_UMOUNT) h->mnt_id = atoi(buf + 3);
   if (fds_out) fds_out[0] = got[0], fds_out[1] = got[1];
   else
     for (int i = 0; i < 2; i++)
       if (got[i] >= 0) close(got[i]);
+  return 0;
+}
+
+/* b's mount is attached in this start of the sandbox (h: the helper that did it). */
+static void attached(sbx_sandbox *sb, sbx_bucket *b, const helper *h) {
+  b->mnt_id = h->mnt_id;
+  b->mnt_incarnation = sb->incarnation;
+}
+
+/* Detaches b's mount from the sandbox, found by its identity, not by its
+ * path (which the sandbox can rename, or lead elsewhere with a symlink). */
+static int detach(sbx_sandbox *sb, sbx_bucket *b, sbx_error *err) {
+  if (!b->mnt_id || b->mnt_incarnation != sb->incarnation) return 0; /* nothing of it mounted in this start */
+  helper h = {.op = H_UMOUNT, .path = b->mount_path, .mnt_id = b->mnt_id};
+  if (run_helper(sb, &h, NULL, err) < 0) return -1;
+  b->mnt_id = 0;
   return 0;
 }
 
@@ -643,7 +744,7 @@ static void status_readable(uv_poll_t *h, int status, int events) {
     sbx_err(&e, "MOUNT_FAILED", "sandbox '%s' stopped while the bucket was being mounted", p->sandbox);
   } else {
     helper h = {.op = H_ATTACH, .path = b->mount_path, .mfd = p->mfd};
-    run_helper(sb, &h, NULL, &e);
+    if (run_helper(sb, &h, NULL, &e) == 0) attached(sb, b, &h);
   }
   check_answered(p, e.code ? &e : NULL); /* a half-made mount goes with its fd, and its server with it */
 }
@@ -871,7 +972,7 @@ static int local_tree(sbx_sandbox *sb, const sbx_bucket *b, const char *parent, 
   return mfd;
 }
 
-static int mount_local(sbx_sandbox *sb, const sbx_bucket *b, sbx_error *err) {
+static int mount_local(sbx_sandbox *sb, sbx_bucket *b, sbx_error *err) {
   char dir[1400], parent[1400];
   local_dir(b->bucket, dir, sizeof dir);
   snprintf(parent, sizeof parent, "%s/buckets", sbx_engine_cfg()->state_dir);
@@ -880,7 +981,9 @@ static int mount_local(sbx_sandbox *sb, const sbx_bucket *b, sbx_error *err) {
   int mfd = local_tree(sb, b, parent, dir, err);
   if (mfd == -2) {
     helper h = {.op = H_LOCAL_ROOTLESS, .path = b->mount_path, .host_dir = dir, .read_only = b->read_only};
-    return run_helper(sb, &h, NULL, err);
+    if (run_helper(sb, &h, NULL, err) < 0) return -1;
+    attached(sb, b, &h);
+    return 0;
   }
   if (mfd < 0) return -1;
   char ns[64];
@@ -897,6 +1000,7 @@ static int mount_local(sbx_sandbox *sb, const sbx_bucket *b, sbx_error *err) {
   helper h = {.op = H_ATTACH, .path = b->mount_path, .mfd = mfd};
   r = run_helper(sb, &h, NULL, err);
   close(mfd);
+  if (r == 0) attached(sb, b, &h);
   return r;
 }
 
@@ -914,10 +1018,7 @@ static void remount(sbx_sandbox *sb, sbx_bucket *b, bool replace) {
          b->bucket, sb->id, b->mount_path);
     return;
   }
-  if (replace) { /* the dead server's mount answers "not connected": detach it */
-    helper h = {.op = H_UMOUNT, .path = b->mount_path};
-    run_helper(sb, &h, NULL, NULL);
-  }
+  if (replace) detach(sb, b, NULL); /* the dead server's mount answers "not connected": detach it */
   int devfd = -1;
   int mfd = make_fuse(sb, b, &devfd, &err);
   bproc *p = mfd < 0 ? NULL : spawn_server(sb->id, b->id, config, devfd, "", sb->opts.limits.cpus, &err);
@@ -926,7 +1027,7 @@ static void remount(sbx_sandbox *sb, sbx_bucket *b, bool replace) {
   if (p) {
     p->incarnation = sb->incarnation;
     helper h = {.op = H_ATTACH, .path = b->mount_path, .mfd = mfd};
-    run_helper(sb, &h, NULL, &err); /* on failure the mount goes with mfd, and its server ends */
+    if (run_helper(sb, &h, NULL, &err) == 0) attached(sb, b, &h); /* on failure the mount goes with mfd, and its server ends */
   }
   if (mfd >= 0) close(mfd);
   if (err.code) warn("bucket %s at %s:%s: %s", b->bucket, sb->id, b->mount_path, err.message);
@@ -1024,8 +1125,7 @@ int sbx_bucket_unmount(sbx_sandbox *sb, const char *mount_path, sbx_bucket_cb cb
   if (p && p->checking) return sbx_err(err, "VALIDATION_FAILED", "the bucket at %s is still being mounted", abs);
   if (sbx_sandbox_alive(sb)) {
     sbx_exec_shells_leave(sb); /* a session's shell in the mount keeps it from going */
-    helper h = {.op = H_UMOUNT, .path = b->mount_path};
-    if (run_helper(sb, &h, NULL, err) < 0) return -1;
+    if (detach(sb, b, err) < 0) return -1;
   }
   *pp = b->next;
   sbx_sandbox_save(sb);

@@ -24,6 +24,10 @@ typedef struct sbx_bucket {
   char prefix[520];
   char profile[64];
   bool read_only, local, path_style, public_only;
+  /* the mount attached in the sandbox (not in the record): its mount id
+   * in the sandbox's mount namespace, valid for that start of it only */
+  int mnt_id;
+  uint64_t mnt_incarnation;
   struct sbx_bucket *next;
 } sbx_bucket;
 

@@ -630,6 +630,40 @@ def test_cache_cap(t, x):
     c.ok('destroySandbox', {'sandboxId': 'cap'})
 
 
+def test_mounts_by_identity(t, x):
+    """unmountBucket detaches the mount it made, wherever the sandbox has
+    moved it, and never follows the sandbox's symlinks or renames into
+    another mount; mountBucket never makes its path inside another mount."""
+    c = x.c
+    c.ok('createSandbox', {'sandboxId': 'ident', 'limits': {'diskMB': 64}})
+    mounts = lambda: c.sh("grep -c ' - fuse sbx-bucket' /proc/self/mountinfo || true", sandbox='ident')['stdout'].strip()
+    x.mount('/workspace/pb/b', sandbox='ident', prefix='ident-b')
+    c.sh('mv /workspace/pb /workspace/pb2 && mkdir /workspace/pb', sandbox='ident')
+    c.ok('unmountBucket', {'sandboxId': 'ident', 'mountPath': '/workspace/pb/b'}, 60)
+    t.eq(mounts(), '0', 'a bucket whose directory the sandbox renamed is unmounted where it went')
+    # a symlink where the mount's parent was leads into another bucket, whose server is stopped
+    x.mount('/workspace/pa/a', sandbox='ident', prefix='ident-a')
+    c.ok('mountBucket', {'sandboxId': 'ident', 'bucket': 'identlocal', 'mountPath': '/workspace/pb/b', 'localBucket': True})
+    c.sh('mv /workspace/pb /workspace/pb3 && ln -s /workspace/pa/a /workspace/pb', sandbox='ident')
+    os.kill(x.s3.node.pid, signal.SIGSTOP)
+    try:
+        c.ok('unmountBucket', {'sandboxId': 'ident', 'mountPath': '/workspace/pb/b'}, 20)
+        t.eq(c.sh('echo fine', sandbox='b1', wait=20)['stdout'], 'fine\n', 'unmountBucket follows no symlink into a stopped bucket')
+        r = c.sh('grep -c " /workspace/pb3/b " /proc/self/mountinfo || true; grep -c " /workspace/pa/a " /proc/self/mountinfo',
+                 sandbox='ident', wait=20)
+        t.eq(r['stdout'].split(), ['0', '1'], 'the local bucket is unmounted where it went; the other stays', r)
+        c.sh('rm /workspace/pb && mv /workspace/pa /workspace/pc && ln -s /workspace/pc/a /workspace/pd', sandbox='ident', wait=20)
+        for path in ('/workspace/pc/a/sub', '/workspace/pd/sub'):
+            res, _ = c.call('mountBucket', {'sandboxId': 'ident', 'bucket': 'identlocal', 'mountPath': path,
+                                            'localBucket': True}, 20)
+            err = res['structuredContent'].get('error', {})
+            t.ok(res.get('isError') and err.get('code') == 'MOUNT_FAILED',
+                 'a mountPath that leads into another bucket is refused, at once (%s)' % path, err)
+    finally:
+        os.kill(x.s3.node.pid, signal.SIGCONT)
+    c.ok('destroySandbox', {'sandboxId': 'ident'})
+
+
 def test_mounts_bounded(t, x):
     """What a sandbox's bucket mounts take of the host is bounded: at most
     8 mounts (each a server and a cache on the host's disk)."""
@@ -820,4 +854,4 @@ if __name__ == '__main__':
     sys.exit(run_tests([test_mount_write_read, test_signatures, test_fsync_means_in_bucket, test_secrets_never_shown,
                         test_errors, test_read_only, test_server_cpu_bounded, test_fsyncs_hold_no_thread, test_hung_bucket_stalls_nobody, test_local_bucket, test_local_bucket_quota, test_reset_keeps_bucket, test_restart_kill9,
                         test_crash_of_bucket_server, test_daemon_killed_during_writes, test_outage, test_outage_names_bounded, test_removed_stays_removed, test_open_unlinked_files, test_crash_during_outage, test_syscall_suite,
-                        test_view_shows_bucket, test_unmount, test_cache_cap, test_mounts_bounded, test_more_files_than_fds, test_big_directory, test_cold_directory, test_destroy_cleans_up], Ctx))
+                        test_view_shows_bucket, test_unmount, test_cache_cap, test_mounts_by_identity, test_mounts_bounded, test_more_files_than_fds, test_big_directory, test_cold_directory, test_destroy_cleans_up], Ctx))
