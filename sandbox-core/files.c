@@ -236,14 +236,15 @@ int sbx_fs_own_file(sbx_sandbox *sb, const char *dir, const char *name, int keep
   int fd = openat(dfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0600);
   if (fd < 0) return fail_errno(err, errno, "creating", name);
   /* only regular files of the directory itself are looked at: a name
-   * that is anything else is never followed */
+   * that is anything else is never followed; at most MAX_SEEN names are
+   * read, whatever they are (the sandbox may fill the directory) */
   enum { MAX_SEEN = 256 };
   struct own_file *f = calloc(MAX_SEEN, sizeof *f);
   int ld = f ? openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
   DIR *d = ld >= 0 ? fdopendir(ld) : NULL;
   if (!d && ld >= 0) close(ld);
-  int n = 0;
-  for (struct dirent *e; d && n < MAX_SEEN && (e = readdir(d));) {
+  int n = 0, seen = 0;
+  for (struct dirent *e; d && n < MAX_SEEN && seen++ < MAX_SEEN && (e = readdir(d));) {
     struct stat st;
     if (e->d_type != DT_REG || fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode)) continue;
     f[n].mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
@@ -387,11 +388,16 @@ bool sbx_fs_has_bash(sbx_sandbox *sb) {
   return r == 1 || (r == 0 && bash); /* not known: sandboxes have bash as a rule, and a missing one fails the command */
 }
 
+/* Entries read in one listing, shown or not (hidden names skipped): a
+ * directory of millions of names the caller did not ask for is not read
+ * to its end. */
+#define MAX_READ (4 * SBX_MAX_LIST)
+
 struct walk {
   sbx_fs_list_cb cb;
   void *ud;
   bool recursive, hidden, truncated;
-  int count;
+  int count, read;
 };
 
 static void walk_dir(struct walk *w, int dfd, const char *dpath, int depth) {
@@ -402,6 +408,10 @@ static void walk_dir(struct walk *w, int dfd, const char *dpath, int depth) {
   }
   struct dirent *e;
   while ((e = readdir(d))) {
+    if (++w->read > MAX_READ) {
+      w->truncated = true;
+      break;
+    }
     if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
     if (!w->hidden && e->d_name[0] == '.') continue;
     if (w->count >= SBX_MAX_LIST) {

@@ -90,6 +90,11 @@ def test_list_100000(t, x):
     res, _ = x.c.call('listFiles', {'path': '/workspace/many'}, timeout=60)
     t.ok('use exec with find for the rest]' in res['content'][0]['text'][-200:], 'its text says how to see the rest',
          res['content'][0]['text'][-200:])
+    x.c.sh('mkdir -p /workspace/hidden && cd /workspace/hidden && seq -f .h%g 1 50000 | xargs touch && touch seen', wait=120)
+    r = x.c.ok('listFiles', {'path': '/workspace/hidden'}, timeout=60)
+    t.ok(r.get('truncated') is True and len(r['files']) <= 1,
+         'a directory of 50,000 hidden names is not read to its end for the one name shown: the listing says it was cut',
+         {k: r[k] for k in r if k != 'files'})
     x.c.sh('rm -rf /workspace/many', wait=120)
 
 
