@@ -18,6 +18,7 @@ static const char *const versions[] = {"2024-11-05", "2025-03-26", "2025-06-18",
 #define META_LOGLEVEL "io.modelcontextprotocol/logLevel"
 #define META_SERVER_INFO "io.modelcontextprotocol/serverInfo"
 #define LIST_TTL_MS 300000
+#define MAX_CALLS 256 /* tools/call in progress on one connection; past it, RESOURCE_LIMIT at once */
 #define RESOURCE_TEMPLATE "sbx://{sandboxId}/{+path}"
 
 static const char *const log_levels[] = {"debug", "info", "notice", "warning", "error", "critical", "alert", "emergency"};
@@ -64,6 +65,7 @@ struct mcp_conn {
   bool read_only;  /* `sbx mcp --read-only` */
   json_t *allowed; /* `sbx mcp --tools a,b`: names, or NULL for all */
   mcp_call *calls;
+  int ncalls; /* in progress: at most MAX_CALLS */
   int stdin_fd; /* `sbx exec -i`: a socket for the next exec's stdin (sbx/stdin/open), or -1 */
   struct mcp_conn *next_live; /* all open connections, for broadcasts */
 };
@@ -247,7 +249,7 @@ static void call_free(mcp_call *call) {
   if (c) {
     mcp_call **pp = &c->calls;
     while (*pp && *pp != call) pp = &(*pp)->next;
-    if (*pp) *pp = call->next;
+    if (*pp) *pp = call->next, c->ncalls--;
     conn_unref(c);
   }
   json_decref(call->id);
@@ -521,9 +523,16 @@ static void do_tools_call(request *r) {
   call->raw = json_is_true(json_object_get(json_object_get(r->params, "_meta"), "sbx/raw"));
   call->next = c->calls;
   c->calls = call;
+  c->ncalls++;
 
   sbx_error err = {0};
   char msg[400];
+  if (c->ncalls > MAX_CALLS) {
+    sbx_err(&err, "RESOURCE_LIMIT", "%d calls are in progress on this connection already; wait for some to end", MAX_CALLS);
+    mcp_call_fail(call, &err);
+    json_decref(owned);
+    return;
+  }
   if (!mcp_schema_validate(t->input_schema, owned, msg, sizeof msg)) {
     sbx_err(&err, "VALIDATION_FAILED", "%s: %s", name, msg);
     mcp_call_fail(call, &err);

@@ -40,8 +40,8 @@ def test_kill_waits(t, x):
     got = [c.ok('startProcess', {'processId': 'p%d' % i, 'command': 'exec sleep 1000'}) for i in range(5)]
     t.ok(all(isinstance(g.get('pid'), int) and g['pid'] > 1 for g in got), 'startProcess gives the pid every time',
          [g.get('pid') for g in got])
-    pids = c.sh('pgrep -x sleep | sort -n')['stdout'].split()
-    t.eq(sorted(str(g.get('pid')) for g in got), sorted(pids), 'the pids of the commands, as the sandbox sees them')
+    r = c.sh('kill -0 %s && echo all there' % ' '.join(str(g.get('pid')) for g in got))
+    t.eq(r['stdout'], 'all there\n', 'the pids of the commands, as the sandbox sees them', r)
     c.ok('killAllProcesses', {'signal': 'SIGKILL'})
     c.ok('createSession', {'id': 'bg', 'env': {'WHO': 'bg'}})
     c.ok('startProcess', {'processId': 'insess', 'sessionId': 'bg', 'command': 'echo $WHO; exec sleep 1000'})
@@ -62,6 +62,27 @@ def test_kill_waits(t, x):
     t.eq(status(x, 'stubborn')['status'], 'killed', 'getProcess says so too')
     k = c.ok('killProcess', {'processId': 'stubborn'})
     t.eq((k['killed'], k.get('status')), (False, 'killed'), 'killing it again says it had ended')
+
+
+def test_calls_bounded(t, x):
+    """A client's calls in progress are bounded (256 on a connection): more
+    are refused at once, and the daemon serves the rest."""
+    c = x.c
+    c.ok('startProcess', {'processId': 'quiet', 'command': 'exec sleep 1000'})
+    ids = [next(c.ids) for _ in range(300)]
+    for i in ids:
+        c.send({'jsonrpc': '2.0', 'id': i, 'method': 'tools/call',
+                'params': {'name': 'waitForLog', 'arguments': {'processId': 'quiet', 'pattern': 'never', 'timeout': 60000}}})
+    refused = [c.next(lambda m: m.get('id') in ids and 'method' not in m, 20) for _ in range(44)]
+    t.eq({r['result']['structuredContent']['error']['code'] for r in refused}, {'RESOURCE_LIMIT'},
+         'past 256 calls in progress on a connection, more are refused at once', refused[0])
+    other = x.env.mcp(['--sandbox', 'procs'])  # another connection has calls of its own
+    other.initialize()
+    other.ok('killProcess', {'processId': 'quiet', 'signal': 'SIGKILL'}, 20)
+    other.close()
+    ended = [c.next(lambda m: m.get('id') in ids and 'method' not in m, 20) for _ in range(256)]
+    t.eq({r['result']['structuredContent']['error']['code'] for r in ended}, {'PROCESS_EXITED'},
+         'the calls that waited are answered when the process ends')
 
 
 def test_exit_and_logs(t, x):
@@ -216,5 +237,5 @@ def test_output_flood(t, x):
 
 
 if __name__ == '__main__':
-    sys.exit(run_tests([test_server, test_kill_waits, test_exit_and_logs, test_tree_and_kill_all, test_with_sandbox, test_early_signals,
+    sys.exit(run_tests([test_server, test_kill_waits, test_calls_bounded, test_exit_and_logs, test_tree_and_kill_all, test_with_sandbox, test_early_signals,
                         test_wait_for_log_and_exit, test_stream_logs, test_output_flood], lambda: Ctx('procs')))
