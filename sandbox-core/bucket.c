@@ -288,6 +288,20 @@ static bool journal_empty(const char *sandbox, const char *id) {
   return empty;
 }
 
+/* The sandbox's bucket caches other than id's: those of its S3 mounts, and
+ * those of mounts gone whose changes still wait for their bucket (kept,
+ * and tried again at every start). Each may hold up to diskMB. */
+static int caches_besides(const char *sandbox, const char *id) {
+  char dir[1400];
+  snprintf(dir, sizeof dir, "%s/bucket-cache/%s", sbx_engine_cfg()->state_dir, sandbox);
+  DIR *d = opendir(dir);
+  int n = 0;
+  for (struct dirent *e; d && (e = readdir(d));)
+    if (strlen(e->d_name) == 16 && strspn(e->d_name, "0123456789abcdef") == 16 && strcmp(e->d_name, id)) n++;
+  if (d) closedir(d);
+  return n;
+}
+
 /* ---- the helper: a child inside the sandbox, as its root ----------------------- */
 
 typedef enum { H_ATTACH, H_FUSE_ROOTLESS, H_LOCAL_ROOTLESS, H_UMOUNT } helper_op;
@@ -1080,6 +1094,14 @@ int sbx_bucket_mount(sbx_sandbox *sb, const sbx_bucket_req *r, sbx_bucket_cb cb,
     sbx_sandbox_save(sb);
     cb(ud, NULL, "mounted");
     return 0;
+  }
+  if (caches_besides(sb->id, b->id) >= SBX_MAX_BUCKETS) {
+    explicit_bzero(sk, sizeof sk);
+    free(b);
+    return sbx_err(err, "RESOURCE_LIMIT",
+                   "the sandbox has %d bucket caches on this machine already: its S3 mounts, and mounts gone whose "
+                   "changes their bucket has not taken yet (mount such a bucket again to have them uploaded)",
+                   SBX_MAX_BUCKETS);
   }
   const sbx_engine_config *ec = sbx_engine_cfg();
   char *config = server_config(b, ak, sk, ec->rootless ? 0 : sb->uid_base, sb->opts.limits.disk_mb);

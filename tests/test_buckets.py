@@ -680,6 +680,25 @@ def test_mounts_bounded(t, x):
     c.ok('unmountBucket', {'sandboxId': 'many', 'mountPath': '/m1'})
     x.mount('/m9', sandbox='many', prefix='many9')
     t.ok(True, 'once one is unmounted, another mounts')
+    # mounts gone whose changes their bucket has not taken count too (their caches wait on the host)
+    c.sh('ls /m2 /m3 /m4 /m5 /m6 /m7 /m8 /m9', sandbox='many')  # listed: a new name needs no bucket
+    x.s3.stop()
+    try:
+        r = c.sh('for i in 2 3 4 5 6 7 8 9; do echo kept > /m$i/k || exit 1; done', sandbox='many')
+        t.eq(r['exitCode'], 0, 'with the bucket away, writes go into the caches', r)
+        for i in range(2, 10):
+            r, _ = c.call('unmountBucket', {'sandboxId': 'many', 'mountPath': '/m%d' % i}, 120)
+            t.ok('kept' in r['content'][0]['text'], 'unmounted with its change kept (/m%d)' % i, r['content'][0]['text'])
+    finally:
+        x.s3.start()
+    res, _ = c.call('mountBucket', {'sandboxId': 'many', 'bucket': 'test', 'mountPath': '/m10', 'endpoint': x.s3.endpoint,
+                                    'prefix': 'many10', 'credentials': {'accessKeyId': AK, 'secretAccessKey': SK}})
+    err = res['structuredContent'].get('error', {})
+    t.ok(res.get('isError') and err.get('code') == 'RESOURCE_LIMIT' and 'not taken yet' in err.get('message', ''),
+         'with 8 such caches, a new mount is refused: they bound what the host keeps for the sandbox', err)
+    x.mount('/m2', sandbox='many', prefix='many2')
+    x.s3.wait_object('test', 'many2/k', b'kept\n')
+    t.ok(True, 'mounting one of those buckets again uploads its change')
     c.ok('destroySandbox', {'sandboxId': 'many'})
 
 
