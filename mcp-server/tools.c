@@ -401,6 +401,9 @@ static void h_start_process(mcp_call *call, json_t *args, sbx_sandbox *sb) {
     sbx_env_clear(&env);
     return mcp_call_fail(call, &err);
   }
+  /* a server's log lines reach getProcessLogs and waitForLog as printed,
+   * not when Python's block buffer fills (a pipe is not a terminal) */
+  if (!sbx_env_get(&env, "PYTHONUNBUFFERED")) sbx_env_set(&env, "PYTHONUNBUFFERED", "1");
   sbx_exec_opts o = {.command = str(args, "command"), .cwd = str(args, "cwd"), .env = &env,
                      .session_id = str(args, "sessionId")};
   sbx_process *p;

@@ -64,6 +64,14 @@ def test_kill_waits(t, x):
     t.eq((k['killed'], k.get('status')), (False, 'killed'), 'killing it again says it had ended')
 
 
+def test_python_unbuffered(t, x):
+    c = x.c
+    c.ok('startProcess', {'processId': 'py', 'command': 'exec python3 -c "print(\'ready\'); import time; time.sleep(1000)"'})
+    r = c.ok('waitForLog', {'processId': 'py', 'pattern': '^ready$', 'timeout': 20000}, 40)
+    t.eq(r['line'], 'ready', 'a Python server\'s line reaches its logs as printed (no -u needed)')
+    c.ok('killProcess', {'processId': 'py', 'signal': 'SIGKILL'})
+
+
 def test_calls_bounded(t, x):
     """A client's calls in progress are bounded (256 on a connection): more
     are refused at once, and the daemon serves the rest."""
@@ -237,5 +245,5 @@ def test_output_flood(t, x):
 
 
 if __name__ == '__main__':
-    sys.exit(run_tests([test_server, test_kill_waits, test_calls_bounded, test_exit_and_logs, test_tree_and_kill_all, test_with_sandbox, test_early_signals,
+    sys.exit(run_tests([test_server, test_kill_waits, test_python_unbuffered, test_calls_bounded, test_exit_and_logs, test_tree_and_kill_all, test_with_sandbox, test_early_signals,
                         test_wait_for_log_and_exit, test_stream_logs, test_output_flood], lambda: Ctx('procs')))
