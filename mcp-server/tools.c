@@ -360,6 +360,7 @@ struct start_wait {
   sbx_process_watch *w;
   uv_timer_t timer;
   int ticks;
+  bool replaced; /* a finished process of that name was forgotten for it */
 };
 
 static void start_closed(uv_handle_t *h) { free(h->data); }
@@ -376,7 +377,8 @@ static void start_answer(struct start_wait *sw) {
     return mcp_call_fail(call, &err);
   }
   char text[200];
-  snprintf(text, sizeof text, "started process %s", sw->p->id);
+  snprintf(text, sizeof text, "started process %s%s", sw->p->id,
+           sw->replaced ? " (in place of the finished process of that name, whose record and logs are gone)" : "");
   mcp_call_ok(call, process_json(sw->p), text);
 }
 
@@ -406,13 +408,14 @@ static void h_start_process(mcp_call *call, json_t *args, sbx_sandbox *sb) {
   if (!sbx_env_get(&env, "PYTHONUNBUFFERED")) sbx_env_set(&env, "PYTHONUNBUFFERED", "1");
   sbx_exec_opts o = {.command = str(args, "command"), .cwd = str(args, "cwd"), .env = &env,
                      .session_id = str(args, "sessionId")};
-  sbx_process *p;
+  sbx_process *p, *old = str(args, "processId") ? sbx_process_find(sb->id, str(args, "processId")) : NULL;
+  bool replaced = old && old->done;
   int r = sbx_process_start(mcp_call_loop(call), sb, str(args, "processId"), &o, &p, &err);
   sbx_env_clear(&env);
   if (r < 0) return mcp_call_fail(call, &err);
   struct start_wait *sw = calloc(1, sizeof *sw);
   if (!sw) return mcp_call_fail(call, &(sbx_error){.code = "INTERNAL", .message = "out of memory"});
-  *sw = (struct start_wait){.head.cancel = start_cancel, .call = call, .p = p};
+  *sw = (struct start_wait){.head.cancel = start_cancel, .call = call, .p = p, .replaced = replaced};
   uv_timer_init(mcp_call_loop(call), &sw->timer);
   sw->timer.data = sw;
   call->wait = sw;

@@ -70,6 +70,9 @@ def test_python_unbuffered(t, x):
     r = c.ok('waitForLog', {'processId': 'py', 'pattern': '^ready$', 'timeout': 20000}, 40)
     t.eq(r['line'], 'ready', 'a Python server\'s line reaches its logs as printed (no -u needed)')
     c.ok('killProcess', {'processId': 'py', 'signal': 'SIGKILL'})
+    res, _ = c.call('startProcess', {'processId': 'py', 'command': 'exit 0'})
+    t.ok('in place of the finished process' in res['content'][0]['text'],
+         'a new process under a finished one\'s name says it replaces it', res['content'][0]['text'])
 
 
 def test_calls_bounded(t, x):
