@@ -288,6 +288,8 @@ static bool journal_empty(const char *sandbox, const char *id) {
   return empty;
 }
 
+static bool cache_name(const char *name) { return strlen(name) == 16 && strspn(name, "0123456789abcdef") == 16; }
+
 /* The sandbox's bucket caches other than id's: those of its S3 mounts, and
  * those of mounts gone whose changes still wait for their bucket (kept,
  * and tried again at every start). Each may hold up to diskMB. */
@@ -297,7 +299,32 @@ static int caches_besides(const char *sandbox, const char *id) {
   DIR *d = opendir(dir);
   int n = 0;
   for (struct dirent *e; d && (e = readdir(d));)
-    if (strlen(e->d_name) == 16 && strspn(e->d_name, "0123456789abcdef") == 16 && strcmp(e->d_name, id)) n++;
+    if (cache_name(e->d_name) && strcmp(e->d_name, id)) n++;
+  if (d) closedir(d);
+  return n;
+}
+
+/* Caches on this machine that no mount of a sandbox's record has: what
+ * mounts gone, of sandboxes destroyed too, left for their bucket. */
+static int orphan_caches(void) {
+  char root[1200];
+  snprintf(root, sizeof root, "%s/bucket-cache", sbx_engine_cfg()->state_dir);
+  DIR *d = opendir(root);
+  int n = 0;
+  for (struct dirent *e; d && (e = readdir(d));) {
+    if (!sbx_valid_id(e->d_name)) continue;
+    char sub[1500];
+    snprintf(sub, sizeof sub, "%s/%s", root, e->d_name);
+    DIR *s = opendir(sub);
+    sbx_sandbox *sb = sbx_sandbox_find(e->d_name);
+    for (struct dirent *m; s && (m = readdir(s));) {
+      if (!cache_name(m->d_name)) continue;
+      bool mounted = false;
+      for (sbx_bucket *b = sb ? sb->buckets : NULL; b && !mounted; b = b->next) mounted = !strcmp(b->id, m->d_name);
+      n += !mounted;
+    }
+    if (s) closedir(s);
+  }
   if (d) closedir(d);
   return n;
 }
@@ -1102,6 +1129,16 @@ int sbx_bucket_mount(sbx_sandbox *sb, const sbx_bucket_req *r, sbx_bucket_cb cb,
                    "the sandbox has %d bucket caches on this machine already: its S3 mounts, and mounts gone whose "
                    "changes their bucket has not taken yet (mount such a bucket again to have them uploaded)",
                    SBX_MAX_BUCKETS);
+  }
+  char mine[1400];
+  cache_dir(sb->id, b->id, mine, sizeof mine);
+  if (access(mine, F_OK) < 0 && orphan_caches() >= SBX_MAX_ORPHAN_CACHES) {
+    explicit_bzero(sk, sizeof sk);
+    free(b);
+    return sbx_err(err, "RESOURCE_LIMIT",
+                   "this machine keeps %d bucket caches of mounts gone (destroyed sandboxes' too) whose changes their "
+                   "bucket has not taken: no new bucket cache until some are uploaded or deleted from %s/bucket-cache",
+                   SBX_MAX_ORPHAN_CACHES, sbx_engine_cfg()->state_dir);
   }
   const sbx_engine_config *ec = sbx_engine_cfg();
   char *config = server_config(b, ak, sk, ec->rootless ? 0 : sb->uid_base, sb->opts.limits.disk_mb);

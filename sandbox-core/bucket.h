@@ -48,6 +48,10 @@ int sbx_bucket_prepare(const sbx_bucket_req *r, sbx_bucket *b, char ak[256], cha
  * mount is a server process (512 MiB of memory at most) with a cache on
  * the host's disk of up to the sandbox's diskMB. */
 #define SBX_MAX_BUCKETS 8
+/* Caches left by mounts gone, with changes their bucket has not taken,
+ * kept on this machine (of destroyed sandboxes too): past it, a mount that
+ * needs a new cache is RESOURCE_LIMIT. */
+#define SBX_MAX_ORPHAN_CACHES 64
 /* Mounts a bucket into a running sandbox: a local one at once, an S3 one
  * once the bucket answered (cb then, MOUNT_FAILED saying why); at most
  * SBX_MAX_BUCKETS per sandbox (RESOURCE_LIMIT). */

@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -700,6 +701,22 @@ def test_mounts_bounded(t, x):
     x.s3.wait_object('test', 'many2/k', b'kept\n')
     t.ok(True, 'mounting one of those buckets again uploads its change')
     c.ok('destroySandbox', {'sandboxId': 'many'})
+    # host-wide: caches of mounts gone (destroyed sandboxes' too) waiting for their bucket, as the daemon finds them
+    ghosts = os.path.join(x.env.state, 'bucket-cache', 'ghost')
+    for i in range(64):
+        os.makedirs(os.path.join(ghosts, '%016x' % i, 'journal'))
+    try:
+        c.ok('createSandbox', {'sandboxId': 'after', 'limits': {'diskMB': 64}})
+        res, _ = c.call('mountBucket', {'sandboxId': 'after', 'bucket': 'test', 'mountPath': '/a', 'endpoint': x.s3.endpoint,
+                                        'prefix': 'after', 'credentials': {'accessKeyId': AK, 'secretAccessKey': SK}})
+        err = res['structuredContent'].get('error', {})
+        t.ok(res.get('isError') and err.get('code') == 'RESOURCE_LIMIT' and 'bucket-cache' in err.get('message', ''),
+             'with 64 caches of mounts gone on the machine, a mount that needs a new cache is refused, saying where', err)
+    finally:
+        shutil.rmtree(ghosts)
+    x.mount('/a', sandbox='after', prefix='after')
+    t.ok(True, 'once they are gone, it mounts')
+    c.ok('destroySandbox', {'sandboxId': 'after'})
 
 
 def test_hung_bucket_stalls_nobody(t, x):
