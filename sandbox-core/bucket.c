@@ -120,7 +120,7 @@ int sbx_bucket_prepare(const sbx_bucket_req *r, sbx_bucket *b, char ak[256], cha
     nl += (size_t)snprintf(norm + nl, sizeof norm - nl, "/%s", c);
   }
   static const char *const forbidden[] = {"/proc", "/sys", "/dev", "/etc", "/usr", "/bin", "/sbin", "/lib", "/lib64",
-                                          "/run", "/tmp/sbx-output"};
+                                          "/run", "/tmp/sbx-output", "/opt", "/var/lib/dpkg", "/var/lib/apt"};
   if (!nl) return sbx_err(err, "VALIDATION_FAILED", "mountPath must not be /");
   for (size_t i = 0; i < SBX_ARRAY_SIZE(forbidden); i++) {
     size_t fl = strlen(forbidden[i]);
@@ -337,10 +337,9 @@ typedef struct helper {
   helper_op op;
   int pidfd;            /* the sandbox's init */
   const char *path;     /* inside */
-  int mfd;              /* H_ATTACH: a detached mount */
+  int mfd;              /* H_ATTACH: a detached mount; H_UMOUNT: an attached one */
   const char *host_dir; /* H_LOCAL_ROOTLESS */
   bool read_only;
-  int mnt_id; /* H_UMOUNT: the mount to detach; H_ATTACH, H_LOCAL_ROOTLESS: the one attached (out) */
 } helper;
 
 static _Noreturn void helper_fail(int sock, const char *what) {
@@ -381,14 +380,6 @@ static int fuse_detached(uid_t owner, bool ro, int *devfd) {
   return mfd;
 }
 
-/* Its mount id (in the namespace it is in), without asking its
- * filesystem anything (a bucket's server may keep a request waiting). */
-static int mount_id_of(int fd) {
-  struct statx sx;
-  if (statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_MNT_ID, &sx) < 0 || !(sx.stx_mask & STATX_MNT_ID)) return -1;
-  return (int)sx.stx_mnt_id;
-}
-
 /* The directory path names on the sandbox's root filesystem, as its root
  * sees it, reached through no symlink and into no other mount (not a
  * bucket's, whose server could keep the walk waiting): an O_PATH fd, or
@@ -396,7 +387,7 @@ static int mount_id_of(int fd) {
  * components are made. */
 static int walk_root(const char *path, bool make) {
   int dfd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
-  char copy[1024];
+  char copy[sizeof ((sbx_bucket *)0)->mount_path];
   snprintf(copy, sizeof copy, "%s", path);
   for (char *save = NULL, *c = strtok_r(copy, "/", &save); c && dfd >= 0; c = strtok_r(NULL, "/", &save)) {
     if (make && mkdirat(dfd, c, 0755) < 0 && errno != EEXIST) {
@@ -421,7 +412,7 @@ static int walk_root(const char *path, bool make) {
 }
 
 /* Makes path (as the sandbox's root, never through a symlink nor into
- * another mount) and moves the mount there; its mount id is sent back. */
+ * another mount) and moves the mount there. */
 static void attach_at(int sock, int mfd, const char *path) {
   int dfd = walk_root(path, true);
   if (dfd < 0)
@@ -430,61 +421,6 @@ static void attach_at(int sock, int mfd, const char *path) {
                                        : "making mountPath");
   if (move_mount(mfd, "", dfd, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) < 0)
     helper_fail(sock, "mounting at mountPath");
-}
-
-/* Detaches the mount whose id is mnt_id, wherever the sandbox has moved
- * it (a rename of a directory above it moves it): found in the mount
- * table, reached without a symlink, checked to be that mount, and
- * unmounted through its fd (proc: the host's /proc, where "self" is this
- * process). 0 also when it is not mounted any more. */
-static int umount_id(int proc, int mnt_id) {
-  for (int attempt = 0; attempt < 3; attempt++) { /* a rename racing the lookup: again */
-    int mi = openat(proc, "self/mountinfo", O_RDONLY | O_CLOEXEC);
-    FILE *f = mi >= 0 ? fdopen(mi, "re") : NULL;
-    if (!f) {
-      if (mi >= 0) close(mi);
-      return -1;
-    }
-    char line[4096], where[4096] = "";
-    bool found = false;
-    while (!found && fgets(line, sizeof line, f)) {
-      int id;
-      char mp[4096];
-      if (sscanf(line, "%d %*d %*s %*s %4095s", &id, mp) != 2 || id != mnt_id) continue;
-      size_t o = 0; /* octal escapes: \040 is a space */
-      for (const char *s = mp; *s && o < sizeof where - 1; s++) {
-        if (s[0] == '\\' && s[1] >= '0' && s[1] <= '3' && s[2] >= '0' && s[2] <= '7' && s[3] >= '0' && s[3] <= '7') {
-          where[o++] = (char)((s[1] - '0') * 64 + (s[2] - '0') * 8 + (s[3] - '0'));
-          s += 3;
-        } else {
-          where[o++] = *s;
-        }
-      }
-      where[o] = 0;
-      found = true;
-    }
-    fclose(f);
-    if (!found) return 0; /* not mounted (any more) */
-    char *slash = strrchr(where, '/');
-    if (!slash || !slash[1]) return -1;
-    *slash = 0;
-    int parent = walk_root(where[0] ? where : "/", false);
-    if (parent < 0) continue;
-    struct open_how how = {.flags = O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC,
-                           .resolve = RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS};
-    int fd = (int)syscall(SYS_openat2, parent, slash + 1, &how, sizeof how); /* into the mount's root: no request */
-    close(parent);
-    if (fd < 0) continue;
-    char self[64];
-    snprintf(self, sizeof self, "self/fd/%d", fd);
-    int r = -1;
-    if (mount_id_of(fd) == mnt_id && fchdir(proc) == 0) r = umount2(self, MNT_DETACH);
-    int e = errno;
-    close(fd);
-    if (r == 0) return 0;
-    errno = e;
-  }
-  return -1;
 }
 
 static _Noreturn void helper_main(const helper *h, int sock) {
@@ -510,19 +446,22 @@ static _Noreturn void helper_main(const helper *h, int sock) {
     if (mount_setattr(mfd, "", AT_EMPTY_PATH, &a, sizeof a) < 0) helper_fail(sock, "mount_setattr");
     if (setns(h->pidfd, CLONE_NEWNS) < 0) helper_fail(sock, "joining the sandbox's mount namespace");
     attach_at(sock, mfd, h->path);
+    fds[nfds++] = mfd; /* the daemon keeps it: how the mount is found again */
     break;
   case H_ATTACH:
     if (setns(h->pidfd, CLONE_NEWNS) < 0) helper_fail(sock, "joining the sandbox's mount namespace");
     attach_at(sock, mfd, h->path);
     break;
-  case H_UMOUNT:
+  case H_UMOUNT: { /* by its fd, not by a path the sandbox may have moved or redirected */
     if (setns(h->pidfd, CLONE_NEWNS) < 0) helper_fail(sock, "joining the sandbox's mount namespace");
-    if (umount_id(proc, h->mnt_id) < 0) helper_fail(sock, "unmounting");
+    char self[64];
+    snprintf(self, sizeof self, "self/fd/%d", h->mfd);
+    /* "self" in the host's /proc is this process; EINVAL: not mounted here any more */
+    if (proc < 0 || fchdir(proc) < 0 || (umount2(self, MNT_DETACH) < 0 && errno != EINVAL)) helper_fail(sock, "unmounting");
     break;
   }
-  char ok[32];
-  int n = snprintf(ok, sizeof ok, "ok %d", h->op == H_ATTACH || h->op == H_LOCAL_ROOTLESS ? mount_id_of(mfd) : 0);
-  sbx_send_fds(sock, ok, (size_t)n, fds, nfds, 0);
+  }
+  sbx_send_fds(sock, "ok", 2, fds, nfds, 0);
   _exit(0);
 }
 
@@ -556,12 +495,11 @@ static int run_helper(sbx_sandbox *sb, helper *h, int fds_out[2], sbx_error *err
   }
   close(pidfd);
   if (n > 0) buf[n] = 0;
-  if (n <= 0 || strncmp(buf, "ok ", 3)) {
+  if (n <= 0 || strcmp(buf, "ok")) {
     for (int i = 0; i < 2; i++)
       if (got[i] >= 0) close(got[i]);
     return sbx_err(err, "MOUNT_FAILED", "%s", n > 0 ? buf : "the mount helper did not answer");
   }
-  if (h->op != H_UMOUNT) h->mnt_id = atoi(buf + 3);
   if (fds_out) fds_out[0] = got[0], fds_out[1] = got[1];
   else
     for (int i = 0; i < 2; i++)
@@ -569,20 +507,30 @@ static int run_helper(sbx_sandbox *sb, helper *h, int fds_out[2], sbx_error *err
   return 0;
 }
 
-/* b's mount is attached in this start of the sandbox (h: the helper that did it). */
-static void attached(sbx_sandbox *sb, sbx_bucket *b, const helper *h) {
-  b->mnt_id = h->mnt_id;
-  b->mnt_incarnation = sb->incarnation;
+/* b's mount is attached in the running sandbox: a copy of mfd, an fd of
+ * that mount, is kept until it is detached or the sandbox stops. */
+static void attached(sbx_bucket *b, int mfd) {
+  int fd = fcntl(mfd, F_DUPFD_CLOEXEC, 3);
+  if (fd < 0) return; /* it stays until the sandbox stops */
+  if (b->attached) close(b->mfd);
+  b->mfd = fd;
+  b->attached = true;
 }
 
-/* Detaches b's mount from the sandbox, found by its identity, not by its
- * path (which the sandbox can rename, or lead elsewhere with a symlink). */
+/* Detaches b's mount from the sandbox by its fd, not by its path (which
+ * the sandbox can rename, or lead elsewhere with a symlink). */
 static int detach(sbx_sandbox *sb, sbx_bucket *b, sbx_error *err) {
-  if (!b->mnt_id || b->mnt_incarnation != sb->incarnation) return 0; /* nothing of it mounted in this start */
-  helper h = {.op = H_UMOUNT, .path = b->mount_path, .mnt_id = b->mnt_id};
+  if (!b->attached) return 0; /* nothing of it mounted in this start */
+  helper h = {.op = H_UMOUNT, .path = b->mount_path, .mfd = b->mfd};
   if (run_helper(sb, &h, NULL, err) < 0) return -1;
-  b->mnt_id = 0;
+  close(b->mfd);
+  b->attached = false;
   return 0;
+}
+
+void sbx_bucket_stopped(sbx_sandbox *sb) {
+  for (sbx_bucket *b = sb->buckets; b; b = b->next)
+    if (b->attached) close(b->mfd), b->attached = false; /* what pinned the mount lets it go with its namespace */
 }
 
 /* ---- bucket servers ---------------------------------------------------------- */
@@ -661,6 +609,7 @@ static void forget_spec(const char *sandbox, const char *id) {
     if (!strcmp((*pp)->id, id)) {
       sbx_bucket *b = *pp;
       *pp = b->next;
+      if (b->attached) close(b->mfd);
       free(b);
       sbx_sandbox_save(sb);
       return;
@@ -785,7 +734,7 @@ static void status_readable(uv_poll_t *h, int status, int events) {
     sbx_err(&e, "MOUNT_FAILED", "sandbox '%s' stopped while the bucket was being mounted", p->sandbox);
   } else {
     helper h = {.op = H_ATTACH, .path = b->mount_path, .mfd = p->mfd};
-    if (run_helper(sb, &h, NULL, &e) == 0) attached(sb, b, &h);
+    if (run_helper(sb, &h, NULL, &e) == 0) attached(b, p->mfd);
   }
   check_answered(p, e.code ? &e : NULL); /* a half-made mount goes with its fd, and its server with it */
 }
@@ -1022,8 +971,10 @@ static int mount_local(sbx_sandbox *sb, sbx_bucket *b, sbx_error *err) {
   int mfd = local_tree(sb, b, parent, dir, err);
   if (mfd == -2) {
     helper h = {.op = H_LOCAL_ROOTLESS, .path = b->mount_path, .host_dir = dir, .read_only = b->read_only};
-    if (run_helper(sb, &h, NULL, err) < 0) return -1;
-    attached(sb, b, &h);
+    int fds[2] = {-1, -1};
+    if (run_helper(sb, &h, fds, err) < 0) return -1;
+    if (fds[0] >= 0) attached(b, fds[0]), close(fds[0]);
+    if (fds[1] >= 0) close(fds[1]);
     return 0;
   }
   if (mfd < 0) return -1;
@@ -1040,8 +991,8 @@ static int mount_local(sbx_sandbox *sb, sbx_bucket *b, sbx_error *err) {
   }
   helper h = {.op = H_ATTACH, .path = b->mount_path, .mfd = mfd};
   r = run_helper(sb, &h, NULL, err);
+  if (r == 0) attached(b, mfd);
   close(mfd);
-  if (r == 0) attached(sb, b, &h);
   return r;
 }
 
@@ -1068,7 +1019,7 @@ static void remount(sbx_sandbox *sb, sbx_bucket *b, bool replace) {
   if (p) {
     p->incarnation = sb->incarnation;
     helper h = {.op = H_ATTACH, .path = b->mount_path, .mfd = mfd};
-    if (run_helper(sb, &h, NULL, &err) == 0) attached(sb, b, &h); /* on failure the mount goes with mfd, and its server ends */
+    if (run_helper(sb, &h, NULL, &err) == 0) attached(b, mfd); /* on failure the mount goes with mfd, and its server ends */
   }
   if (mfd >= 0) close(mfd);
   if (err.code) warn("bucket %s at %s:%s: %s", b->bucket, sb->id, b->mount_path, err.message);
@@ -1191,6 +1142,7 @@ int sbx_bucket_unmount(sbx_sandbox *sb, const char *mount_path, sbx_bucket_cb cb
   bool local = b->local;
   char id[17];
   snprintf(id, sizeof id, "%s", b->id);
+  if (b->attached) close(b->mfd);
   free(b);
   if (p) { /* answered once its server has uploaded what it holds */
     waiter *w = calloc(1, sizeof *w);
@@ -1208,6 +1160,7 @@ int sbx_bucket_unmount(sbx_sandbox *sb, const char *mount_path, sbx_bucket_cb cb
 /* ---- lifecycle ------------------------------------------------------------------ */
 
 void sbx_bucket_free_all(sbx_sandbox *sb) {
+  sbx_bucket_stopped(sb);
   while (sb->buckets) {
     sbx_bucket *b = sb->buckets;
     sb->buckets = b->next;

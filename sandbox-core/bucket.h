@@ -24,10 +24,10 @@ typedef struct sbx_bucket {
   char prefix[520];
   char profile[64];
   bool read_only, local, path_style, public_only;
-  /* the mount attached in the sandbox (not in the record): its mount id
-   * in the sandbox's mount namespace, valid for that start of it only */
-  int mnt_id;
-  uint64_t mnt_incarnation;
+  /* the mount attached in the sandbox, while it runs (not in the record):
+   * an fd of it, by which it is detached wherever the sandbox moved it */
+  bool attached;
+  int mfd;
   struct sbx_bucket *next;
 } sbx_bucket;
 
@@ -56,6 +56,8 @@ int sbx_bucket_prepare(const sbx_bucket_req *r, sbx_bucket *b, char ak[256], cha
  * once the bucket answered (cb then, MOUNT_FAILED saying why); at most
  * SBX_MAX_BUCKETS per sandbox (RESOURCE_LIMIT). */
 int sbx_bucket_mount(sbx_sandbox *sb, const sbx_bucket_req *r, sbx_bucket_cb cb, void *ud, sbx_error *err);
+/* The sandbox stopped: its mounts went with its mount namespace. */
+void sbx_bucket_stopped(sbx_sandbox *sb);
 /* Unmounts it; cb once its server has put every change in the bucket (or
  * kept what it could not in its journal, for later). */
 int sbx_bucket_unmount(sbx_sandbox *sb, const char *mount_path, sbx_bucket_cb cb, void *ud, sbx_error *err);

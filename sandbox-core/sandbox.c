@@ -585,6 +585,7 @@ static void grave_ready(uv_poll_t *p, int status, int events) {
  * stay. With a loop the release finishes in the background (a destroy or a
  * reset answers at once); without one it is done on return. */
 static void stop_running_async(sbx_sandbox *sb, bool wait) {
+  sbx_bucket_stopped(sb); /* its mounts go with its mount namespace */
   sbx_exec_cancel_sandbox(sb); /* commands left (code contexts) no longer hand cgroups back to it */
   sbx_net_stop(sb);
   grave *g = calloc(1, sizeof *g);

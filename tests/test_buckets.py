@@ -634,7 +634,8 @@ def test_cache_cap(t, x):
 def test_mounts_by_identity(t, x):
     """unmountBucket detaches the mount it made, wherever the sandbox has
     moved it, and never follows the sandbox's symlinks or renames into
-    another mount; mountBucket never makes its path inside another mount."""
+    another mount; mountBucket never makes its path inside another mount,
+    and refuses the system layers (/opt) at once."""
     c = x.c
     c.ok('createSandbox', {'sandboxId': 'ident', 'limits': {'diskMB': 64}})
     mounts = lambda: c.sh("grep -c ' - fuse sbx-bucket' /proc/self/mountinfo || true", sandbox='ident')['stdout'].strip()
@@ -642,6 +643,15 @@ def test_mounts_by_identity(t, x):
     c.sh('mv /workspace/pb /workspace/pb2 && mkdir /workspace/pb', sandbox='ident')
     c.ok('unmountBucket', {'sandboxId': 'ident', 'mountPath': '/workspace/pb/b'}, 60)
     t.eq(mounts(), '0', 'a bucket whose directory the sandbox renamed is unmounted where it went')
+    c.ok('mountBucket', {'sandboxId': 'ident', 'bucket': 'identlocal', 'mountPath': '/workspace/lp/b', 'localBucket': True})
+    deep = '/workspace/' + '/'.join(['d' * 250] * 24)  # past PATH_MAX, and past a line of /proc/self/mountinfo
+    r = c.sh('python3 -c "import os; os.makedirs(\'%s\'[:4000]); os.chdir(\'%s\'[:4000]); os.makedirs(\'%s\'[4000:].lstrip(\'/\')); '
+         'os.chdir(\'%s\'[4000:].lstrip(\'/\')); os.rename(\'/workspace/lp\', \'lp\')"' % (deep, deep, deep, deep), sandbox='ident')
+    t.eq(r['exitCode'], 0, 'the sandbox moves a mounted bucket deeper than PATH_MAX', r)
+    c.ok('unmountBucket', {'sandboxId': 'ident', 'mountPath': '/workspace/lp/b'}, 60)
+    t.eq(c.sh("grep -c identlocal /proc/self/mountinfo || true; grep -c ' /workspace/d' /proc/self/mountinfo || true",
+              sandbox='ident')['stdout'].split(), ['0', '0'], 'and one moved deeper than a path can name, too')
+    c.sh('rm -rf /workspace/' + 'd' * 250, sandbox='ident')
     # a symlink where the mount's parent was leads into another bucket, whose server is stopped
     x.mount('/workspace/pa/a', sandbox='ident', prefix='ident-a')
     c.ok('mountBucket', {'sandboxId': 'ident', 'bucket': 'identlocal', 'mountPath': '/workspace/pb/b', 'localBucket': True})
@@ -662,6 +672,8 @@ def test_mounts_by_identity(t, x):
                  'a mountPath that leads into another bucket is refused, at once (%s)' % path, err)
     finally:
         os.kill(x.s3.node.pid, signal.SIGCONT)
+    res, _ = c.call('mountBucket', {'sandboxId': 'ident', 'bucket': 'identlocal', 'mountPath': '/opt/x', 'localBucket': True})
+    t.eq(res['structuredContent'].get('error', {}).get('code'), 'VALIDATION_FAILED', 'a mountPath under /opt is refused at once')
     c.ok('destroySandbox', {'sandboxId': 'ident'})
 
 
