@@ -17,6 +17,7 @@
 
 #define MAX_HEADERS (64 * 1024)
 #define MAX_BACKLOG (16u * 1024 * 1024) /* unread reply bytes per client */
+#define MAX_CONNS 256 /* connections at once (each has at most one call in progress); more are closed at once */
 
 typedef struct hconn {
   uv_tcp_t tcp;
@@ -35,6 +36,7 @@ static struct {
   bool loopback; /* listening on loopback: Host and Origin must name it */
   int port;
   char host[128]; /* the listen address as a Host header writes it */
+  int conns;
 } h;
 
 static void hconn_closed(uv_handle_t *hd) {
@@ -44,6 +46,7 @@ static void hconn_closed(uv_handle_t *hd) {
   sbx_buf_free(&c->in);
   json_decref(c->want_id);
   free(c);
+  h.conns--;
 }
 
 static void hconn_close(hconn *c) {
@@ -328,8 +331,9 @@ static void on_connection(uv_stream_t *server, int status) {
   if (!c) return;
   uv_tcp_init(uv_default_loop(), &c->tcp);
   c->tcp.data = c;
-  if (uv_accept(server, (uv_stream_t *)&c->tcp) < 0) {
-    uv_close((uv_handle_t *)&c->tcp, (uv_close_cb)free);
+  h.conns++;
+  if (uv_accept(server, (uv_stream_t *)&c->tcp) < 0 || h.conns > MAX_CONNS) {
+    hconn_close(c);
     return;
   }
   uv_tcp_nodelay(&c->tcp, 1);

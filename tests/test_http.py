@@ -124,6 +124,22 @@ def test_hostile_http(t, x):
     s.close()
     r, body = x.post({'jsonrpc': '2.0', 'id': 1, 'method': 'ping'})
     t.eq(json.loads(body)['result'], {}, 'the daemon serves others afterwards')
+    idle = [socket.create_connection(('127.0.0.1', x.port)) for _ in range(256)]  # connections that say nothing
+    try:
+        s = socket.create_connection(('127.0.0.1', x.port))
+        s.settimeout(20)
+        t.eq(s.recv(100), b'', 'past 256 connections at once, another is closed at once')
+        s.close()
+    finally:
+        for s in idle:
+            s.close()
+
+    def served():  # the daemon sees the 256 go as their closes reach it
+        try:
+            return json.loads(x.post({'jsonrpc': '2.0', 'id': 2, 'method': 'ping'})[1])['result'] == {}
+        except (OSError, http.client.HTTPException):
+            return False
+    t.ok(wait_until(served, 20, 'a ping to be answered'), 'and once they are gone, a client is served again')
 
 
 def test_disconnect_cancels(t, x):
