@@ -150,12 +150,14 @@ int sbx_process_start(uv_loop_t *loop, sbx_sandbox *sb, const char *id, const sb
 int sbx_process_kill(sbx_process *p, int sig) {
   if (p->done) return 0;
   p->killed |= sbx_signal_stops(sig);
-  /* the same signal again within a second (calls that came together):
-   * signalled once, a pass over its whole tree each time otherwise */
+  /* a signal sent again within a second (calls that came together, or
+   * two signals in turn): signalled once, a pass over its whole tree each
+   * time otherwise; so at most one pass a second per signal */
   uint64_t now = sbx_now_ms();
-  if (sig == p->last_sig && now - p->last_sig_ms < 1000) return 1;
-  p->last_sig = sig;
-  p->last_sig_ms = now;
+  if (sig > 0 && sig < 32) {
+    if (p->sent_ms[sig] && now - p->sent_ms[sig] < 1000) return 1;
+    p->sent_ms[sig] = now;
+  }
   sbx_exec_signal(p->x, sig);
   return 1;
 }

@@ -15,8 +15,7 @@ typedef struct sbx_process {
   const char *status; /* running, completed, failed, killed, error */
   int exit_code;
   bool done, killed, orphaned;
-  int last_sig; /* and when: a signal sent again at once is not sent twice */
-  uint64_t last_sig_ms;
+  uint64_t sent_ms[32]; /* when each signal was last sent: one sent again at once is not sent twice */
   uint64_t start_ms, end_ms;
   sbx_exec *x; /* while running */
   char *out, *err; /* once done */
