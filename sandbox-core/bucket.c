@@ -304,28 +304,37 @@ static int caches_besides(const char *sandbox, const char *id) {
   return n;
 }
 
-/* Caches on this machine that no mount of a sandbox's record has: what
- * mounts gone, of sandboxes destroyed too, left for their bucket. */
-static int orphan_caches(void) {
+/* fn for each bucket cache on this machine: its sandbox's id, that
+ * sandbox (NULL once destroyed) and the cache's id. */
+static void each_cache(void (*fn)(const char *sandbox, sbx_sandbox *sb, const char *id, void *ud), void *ud) {
   char root[1200];
   snprintf(root, sizeof root, "%s/bucket-cache", sbx_engine_cfg()->state_dir);
   DIR *d = opendir(root);
-  int n = 0;
   for (struct dirent *e; d && (e = readdir(d));) {
     if (!sbx_valid_id(e->d_name)) continue;
     char sub[1500];
     snprintf(sub, sizeof sub, "%s/%s", root, e->d_name);
     DIR *s = opendir(sub);
     sbx_sandbox *sb = sbx_sandbox_find(e->d_name);
-    for (struct dirent *m; s && (m = readdir(s));) {
-      if (!cache_name(m->d_name)) continue;
-      bool mounted = false;
-      for (sbx_bucket *b = sb ? sb->buckets : NULL; b && !mounted; b = b->next) mounted = !strcmp(b->id, m->d_name);
-      n += !mounted;
-    }
+    for (struct dirent *m; s && (m = readdir(s));)
+      if (cache_name(m->d_name)) fn(e->d_name, sb, m->d_name, ud);
     if (s) closedir(s);
   }
   if (d) closedir(d);
+}
+
+static sbx_bucket *spec_find(sbx_sandbox *sb, const char *id);
+
+static void count_orphan(const char *sandbox, sbx_sandbox *sb, const char *id, void *ud) {
+  (void)sandbox;
+  *(int *)ud += !spec_find(sb, id);
+}
+
+/* Caches on this machine that no mount of a sandbox's record has: what
+ * mounts gone, of sandboxes destroyed too, left for their bucket. */
+static int orphan_caches(void) {
+  int n = 0;
+  each_cache(count_orphan, &n);
   return n;
 }
 
@@ -1189,22 +1198,11 @@ void sbx_bucket_destroyed(sbx_sandbox *sb) {
   sbx_bucket_free_all(sb);
 }
 
-void sbx_bucket_init(void) {
-  char root[1200];
-  snprintf(root, sizeof root, "%s/bucket-cache", sbx_engine_cfg()->state_dir);
-  DIR *d = opendir(root);
-  for (struct dirent *e; d && (e = readdir(d));) {
-    if (!sbx_valid_id(e->d_name)) continue;
-    char sub[1500];
-    snprintf(sub, sizeof sub, "%s/%s", root, e->d_name);
-    DIR *s = opendir(sub);
-    sbx_sandbox *sb = sbx_sandbox_find(e->d_name);
-    for (struct dirent *m; s && (m = readdir(s));) {
-      if (strlen(m->d_name) != 16 || strspn(m->d_name, "0123456789abcdef") != 16) continue;
-      if (!journal_empty(e->d_name, m->d_name)) flush(e->d_name, m->d_name);
-      else if (!spec_find(sb, m->d_name)) remove_cache(e->d_name, m->d_name);
-    }
-    if (s) closedir(s);
-  }
-  if (d) closedir(d);
+/* What an earlier daemon left: journals go up, caches no mount has go. */
+static void start_cache(const char *sandbox, sbx_sandbox *sb, const char *id, void *ud) {
+  (void)ud;
+  if (!journal_empty(sandbox, id)) flush(sandbox, id);
+  else if (!spec_find(sb, id)) remove_cache(sandbox, id);
 }
+
+void sbx_bucket_init(void) { each_cache(start_cache, NULL); }
