@@ -13,6 +13,7 @@
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stddef.h>
 #include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -68,6 +69,15 @@ typedef struct lindex {
   size_t mask;
 } lindex;
 
+/* A node's place on a list of nodes, oldest first (B.fds, B.lru). */
+typedef struct nlink {
+  struct bnode *prev, *next;
+  bool on;
+} nlink;
+typedef struct nlist {
+  struct bnode *head, *tail;
+} nlist;
+
 typedef struct bnode {
   char *path; /* "" for the root, else "a/b" (no leading or trailing slash) */
   ntype type;
@@ -89,13 +99,12 @@ typedef struct bnode {
   uint64_t open_version;      /* the version the kernel's page cache holds */
   /* the cache file: whole (full) or chunks of the object */
   int cfd;
-  struct bnode *fprev, *fnext; /* B.fds, while cfd is open */
+  nlink fd_link; /* on B.fds while cfd is open */
   bool full;
   uint8_t *present, *inflight;
   size_t nchunks;
   uint64_t cached; /* bytes of the cache file we account for */
-  struct bnode *lprev, *lnext; /* B.lru, least recently used first, while it has cached data */
-  bool in_lru;
+  nlink lru_link; /* on B.lru while it has cached data */
   bool stale;        /* the bucket's object changed: drop the cache when closed */
   uint64_t seq_off; /* where a sequential reader goes next */
   uint64_t uploaded_ms; /* when it last went up (a listing older than that lacks it) */
@@ -156,7 +165,7 @@ static struct {
   bool read_only;
   uid_t uid_base; /* the host uid of sandbox root (rootless: 0, ids are the namespace's) */
   uint64_t cache_max, cache_used;
-  bnode *lru, *lru_tail; /* nodes with cached data, least recently used first */
+  nlist lru; /* nodes with cached data, least recently used first */
   uint64_t njournal; /* journal entries: dirty nodes and deletions not done yet */
   bnode *hash[HASH_SIZE];
   gone *gone[HASH_SIZE];
@@ -170,7 +179,7 @@ static struct {
   fitem *fetchq;   /* chunks a reader wants soon: first */
   fitem *aheadq;   /* small files fetched ahead */
   size_t nkept;
-  struct bnode *fds, *fds_tail; /* nodes whose cache file is open, oldest first */
+  nlist fds; /* nodes whose cache file is open, oldest first */
   size_t nfds, fds_max;         /* past fds_max, those not in use are closed */
   int inflight;
   bool stopping, fetch_stop;
@@ -395,23 +404,35 @@ static bnode *parent_of(const char *path) {
  * uses its cache file (callers check opens; fetches are waited for). */
 static void cache_close(bnode *n);
 
-/* The LRU list of cached data: eviction takes from its head. Lock held. */
-static void lru_out(bnode *n) {
-  if (!n->in_lru) return;
-  *(n->lprev ? &n->lprev->lnext : &B.lru) = n->lnext;
-  *(n->lnext ? &n->lnext->lprev : &B.lru_tail) = n->lprev;
-  n->lprev = n->lnext = NULL;
-  n->in_lru = false;
+/* Lists of nodes through a link of theirs (its offset in bnode). Lock held. */
+#define NLINK(n, off) ((nlink *)((char *)(n) + (off)))
+#define FD_LINK offsetof(bnode, fd_link)
+#define LRU_LINK offsetof(bnode, lru_link)
+
+static void nlist_remove(nlist *l, bnode *n, size_t off) {
+  nlink *k = NLINK(n, off);
+  if (!k->on) return;
+  *(k->prev ? &NLINK(k->prev, off)->next : &l->head) = k->next;
+  *(k->next ? &NLINK(k->next, off)->prev : &l->tail) = k->prev;
+  *k = (nlink){0};
 }
+
+/* n goes last (the newest). */
+static void nlist_append(nlist *l, bnode *n, size_t off) {
+  nlist_remove(l, n, off);
+  nlink *k = NLINK(n, off);
+  k->prev = l->tail;
+  *(l->tail ? &NLINK(l->tail, off)->next : &l->head) = n;
+  l->tail = n;
+  k->on = true;
+}
+
+/* The LRU list of cached data: eviction takes from its head. */
+static void lru_out(bnode *n) { nlist_remove(&B.lru, n, LRU_LINK); }
 
 /* n was used (or got data): the most recently used now. */
 static void lru_touch(bnode *n) {
-  if (!n->cached && !n->in_lru) return;
-  lru_out(n);
-  n->lprev = B.lru_tail;
-  *(B.lru_tail ? &B.lru_tail->lnext : &B.lru) = n;
-  B.lru_tail = n;
-  n->in_lru = true;
+  if (n->cached || n->lru_link.on) nlist_append(&B.lru, n, LRU_LINK);
 }
 
 static void cache_drop(bnode *n, bool unlink_file) {
@@ -732,9 +753,7 @@ static void cache_close(bnode *n) {
   if (n->cfd < 0) return;
   close(n->cfd);
   n->cfd = -1;
-  *(n->fprev ? &n->fprev->fnext : &B.fds) = n->fnext;
-  *(n->fnext ? &n->fnext->fprev : &B.fds_tail) = n->fprev;
-  n->fprev = n->fnext = NULL;
+  nlist_remove(&B.fds, n, FD_LINK);
   B.nfds--;
 }
 
@@ -742,8 +761,8 @@ static void cache_close(bnode *n) {
  * the cache files of the oldest nodes nothing uses are closed (and opened
  * again, by their path, when needed). Lock held. */
 static void cache_trim(bnode *keep) {
-  for (bnode *n = B.fds, *next; n && B.nfds > B.fds_max; n = next) {
-    next = n->fnext;
+  for (bnode *n = B.fds.head, *next; n && B.nfds > B.fds_max; n = next) {
+    next = n->fd_link.next;
     if (n != keep && !n->opens && !n->busy && !n->fetching) cache_close(n);
   }
 }
@@ -759,9 +778,7 @@ static int cache_open(bnode *n) {
     n->cfd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   }
   if (n->cfd < 0) return -errno;
-  n->fprev = B.fds_tail;
-  *(B.fds_tail ? &B.fds_tail->fnext : &B.fds) = n;
-  B.fds_tail = n;
+  nlist_append(&B.fds, n, FD_LINK);
   B.nfds++;
   cache_trim(n);
   if (n->full || n->present) return 0; /* closed by cache_trim, opened again: its data is there */
@@ -800,9 +817,9 @@ static uint64_t budget_used(void) { return B.cache_used + B.njournal * JOURNAL_C
 /* Least recently used clean data goes when the cache is past its cap. */
 static void evict(uint64_t want) {
   while (budget_used() + want > B.cache_max) {
-    bnode *victim = B.lru; /* only a node its path names: its cache file is the one of that path */
+    bnode *victim = B.lru.head; /* only a node its path names: its cache file is the one of that path */
     while (victim && (!victim->cached || victim->dirty || victim->opens || victim->busy || node_find(victim->path) != victim))
-      victim = victim->lnext;
+      victim = victim->lru_link.next;
     if (!victim) return;
     cache_drop(victim, true);
     if (victim->kept) { /* fetched ahead and never looked up: goes whole */
@@ -815,7 +832,7 @@ static void evict(uint64_t want) {
 static void account(bnode *n, uint64_t bytes) {
   n->cached += bytes;
   B.cache_used += bytes;
-  if (!n->in_lru) lru_touch(n);
+  if (!n->lru_link.on) lru_touch(n);
 }
 
 /* Fetches chunks [i, i + count) into the cache file with one GET (lock
@@ -1241,9 +1258,8 @@ static void list_ctx_free(list_ctx *l) {
  * held, dropped during the request). When the bucket is away, an older
  * listing still serves. */
 static int refresh_listing(bnode *d) {
-  uint64_t now = sbx_now_ms();
-  if (d->list_at && (now - d->list_at < LIST_TTL_MS || now < B.away_until)) return 0; /* away: the last one serves */
   uint64_t started = sbx_now_ms();
+  if (d->list_at && (started - d->list_at < LIST_TTL_MS || started < B.away_until)) return 0; /* away: the last one serves */
   char prefix[PBUF];
   dir_key_of(d->path, prefix, sizeof prefix);
   d->busy++;

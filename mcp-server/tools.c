@@ -594,19 +594,29 @@ static void wait_timeout(uv_timer_t *t) {
   wait_finish(pw, NULL, NULL, &err);
 }
 
-/* kind: 'l' waitForLog, 'x' waitForExit, 's' streamProcessLogs */
-static void process_wait(mcp_call *call, json_t *args, sbx_sandbox *sb, char kind) {
-  sbx_process *p = find_process(call, args, sb);
-  if (!p) return;
+/* A wait of call on p, its timer ready; NULL (the call answered) when
+ * memory ran out. */
+static struct proc_wait *proc_wait_new(mcp_call *call, sbx_process *p) {
   struct proc_wait *pw = calloc(1, sizeof *pw);
-  if (!pw) return mcp_call_fail(call, &(sbx_error){.code = "INTERNAL", .message = "out of memory"});
+  if (!pw) {
+    mcp_call_fail(call, &(sbx_error){.code = "INTERNAL", .message = "out of memory"});
+    return NULL;
+  }
   pw->head.cancel = proc_wait_cancel;
   pw->call = call;
   pw->p = p;
   snprintf(pw->id, sizeof pw->id, "%s", p->id);
-  pw->stream_all = kind == 's';
   uv_timer_init(mcp_call_loop(call), &pw->timer);
   pw->timer.data = pw;
+  return pw;
+}
+
+/* kind: 'l' waitForLog, 'x' waitForExit, 's' streamProcessLogs */
+static void process_wait(mcp_call *call, json_t *args, sbx_sandbox *sb, char kind) {
+  sbx_process *p = find_process(call, args, sb);
+  struct proc_wait *pw = p ? proc_wait_new(call, p) : NULL;
+  if (!pw) return;
+  pw->stream_all = kind == 's';
   if (kind == 'l') {
     const char *pat = str(args, "pattern"), *why = NULL;
     int bounds = 0;
@@ -678,15 +688,9 @@ static void h_kill_process(mcp_call *call, json_t *args, sbx_sandbox *sb) {
   }
   if (!sbx_signal_stops(sig)) /* one it may well handle (SIGHUP, SIGUSR1...): not waited for */
     return mcp_call_ok(call, json_pack("{s:s, s:b, s:s}", "processId", p->id, "killed", 1, "status", p->status), "signalled");
-  struct proc_wait *pw = calloc(1, sizeof *pw);
-  if (!pw) return mcp_call_fail(call, &(sbx_error){.code = "INTERNAL", .message = "out of memory"});
-  pw->head.cancel = proc_wait_cancel;
-  pw->call = call;
-  pw->p = p;
+  struct proc_wait *pw = proc_wait_new(call, p);
+  if (!pw) return;
   pw->kill = true;
-  snprintf(pw->id, sizeof pw->id, "%s", p->id);
-  uv_timer_init(mcp_call_loop(call), &pw->timer);
-  pw->timer.data = pw;
   pw->w = sbx_process_watch_add(p, NULL, wait_end, pw);
   if (!pw->w) return wait_finish(pw, NULL, NULL, &(sbx_error){.code = "INTERNAL", .message = "out of memory"});
   uv_timer_start(&pw->timer, kill_timeout, KILL_WAIT_MS, 0);

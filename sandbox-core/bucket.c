@@ -390,16 +390,15 @@ static int fuse_detached(uid_t owner, bool ro, int *devfd) {
 }
 
 /* The directory path names on the sandbox's root filesystem, as its root
- * sees it, reached through no symlink and into no other mount (not a
- * bucket's, whose server could keep the walk waiting): an O_PATH fd, or
- * -1 with errno (ELOOP: a symlink, EXDEV: another mount). make: missing
- * components are made. */
-static int walk_root(const char *path, bool make) {
+ * sees it, made where missing, reached through no symlink and into no
+ * other mount (not a bucket's, whose server could keep the walk waiting):
+ * an O_PATH fd, or -1 with errno (ELOOP: a symlink, EXDEV: another mount). */
+static int walk_root(const char *path) {
   int dfd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
   char copy[sizeof ((sbx_bucket *)0)->mount_path];
   snprintf(copy, sizeof copy, "%s", path);
   for (char *save = NULL, *c = strtok_r(copy, "/", &save); c && dfd >= 0; c = strtok_r(NULL, "/", &save)) {
-    if (make && mkdirat(dfd, c, 0755) < 0 && errno != EEXIST) {
+    if (mkdirat(dfd, c, 0755) < 0 && errno != EEXIST) {
       int e = errno;
       close(dfd);
       errno = e;
@@ -423,7 +422,7 @@ static int walk_root(const char *path, bool make) {
 /* Makes path (as the sandbox's root, never through a symlink nor into
  * another mount) and moves the mount there. */
 static void attach_at(int sock, int mfd, const char *path) {
-  int dfd = walk_root(path, true);
+  int dfd = walk_root(path);
   if (dfd < 0)
     helper_fail(sock, errno == ELOOP  ? "mountPath goes through a symlink"
                       : errno == EXDEV ? "mountPath is inside another mount (a bucket, or a system directory such as /opt)"
@@ -433,7 +432,6 @@ static void attach_at(int sock, int mfd, const char *path) {
 }
 
 static _Noreturn void helper_main(const helper *h, int sock) {
-  int proc = open("/proc", O_PATH | O_DIRECTORY | O_CLOEXEC); /* the host's: this process is "self" there */
   if (setns(h->pidfd, CLONE_NEWUSER) < 0) helper_fail(sock, "joining the sandbox's user namespace");
   if (setgroups(0, NULL) < 0 && errno != EPERM) helper_fail(sock, "setgroups");
   if (setresgid(0, 0, 0) < 0 || setresuid(0, 0, 0) < 0) helper_fail(sock, "becoming the sandbox's root");
@@ -462,6 +460,7 @@ static _Noreturn void helper_main(const helper *h, int sock) {
     attach_at(sock, mfd, h->path);
     break;
   case H_UMOUNT: { /* by its fd, not by a path the sandbox may have moved or redirected */
+    int proc = open("/proc", O_PATH | O_DIRECTORY | O_CLOEXEC); /* the host's: this process is "self" there */
     if (setns(h->pidfd, CLONE_NEWNS) < 0) helper_fail(sock, "joining the sandbox's mount namespace");
     char self[64];
     snprintf(self, sizeof self, "self/fd/%d", h->mfd);
@@ -530,7 +529,7 @@ static void attached(sbx_bucket *b, int mfd) {
  * the sandbox can rename, or lead elsewhere with a symlink). */
 static int detach(sbx_sandbox *sb, sbx_bucket *b, sbx_error *err) {
   if (!b->attached) return 0; /* nothing of it mounted in this start */
-  helper h = {.op = H_UMOUNT, .path = b->mount_path, .mfd = b->mfd};
+  helper h = {.op = H_UMOUNT, .mfd = b->mfd};
   if (run_helper(sb, &h, NULL, err) < 0) return -1;
   close(b->mfd);
   b->attached = false;
@@ -540,6 +539,12 @@ static int detach(sbx_sandbox *sb, sbx_bucket *b, sbx_error *err) {
 void sbx_bucket_stopped(sbx_sandbox *sb) {
   for (sbx_bucket *b = sb->buckets; b; b = b->next)
     if (b->attached) close(b->mfd), b->attached = false; /* what pinned the mount lets it go with its namespace */
+}
+
+/* A mount taken out of the record. */
+static void bucket_free(sbx_bucket *b) {
+  if (b->attached) close(b->mfd);
+  free(b);
 }
 
 /* ---- bucket servers ---------------------------------------------------------- */
@@ -618,8 +623,7 @@ static void forget_spec(const char *sandbox, const char *id) {
     if (!strcmp((*pp)->id, id)) {
       sbx_bucket *b = *pp;
       *pp = b->next;
-      if (b->attached) close(b->mfd);
-      free(b);
+      bucket_free(b);
       sbx_sandbox_save(sb);
       return;
     }
@@ -1151,8 +1155,7 @@ int sbx_bucket_unmount(sbx_sandbox *sb, const char *mount_path, sbx_bucket_cb cb
   bool local = b->local;
   char id[17];
   snprintf(id, sizeof id, "%s", b->id);
-  if (b->attached) close(b->mfd);
-  free(b);
+  bucket_free(b);
   if (p) { /* answered once its server has uploaded what it holds */
     waiter *w = calloc(1, sizeof *w);
     if (w) {
@@ -1169,11 +1172,10 @@ int sbx_bucket_unmount(sbx_sandbox *sb, const char *mount_path, sbx_bucket_cb cb
 /* ---- lifecycle ------------------------------------------------------------------ */
 
 void sbx_bucket_free_all(sbx_sandbox *sb) {
-  sbx_bucket_stopped(sb);
   while (sb->buckets) {
     sbx_bucket *b = sb->buckets;
     sb->buckets = b->next;
-    free(b);
+    bucket_free(b);
   }
 }
 

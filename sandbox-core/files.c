@@ -244,7 +244,7 @@ int sbx_fs_own_file(sbx_sandbox *sb, const char *dir, const char *name, int keep
   DIR *d = ld >= 0 ? fdopendir(ld) : NULL;
   if (!d && ld >= 0) close(ld);
   int n = 0, seen = 0;
-  for (struct dirent *e; d && n < MAX_SEEN && seen++ < MAX_SEEN && (e = readdir(d));) {
+  for (struct dirent *e; d && seen++ < MAX_SEEN && (e = readdir(d));) {
     struct stat st;
     if (e->d_type != DT_REG || fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode)) continue;
     f[n].mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
