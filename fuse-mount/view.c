@@ -45,6 +45,7 @@
 #include <sys/statvfs.h>
 #include <sys/vfs.h>
 #include <sys/xattr.h>
+#include <linux/limits.h>
 
 #define HASH_SIZE 65536
 #define OUTSIDE ".sbx-outside-workspace"
@@ -1512,19 +1513,43 @@ static void reply_xattr(fuse_req_t req, size_t size, ssize_t (*fn)(const char *,
 }
 
 static ssize_t get_fn(const char *p, const char *name, void *buf, size_t size) { return getxattr(p, name, buf, size); }
-static ssize_t list_fn(const char *p, const char *name, void *buf, size_t size) {
-  (void)name;
-  return listxattr(p, buf, size);
+
+/* Attributes the view does not have, and says so as a filesystem without
+ * them does (EOPNOTSUPP; `ls -l` remembers that per device and stops
+ * asking each file, where ENODATA costs a round trip a file):
+ * - SELinux labels: a sandbox cannot set one (security.* is the host's);
+ * - POSIX ACLs, unless the view is mounted with allow_other: the kernel
+ *   then checks no permission on the view (the mounting user may do what
+ *   the sandbox's root may, see v_init), so an ACL would grant or deny
+ *   nothing here. Inside the sandbox ACLs work as on any disk; with
+ *   allow_other the kernel checks and caches them, as anywhere. */
+static bool not_here(const char *name) {
+  if (!strcmp(name, "security.selinux")) return true;
+  return !V.allow_other && (!strcmp(name, "system.posix_acl_access") || !strcmp(name, "system.posix_acl_default"));
 }
 
-/* The view has no SELinux labels of its own (a sandbox cannot set one:
- * security.* is the host's), and says so as a filesystem without them
- * does: `ls -l` then stops asking for each file's label (it remembers
- * EOPNOTSUPP per device, not ENODATA): one round trip a file fewer. */
-static bool no_label(const char *name) { return !strcmp(name, "security.selinux"); }
+/* The list without the names the view does not have (not_here): read whole
+ * and filtered, so that its size with a NULL buffer is the filtered one. */
+static ssize_t list_fn(const char *p, const char *name, void *buf, size_t size) {
+  (void)name;
+  char all[XATTR_LIST_MAX];
+  ssize_t n = listxattr(p, all, sizeof all);
+  if (n < 0) return -1;
+  size_t kept = 0;
+  for (ssize_t i = 0; i < n;) {
+    size_t len = strnlen(all + i, (size_t)(n - i)) + 1;
+    if (!not_here(all + i)) {
+      if (buf && kept + len > size) return errno = ERANGE, -1;
+      if (buf) memcpy((char *)buf + kept, all + i, len);
+      kept += len;
+    }
+    i += (ssize_t)len;
+  }
+  return (ssize_t)kept;
+}
 
 static void v_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size) {
-  if (no_label(name)) return (void)fuse_reply_err(req, EOPNOTSUPP);
+  if (not_here(name)) return (void)fuse_reply_err(req, EOPNOTSUPP);
   char pp[64];
   int r = xattr_path(req, ino, pp);
   if (r < 0) return (void)fuse_reply_err(req, -r);
@@ -1539,7 +1564,7 @@ static void v_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
 }
 
 static void v_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value, size_t size, int flags) {
-  if (no_label(name)) return (void)fuse_reply_err(req, EOPNOTSUPP);
+  if (not_here(name)) return (void)fuse_reply_err(req, EOPNOTSUPP);
   char pp[64];
   int r = xattr_path(req, ino, pp);
   if (r < 0) return (void)fuse_reply_err(req, -r);
@@ -1547,6 +1572,7 @@ static void v_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const c
 }
 
 static void v_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name) {
+  if (not_here(name)) return (void)fuse_reply_err(req, EOPNOTSUPP);
   char pp[64];
   int r = xattr_path(req, ino, pp);
   if (r < 0) return (void)fuse_reply_err(req, -r);

@@ -3,11 +3,13 @@ live; the file semantics programs expect (the same answers as a native
 directory); changes made inside seen through it and the other way round;
 nothing in it leads a host process out of the sandbox; it survives what
 happens to sandboxes, to itself and to the daemon; real workloads."""
+import errno
 import json
 import os
 import signal
 import socket
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
@@ -152,6 +154,39 @@ def test_other_users_files(t, x):
     for sid in ('v-ou1', 'v-ou2'):
         x.c.ok('destroySandbox', {'sandboxId': sid})
 
+
+
+def test_no_acls(t, x):
+    """The view (without allow_other) has no POSIX ACLs: the kernel checks
+    no permission on it, so an ACL would grant or deny nothing there. Their
+    attributes answer "not supported" as on a filesystem without ACLs
+    (which `ls -l` remembers per filesystem, instead of asking each file);
+    inside the sandbox the ACL is untouched, and user attributes go through
+    both ways."""
+    entries = ((1, 6, 0xffffffff), (2, 4, 1000), (4, 4, 0xffffffff), (0x10, 4, 0xffffffff), (0x20, 4, 0xffffffff))
+    acl = struct.pack('<I', 2) + b''.join(struct.pack('<HHI', *e) for e in entries)
+    r = x.c.sh("echo a > /workspace/acl.txt && python3 -c \"import os, sys; "
+               "os.setxattr('/workspace/acl.txt', 'system.posix_acl_access', bytes.fromhex(sys.argv[1])); "
+               "os.setxattr('/workspace/acl.txt', 'user.k', b'inside')\" " + acl.hex())
+    t.eq(r['exitCode'], 0, 'an ACL is set inside the sandbox', r['stderr'])
+    p = os.path.join(x.mnt, 'v1', 'acl.txt')
+
+    def err(f, *a):
+        try:
+            f(*a)
+            return 0
+        except OSError as e:
+            return e.errno
+    t.eq(err(os.getxattr, p, 'system.posix_acl_access'), errno.EOPNOTSUPP, 'reading it through the view: EOPNOTSUPP')
+    t.eq(err(os.setxattr, p, 'system.posix_acl_access', acl), errno.EOPNOTSUPP, 'setting one: EOPNOTSUPP')
+    t.eq(err(os.removexattr, p, 'system.posix_acl_access'), errno.EOPNOTSUPP, 'removing it: EOPNOTSUPP')
+    t.eq(sorted(os.listxattr(p)), ['user.k'], 'the list of attributes names the user attribute, not the ACL')
+    t.eq(os.getxattr(p, 'user.k'), b'inside', 'a user attribute set inside is read through the view')
+    os.setxattr(p, 'user.h', b'host')
+    r = x.c.sh("python3 -c \"import os; p = '/workspace/acl.txt'; "
+               "print(len(os.getxattr(p, 'system.posix_acl_access')), os.getxattr(p, 'user.h').decode())\"")
+    t.eq(r['stdout'], '%d host\n' % len(acl), 'inside, the ACL is still there and the host\'s user attribute is seen')
+    t.eq(sh('ls -l %s' % p).returncode, 0, 'ls -l of it through the view works')
 
 CHOWN_RACE = r'''
 import json, os, subprocess, sys, threading, time
@@ -647,7 +682,7 @@ if __name__ == '__main__':
     if os.geteuid() != 0:
         print('1..0 # SKIP the view tests run as root (the rootless view is tested in test_rootless.py)')
         sys.exit(77)
-    sys.exit(run_tests([test_listing, test_use_is_activity, test_other_users_files, test_chown_racing_destroy,
+    sys.exit(run_tests([test_listing, test_use_is_activity, test_other_users_files, test_no_acls, test_chown_racing_destroy,
                         test_syscall_suite, test_passthrough, test_coherence, test_git_dubious_ownership,
                         test_escapes,
                         test_workloads, test_sandbox_cannot_stall_the_view, test_robustness, test_daemon_runs_the_view, test_held_across_restart,
