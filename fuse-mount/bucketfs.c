@@ -19,6 +19,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/xattr.h>
 #include <time.h>
 
 /* Reads fetch and cache 4 MiB chunks: against 1 MiB ones, sequential reads
@@ -110,6 +111,8 @@ typedef struct bnode {
   uint64_t uploaded_ms; /* when it last went up (a listing older than that lacks it) */
   /* what is not in the bucket yet */
   bool dirty, queued;
+  bool jfile, jattr; /* where its journal entry is: a file of journal/, its cache file's attribute */
+  int64_t jat;       /* when that entry was written (recover: the newer of two wins) */
   bool tried; /* an upload of it began: the bucket may have it, whatever it said */
   uint64_t gen, up_gen, fail_gen;
   /* a directory's listing as the bucket had it, plus our own changes */
@@ -167,6 +170,8 @@ static struct {
   uint64_t cache_max, cache_used;
   nlist lru; /* nodes with cached data, least recently used first */
   uint64_t njournal; /* journal entries: dirty nodes and deletions not done yet */
+  uint64_t njattr;   /* of them, entries in a cache file's attribute */
+  bool jmarked;      /* JOURNAL_MARK is there: entries may be in cache files' attributes */
   bnode *hash[HASH_SIZE];
   gone *gone[HASH_SIZE];
   bnode root;
@@ -435,6 +440,8 @@ static void lru_touch(bnode *n) {
   if (n->cached || n->lru_link.on) nlist_append(&B.lru, n, LRU_LINK);
 }
 
+static void journal_node(bnode *n);
+
 static void cache_drop(bnode *n, bool unlink_file) {
   while (n->fetching) pthread_cond_wait(&B.fetched, &B.lock);
   cache_close(n);
@@ -442,6 +449,11 @@ static void cache_drop(bnode *n, bool unlink_file) {
     char p[PBUF];
     cache_path(n->path, p, sizeof p);
     unlink(p);
+    if (n->jattr) { /* its journal entry went with the file */
+      n->jattr = false;
+      B.njattr--;
+      if (n->dirty) journal_node(n);
+    }
   }
   B.cache_used -= n->cached <= B.cache_used ? n->cached : B.cache_used;
   n->cached = 0;
@@ -531,22 +543,85 @@ static void write_json_file(const char *path, json_t *j) {
   free(s);
 }
 
-/* A changed node: its metadata, its data in the cache file. */
-static void journal_node(const bnode *n) {
-  char path[PBUF];
-  journal_path(n->path, false, path, sizeof path);
-  json_t *j = json_pack("{s:s, s:s, s:I, s:i, s:I, s:i, s:i}", "path", n->path, "type",
+/* A changed node's journal entry: its metadata (its data is its cache
+ * file). A file's entry is an attribute of its cache file (JOURNAL_ATTR):
+ * one system call on a file that is there anyway, where an entry of its own
+ * is a new file, the most a file written through the mount cost (up to a
+ * millisecond on an ext4 after many deletions; `tar -x` of 2,000 files:
+ * see BENCHMARKS.md). Directories, links, a filesystem without user
+ * attributes and entries too big for one get a file of journal/. Before
+ * the first attribute, JOURNAL_MARK is made in journal/: a journal that
+ * looks empty from outside (the daemon's check) is empty. */
+#define JOURNAL_ATTR "user.sbx.journal"
+#define JOURNAL_MARK "in-cache-files"
+
+static json_t *entry_of(const bnode *n, int64_t at) {
+  json_t *j = json_pack("{s:s, s:s, s:I, s:i, s:I, s:i, s:i, s:I}", "path", n->path, "type",
                         n->type == T_DIR ? "dir" : n->type == T_LINK ? "link" : "file", "size", (json_int_t)n->size,
-                        "mode", (int)n->mode, "mtime", (json_int_t)n->mtime_ns, "uid", (int)n->uid, "gid", (int)n->gid);
-  if (n->target) json_object_set_new(j, "target", json_string(n->target));
-  write_json_file(path, j);
-  json_decref(j);
+                        "mode", (int)n->mode, "mtime", (json_int_t)n->mtime_ns, "uid", (int)n->uid, "gid", (int)n->gid,
+                        "at", (json_int_t)at);
+  if (j && n->target) json_object_set_new(j, "target", json_string(n->target));
+  return j;
 }
 
-static void journal_unnode(const char *p) {
-  char path[PBUF];
-  journal_path(p, false, path, sizeof path);
-  unlink(path);
+static bool journal_mark(void) {
+  if (B.jmarked) return true;
+  char p[PBUF];
+  snprintf(p, sizeof p, "%s/journal/" JOURNAL_MARK, B.cache);
+  int fd = open(p, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) return false;
+  close(fd);
+  return B.jmarked = true;
+}
+
+static int cache_attr(const bnode *n, const char *value, size_t len) {
+  if (n->cfd >= 0) return value ? fsetxattr(n->cfd, JOURNAL_ATTR, value, len, 0) : fremovexattr(n->cfd, JOURNAL_ATTR);
+  char cp[PBUF];
+  cache_path(n->path, cp, sizeof cp);
+  return value ? setxattr(cp, JOURNAL_ATTR, value, len, 0) : removexattr(cp, JOURNAL_ATTR);
+}
+
+/* Where the node's entry was goes (lock held). A journal file is named
+ * for the path the node had when it was written. */
+static void drop_jfile(bnode *n, const char *path) {
+  if (!n->jfile) return;
+  char jp[PBUF];
+  journal_path(path, false, jp, sizeof jp);
+  unlink(jp);
+  n->jfile = false;
+}
+
+static void drop_jattr(bnode *n) {
+  if (!n->jattr) return;
+  cache_attr(n, NULL, 0);
+  n->jattr = false;
+  B.njattr--;
+}
+
+/* Its entry goes: the bucket has it, or it went. */
+static void journal_drop(bnode *n, const char *path) {
+  drop_jfile(n, path);
+  drop_jattr(n);
+}
+
+static void journal_node(bnode *n) {
+  int64_t at = now_ns();
+  json_t *j = entry_of(n, at);
+  char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+  if (s && n->type == T_FILE && journal_mark() && cache_attr(n, s, strlen(s)) == 0) {
+    drop_jfile(n, n->path); /* an older entry */
+    if (!n->jattr) B.njattr++;
+    n->jattr = true;
+  } else if (j) {
+    drop_jattr(n);
+    char path[PBUF];
+    journal_path(n->path, false, path, sizeof path);
+    write_json_file(path, j);
+    n->jfile = true;
+  }
+  n->jat = at;
+  free(s);
+  json_decref(j);
 }
 
 /* ---- the queue: one operation per path at a time, in order ----------------- */
@@ -739,7 +814,7 @@ static void mark_dirty(bnode *n) {
 /* Its journal entry goes: the bucket has it, or it went. */
 static void mark_clean(bnode *n) {
   if (!n->dirty) return;
-  journal_unnode(n->path);
+  journal_drop(n, n->path);
   n->dirty = false;
   B.njournal--;
 }
@@ -1993,7 +2068,7 @@ static void move_node(bnode *n, const char *to) {
   cache_path(n->path, from_cache, sizeof from_cache);
   cache_path(to, to_cache, sizeof to_cache);
   rename(from_cache, to_cache);
-  if (n->dirty) journal_unnode(n->path);
+  if (n->dirty) drop_jfile(n, n->path); /* an attribute went with the file: rewritten below */
   node_unhash(n);
   char *np = strdup(to);
   if (np) free(n->path), n->path = np;
@@ -2194,6 +2269,48 @@ static const struct fuse_lowlevel_ops ops = {
 
 static int by_name(const void *a, const void *b) { return strcmp(a, b); }
 
+/* One journal entry of a changed node, read back: from a file of
+ * journal/ (jp), or from its cache file's attribute (jp NULL). Of two
+ * entries for one node (a crash between writing one and removing the
+ * other), the newer wins. False: nothing of it was acknowledged. */
+static bool recover_node(json_t *j, const char *path, const char *jp) {
+  const char *type = json_string_value(json_object_get(j, "type"));
+  ntype t = type && !strcmp(type, "dir") ? T_DIR : type && !strcmp(type, "link") ? T_LINK : T_FILE;
+  int64_t at = json_integer_value(json_object_get(j, "at"));
+  bnode *n = node_find(path) ? node_find(path) : node_new(path, t);
+  char cp[PBUF];
+  cache_path(path, cp, sizeof cp);
+  struct stat st;
+  if (!n || (t == T_FILE && stat(cp, &st) < 0)) {
+    if (n) node_maybe_free(n);
+    return false;
+  }
+  if (jp) n->jfile = true;
+  else if (!n->jattr) n->jattr = true, B.njattr++;
+  if (n->dirty && n->jat > at) return true; /* the other entry is newer */
+  n->jat = at;
+  n->type = t;
+  n->size = t == T_FILE ? (uint64_t)st.st_size : 0; /* the cache file is the truth */
+  n->mode = (mode_t)json_integer_value(json_object_get(j, "mode")) & 07777;
+  n->mtime_ns = json_integer_value(json_object_get(j, "mtime"));
+  n->uid = (uid_t)json_integer_value(json_object_get(j, "uid"));
+  n->gid = (gid_t)json_integer_value(json_object_get(j, "gid"));
+  const char *target = json_string_value(json_object_get(j, "target"));
+  free(n->target);
+  n->target = NULL;
+  if (t == T_LINK) n->target = strdup(target ? target : ""), n->size = strlen(n->target);
+  n->full = true;
+  n->tried = true; /* an earlier run may have sent it */
+  if (!n->dirty) {
+    B.njournal++;
+    if (t == T_FILE) account(n, n->size);
+    enqueue(path, OP_PUT);
+  }
+  n->dirty = true;
+  n->gen = 1;
+  return true;
+}
+
 /* What an earlier run left journaled goes up first; cached data it did
  * not journal was clean, and goes (lock held). */
 static void recover(void) {
@@ -2201,6 +2318,7 @@ static void recover(void) {
   snprintf(dir, sizeof dir, "%s/journal", B.cache);
   DIR *d = opendir(dir);
   for (struct dirent *e; d && (e = readdir(d));) {
+    if (!strcmp(e->d_name, JOURNAL_MARK)) B.jmarked = true;
     size_t l = strlen(e->d_name);
     if (l < 6 || strcmp(e->d_name + l - 5, ".json")) continue;
     char p[PBUF + 300];
@@ -2211,35 +2329,28 @@ static void recover(void) {
       unlink(p);
     } else if (e->d_name[0] == 't') {
       tombstone(path, json_is_true(json_object_get(j, "dir")));
-    } else {
-      const char *type = json_string_value(json_object_get(j, "type"));
-      ntype t = type && !strcmp(type, "dir") ? T_DIR : type && !strcmp(type, "link") ? T_LINK : T_FILE;
-      bnode *n = node_find(path) ? node_find(path) : node_new(path, t);
-      char cp[PBUF];
-      cache_path(path, cp, sizeof cp);
-      struct stat st;
-      bool ok = n && (t != T_FILE || stat(cp, &st) == 0);
-      if (ok) {
-        n->type = t;
-        n->size = t == T_FILE ? (uint64_t)st.st_size : 0; /* the cache file is the truth */
-        n->mode = (mode_t)json_integer_value(json_object_get(j, "mode")) & 07777;
-        n->mtime_ns = json_integer_value(json_object_get(j, "mtime"));
-        n->uid = (uid_t)json_integer_value(json_object_get(j, "uid"));
-        n->gid = (gid_t)json_integer_value(json_object_get(j, "gid"));
-        const char *target = json_string_value(json_object_get(j, "target"));
-        if (t == T_LINK) n->target = strdup(target ? target : ""), n->size = strlen(n->target);
-        n->full = true;
-        n->tried = true; /* an earlier run may have sent it */
-        if (!n->dirty) B.njournal++;
-        n->dirty = true;
-        n->gen = 1;
-        if (t == T_FILE) account(n, n->size);
-        enqueue(path, OP_PUT);
-      } else {
-        unlink(p); /* no data for it: nothing was acknowledged */
-        if (n) node_maybe_free(n);
-      }
+    } else if (!recover_node(j, path, p)) {
+      unlink(p); /* no data for it: nothing was acknowledged */
     }
+    json_decref(j);
+  }
+  if (d) closedir(d);
+  /* entries in cache files' attributes, if any were ever written: each
+   * names the path whose cache file it is on (else it is a stale one) */
+  snprintf(dir, sizeof dir, "%s/data", B.cache);
+  d = B.jmarked ? opendir(dir) : NULL;
+  for (struct dirent *e; d && (e = readdir(d));) {
+    if (e->d_name[0] == '.') continue;
+    char v[8192], cp[PBUF + 300];
+    snprintf(cp, sizeof cp, "%s/%s", dir, e->d_name);
+    ssize_t k = getxattr(cp, JOURNAL_ATTR, v, sizeof v - 1);
+    if (k <= 0) continue;
+    v[k] = 0;
+    json_t *j = json_loads(v, 0, NULL);
+    const char *path = json_string_value(json_object_get(j, "path"));
+    char h[65];
+    if (path && *path && strlen(path) < MAX_KEY && (sha256_hex(path, strlen(path), h), !strcmp(h, e->d_name)))
+      recover_node(j, path, NULL);
     json_decref(j);
   }
   if (d) closedir(d);
@@ -2321,13 +2432,18 @@ static int load_config(char *err, size_t errlen) {
   return 0;
 }
 
+/* What stays journaled at the end; the mark goes when no attribute holds
+ * an entry (uploaders stopped). */
 static size_t journal_left(void) {
-  size_t n = 0;
+  size_t n = B.njattr;
   char dir[PBUF];
   snprintf(dir, sizeof dir, "%s/journal", B.cache);
   DIR *d = opendir(dir);
-  for (struct dirent *e; d && (e = readdir(d));) n += e->d_name[0] != '.';
+  for (struct dirent *e; d && (e = readdir(d));) n += e->d_name[0] != '.' && strcmp(e->d_name, JOURNAL_MARK);
   if (d) closedir(d);
+  char mark[PBUF + 32];
+  snprintf(mark, sizeof mark, "%s/" JOURNAL_MARK, dir);
+  if (!B.njattr && B.jmarked && unlink(mark) == 0) B.jmarked = false;
   return n;
 }
 

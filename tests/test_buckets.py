@@ -527,8 +527,9 @@ def test_crash_during_outage(t, x):
     mounted_then_away(x, 'jo')
     try:
         r = c.sh('head -c 12345678 /dev/zero > /data/shrunk && echo ok > /data/shrunk && chmod 600 /data/shrunk && '
-                 'echo small > /data/grown && head -c 2345678 /dev/urandom > /data/grown && sha256sum < /data/grown && '
-                 'stat -c "%s %a" /data/shrunk /data/grown', sandbox='jo', wait=120)
+                 'echo small > /data/grown && head -c 2345678 /dev/urandom > /data/grown && '
+                 'echo moved > /data/before && mv /data/before /data/after && mkdir /data/dd && ln -s after /data/ln && '
+                 'sha256sum < /data/grown && stat -c "%s %a" /data/shrunk /data/grown', sandbox='jo', wait=120)
         t.eq(r['exitCode'], 0, 'writes go on with the S3 server down', r)
         digest, sizes = r['stdout'].split()[0], r['stdout'].split('\n')[1:3]
         for pid in bucketfs_pids(x):
@@ -541,6 +542,12 @@ def test_crash_during_outage(t, x):
          'by the server that takes over after kill -9')
     r = c.sh('stat -c "%s %a" /data/shrunk /data/grown', sandbox='jo', wait=60)
     t.eq(r['stdout'].split('\n')[:2], sizes, 'sizes and modes as they were before the crash', r)
+    x.s3.wait_object('test', 'jo/after', b'moved\n', 60)
+    wait_until(lambda: {'jo/dd/', 'jo/ln'} <= set(x.s3.stored_keys('test', 'jo/')), 60, 'the directory and the link uploaded')
+    r = c.sh('ls /data; readlink /data/ln', sandbox='jo', wait=60)
+    t.eq(r['stdout'], 'after\ndd\ngrown\nln\nshrunk\nup\nafter\n',
+         'a file renamed, a directory and a link made while the bucket was away are there after the crash, '
+         'the old name gone')
 
 
 def test_syscall_suite(t, x):
