@@ -20,6 +20,8 @@
            2,000 source files and reading them back, 1 GiB sequential write
            and read; the wake of a sandbox with a bucket mount (--s3-tmpfs:
            s3rver keeps its objects on a tmpfs, off the host's disk)
+  bucket-files  small files written through a bucket mount until stored,
+           against the same on the host's disk
   recover  a bucket server killed with 20,000 files journaled (written while
            its bucket was away), started again: until a stat answers,
            against the same with none
@@ -37,7 +39,7 @@
            HTTP; the ping difference stdio - socket is what the relay adds
   clients  `exec true` latency and throughput with 1, 8 and 64 socket clients
 
-Usage: bench/bench.py [create|wake|many|disk|view|churn|buckets|recover|code|preview|exec|parallel|transports|clients|all] [--n N] [--s3-tmpfs]. Needs root, a built
+Usage: bench/bench.py [create|wake|many|disk|view|churn|buckets|bucket-files|recover|code|preview|exec|parallel|transports|clients|all] [--n N] [--s3-tmpfs]. Needs root, a built
 build/sbx and bubblewrap (scripts/bootstrap installs it)."""
 import argparse
 import os
@@ -1010,6 +1012,60 @@ def bench_preview():
         env.close()
 
 
+def bench_bucket_files(files=2000, rounds=3):
+    """Small files written through a bucket mount (a shell loop of `echo >
+    f$i`, then until every object is stored; s3rver's objects on a tmpfs),
+    against the same loop on the host's disk (where the mount's cache is),
+    rounds alternating."""
+    import json
+    from s3server import AK, SK, S3
+    env = Env()
+    os.makedirs(os.path.join(env.root, 's3data'))
+    subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=2g', 'sbx-bench-s3', os.path.join(env.root, 's3data')],
+                   check=True)
+    s3 = S3(env.root, buckets=('bench',))
+    loop = 'cd %s && i=0; while [ $i -lt %d ]; do echo $i > f$i; i=$((i+1)); done'
+    try:
+        got = {'bucket': [], 'disk': []}
+        for r in range(rounds):
+            mnt, cache = os.path.join(env.root, 'm%d' % r), os.path.join(env.root, 'c%d' % r)
+            os.makedirs(mnt)
+            os.makedirs(cache)
+            cfg = json.dumps({'endpoint': s3.direct, 'bucket': 'bench', 'region': 'us-east-1', 'prefix': 'r%d' % r,
+                              'accessKeyId': AK, 'secretAccessKey': SK, 'pathStyle': True, 'cacheDir': cache,
+                              'cacheMaxMB': 8192, 'uidBase': 0})
+            p = subprocess.Popen([env.sbx, 'bucketfs', mnt], stdin=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            p.stdin.write(cfg.encode())
+            p.stdin.close()
+            deadline = time.monotonic() + 60
+            while not os.path.ismount(mnt):
+                assert time.monotonic() < deadline and p.poll() is None, 'bucketfs did not mount'
+                time.sleep(0.01)
+            t0 = time.perf_counter()
+            subprocess.run(['sh', '-c', loop % (mnt, files)], check=True)
+            while len(s3.stored_keys('bench', 'r%d/' % r)) < files:
+                time.sleep(0.2)  # each look walks the server's files
+            got['bucket'].append(files / (time.perf_counter() - t0))
+            subprocess.run(['umount', mnt])
+            p.wait()
+            native = os.path.join(env.root, 'n%d' % r)
+            os.makedirs(native)
+            subprocess.run(['sync'])
+            t0 = time.perf_counter()
+            subprocess.run(['sh', '-c', loop % (native, files)], check=True)
+            got['disk'].append(files / (time.perf_counter() - t0))
+        b, d = statistics.median(got['bucket']), statistics.median(got['disk'])
+        print('== %d small files written, until stored (median of %d rounds) ==' % (files, rounds))
+        print('through a bucket mount          %8.0f files/s  (%s)' % (b, ', '.join('%.0f' % x for x in got['bucket'])))
+        print('on the host\'s disk             %8.0f files/s  (%s)' % (d, ', '.join('%.0f' % x for x in got['disk'])))
+        print('ratio (bucket / disk)           %8.2fx' % (b / d))
+        print()
+    finally:
+        s3.close()
+        subprocess.run(['umount', '-l', os.path.join(env.root, 's3data')], capture_output=True)
+        env.close()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument('what', nargs='?', default='all')
@@ -1037,6 +1093,8 @@ def main():
             bench_buckets(s3_tmpfs=a.s3_tmpfs)
         if a.what in ('recover', 'all'):
             bench_bucket_recover(a.n or 20000)
+        if a.what in ('bucket-files', 'all'):
+            bench_bucket_files(a.n or 2000)
         if a.what in ('code', 'all'):
             bench_code()
         if a.what in ('preview', 'all'):
