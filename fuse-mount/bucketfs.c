@@ -217,10 +217,15 @@ static void journal_path(const char *path, bool tomb, char *out, size_t len) {
 }
 
 /* dir/name, or NULL with errno ENAMETOOLONG when its key (and a directory
- * marker's trailing slash) would pass S3's 1024 bytes. */
+ * marker's trailing slash) would pass S3's 1024 bytes, EILSEQ when the name
+ * is not UTF-8 (no key can be: S3 would store another name). */
 static char *join(const char *dir, const char *name) {
   if (strlen(name) > NAME_MAX || strlen(B.prefix) + strlen(dir) + 1 + strlen(name) + 1 > MAX_KEY) {
     errno = ENAMETOOLONG;
+    return NULL;
+  }
+  if (!sbx_utf8_valid(name, strlen(name))) {
+    errno = EILSEQ;
     return NULL;
   }
   errno = ENOMEM;
@@ -1437,7 +1442,7 @@ static int head_into(bnode *n, bool dir) {
 static int lookup_node(bnode *parent, const char *name, bnode **out) {
   if (parent->type != T_DIR) return -ENOTDIR;
   char *path = join(parent->path, name);
-  if (!path) return -errno;
+  if (!path) return errno == EILSEQ ? -ENOENT : -errno; /* not a name the bucket can have */
   bnode *n = node_find(path);
   int r = 0;
   if (n && !n->unlinked && (n->dirty || n->queued || !n->remote)) goto found; /* ours: the bucket knows less */
@@ -1850,6 +1855,7 @@ static void b_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off
 static void b_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, const char *name) {
   if (B.read_only) return (void)fuse_reply_err(req, EROFS);
   if (strlen(link) >= PATH_MAX) return (void)fuse_reply_err(req, ENAMETOOLONG);
+  if (!sbx_utf8_valid(link, strlen(link))) return (void)fuse_reply_err(req, EILSEQ); /* as names: see join */
   bnode *n;
   pthread_mutex_lock(&B.lock);
   int r = make_node(node_of(parent), name, T_LINK, 0777, fuse_req_ctx(req), &n);

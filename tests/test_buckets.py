@@ -103,6 +103,25 @@ def test_mount_write_read(t, x):
     t.ok(True, 'rm deletes the object')
 
 
+
+def test_names_not_utf8(t, x):
+    """S3 keys are UTF-8: a name that is not cannot be stored as itself
+    (the server keeps another one), so the mount refuses it as a strict
+    UTF-8 filesystem would, and says which error."""
+    x.mount('/u8', prefix='u8')
+    prog = ('import errno, os\n'
+            'def e(f, *a):\n'
+            '    try:\n        f(*a)\n        return "ok"\n'
+            '    except OSError as x:\n        return errno.errorcode[x.errno]\n'
+            'open("/u8/fine", "w").write("x")\n'
+            'print(e(os.open, b"/u8/bad\\xff", os.O_CREAT | os.O_WRONLY), e(os.mkdir, b"/u8/d\\xfe"),\n'
+            '      e(os.rename, "/u8/fine", b"/u8/r\\xff"), e(os.symlink, b"t\\xff", "/u8/ln"),\n'
+            '      e(os.stat, b"/u8/bad\\xff"), sorted(os.listdir("/u8")))\n')
+    x.c.ok('writeFile', {'sandboxId': 'b1', 'path': '/workspace/u8.py', 'content': prog})
+    r = x.c.sh('python3 /workspace/u8.py')
+    t.eq(r['stdout'], "EILSEQ EILSEQ EILSEQ EILSEQ ENOENT ['fine']\n",
+         'a create, mkdir, rename or symlink target that is not UTF-8: EILSEQ; a lookup of one: ENOENT', r)
+
 def test_signatures(t, x):
     c = x.c
     # a multipart upload (a 16 MiB part and the rest), a listing past one page (1005
@@ -906,7 +925,7 @@ def test_destroy_cleans_up(t, x):
 
 
 if __name__ == '__main__':
-    sys.exit(run_tests([test_mount_write_read, test_signatures, test_fsync_means_in_bucket, test_secrets_never_shown,
+    sys.exit(run_tests([test_mount_write_read, test_names_not_utf8, test_signatures, test_fsync_means_in_bucket, test_secrets_never_shown,
                         test_errors, test_read_only, test_server_cpu_bounded, test_fsyncs_hold_no_thread, test_hung_bucket_stalls_nobody, test_local_bucket, test_local_bucket_quota, test_reset_keeps_bucket, test_restart_kill9,
                         test_crash_of_bucket_server, test_daemon_killed_during_writes, test_outage, test_outage_names_bounded, test_removed_stays_removed, test_open_unlinked_files, test_crash_during_outage, test_syscall_suite,
                         test_view_shows_bucket, test_unmount, test_cache_cap, test_mounts_by_identity, test_mounts_bounded, test_more_files_than_fds, test_big_directory, test_cold_directory, test_destroy_cleans_up], Ctx))
