@@ -610,6 +610,7 @@ static void journal_drop(bnode *n, const char *path) {
 }
 
 static void journal_node(bnode *n) {
+  if (!n->dirty || n->unlinked) return; /* nothing of it is to go up */
   int64_t at = now_ns();
   json_t *j = entry_of(n, at);
   char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
@@ -920,6 +921,7 @@ static void account(bnode *n, uint64_t bytes) {
  * in flight when it was queued; else one chunk a reader waits for. */
 static int fetch_span(bnode *n, size_t i, size_t count, bool queued) {
   if (!queued) {
+    if (i >= n->nchunks) return 0; /* past the layout of its cache file: see ensure_range */
     while (bit(n->inflight, i)) pthread_cond_wait(&B.fetched, &B.lock);
     if (n->full || bit(n->present, i) || i >= n->nchunks) return 0;
     if (n->cfd < 0) return -EIO;
@@ -971,6 +973,12 @@ static int ensure_range(bnode *n, uint64_t off, uint64_t len, bool ahead) {
   int r = cache_open(n);
   if (r < 0 || n->full || off >= n->size || !len) return r;
   if (off + len > n->size) len = n->size - off;
+  /* only the chunks its cache file was laid out for: an object that
+   * changed in the bucket while open keeps that layout (open files read
+   * what they had) while its size says the new one */
+  uint64_t mapped = (uint64_t)n->nchunks * CHUNK;
+  if (off >= mapped) return 0;
+  if (off + len > mapped) len = mapped - off;
   size_t first = off / CHUNK, last = (off + len - 1) / CHUNK;
   n->busy++; /* not evicted while it fills */
   evict((last - first + 1) * CHUNK);

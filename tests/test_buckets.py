@@ -121,6 +121,33 @@ def test_names_not_utf8(t, x):
     r = x.c.sh('python3 /workspace/u8.py')
     t.eq(r['stdout'], "EILSEQ EILSEQ EILSEQ EILSEQ ENOENT ['fine']\n",
          'a create, mkdir, rename or symlink target that is not UTF-8: EILSEQ; a lookup of one: ENOENT', r)
+    x.c.ok('unmountBucket', {'sandboxId': 'b1', 'mountPath': '/u8'})
+
+
+def test_object_grows_while_open(t, x):
+    """An object that another S3 client replaces with a bigger one while a
+    file of it is open: the open file reads what it had (here nothing: it
+    was empty), and the bucket's server goes on serving (it used to index
+    its map of cached chunks past its end, and died)."""
+    x.s3.put('test', 'gw/e', b'')
+    x.mount('/gw', prefix='gw')
+    prog = ('import os, time\n'
+            'fd = os.open("/gw/e", os.O_RDONLY)\n'
+            'open("/workspace/opened", "w").close()\n'
+            'deadline = time.monotonic() + 60\n'
+            'while os.stat("/gw/e").st_size == 0 and time.monotonic() < deadline:\n'
+            '    time.sleep(0.1)\n'
+            'print(os.stat("/gw/e").st_size, len(os.pread(fd, 65536, 0)), len(os.pread(fd, 65536, 5 << 20)))\n')
+    x.c.ok('writeFile', {'sandboxId': 'b1', 'path': '/workspace/grow.py', 'content': prog})
+    x.c.ok('startProcess', {'sandboxId': 'b1', 'processId': 'grow', 'command': 'python3 /workspace/grow.py > /workspace/grow.out 2>&1'})
+    wait_until(lambda: x.c.sh('test -e /workspace/opened && echo y')['stdout'] == 'y\n', 30, 'the file to be open')
+    x.s3.put('test', 'gw/e', b'z' * (10 << 20))
+    wait_until(lambda: x.c.sh('test -s /workspace/grow.out && echo y')['stdout'] == 'y\n', 90, 'the reader to finish')
+    r = x.c.sh('cat /workspace/grow.out')
+    t.eq(r['stdout'], '%d 0 0\n' % (10 << 20), 'the new size shows; the file opened before reads what it had', r)
+    r = x.c.sh('echo still > /gw/after && cat /gw/after')
+    t.eq(r['stdout'], 'still\n', 'the mount still works')
+    x.c.ok('unmountBucket', {'sandboxId': 'b1', 'mountPath': '/gw'})
 
 def test_signatures(t, x):
     c = x.c
@@ -925,7 +952,7 @@ def test_destroy_cleans_up(t, x):
 
 
 if __name__ == '__main__':
-    sys.exit(run_tests([test_mount_write_read, test_names_not_utf8, test_signatures, test_fsync_means_in_bucket, test_secrets_never_shown,
+    sys.exit(run_tests([test_mount_write_read, test_names_not_utf8, test_object_grows_while_open, test_signatures, test_fsync_means_in_bucket, test_secrets_never_shown,
                         test_errors, test_read_only, test_server_cpu_bounded, test_fsyncs_hold_no_thread, test_hung_bucket_stalls_nobody, test_local_bucket, test_local_bucket_quota, test_reset_keeps_bucket, test_restart_kill9,
                         test_crash_of_bucket_server, test_daemon_killed_during_writes, test_outage, test_outage_names_bounded, test_removed_stays_removed, test_open_unlinked_files, test_crash_during_outage, test_syscall_suite,
                         test_view_shows_bucket, test_unmount, test_cache_cap, test_mounts_by_identity, test_mounts_bounded, test_more_files_than_fds, test_big_directory, test_cold_directory, test_destroy_cleans_up], Ctx))
