@@ -619,11 +619,11 @@ static void journal_node(bnode *n) {
     if (!n->jattr) B.njattr++;
     n->jattr = true;
   } else if (j) {
-    drop_jattr(n);
     char path[PBUF];
     journal_path(n->path, false, path, sizeof path);
     write_json_file(path, j);
     n->jfile = true;
+    drop_jattr(n); /* after: a crash between the two leaves both, the newer wins */
   }
   n->jat = at;
   free(s);
