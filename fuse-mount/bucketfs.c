@@ -1214,6 +1214,16 @@ static void *uploader(void *arg) {
         if (n->gen == gen) {
           mark_clean(n);
           n->up_gen = gen;
+          /* in the bucket now: a listing read before that (while a
+           * restart's journal went up) would make it vanish once the node
+           * is freed, until the listing is read again */
+          bnode *d = parent_of(n->path);
+          const char *base = base_of(n->path);
+          if (!n->unlinked && d && d->list_at && !list_find(d, base)) {
+            list_add(d, base, n->type == T_DIR);
+            lentry *le = list_find(d, base);
+            if (le) le->size = n->type == T_DIR ? 0 : n->size;
+          }
         }
         if (strcmp(n->path, q->path) || n->unlinked) {
           /* renamed or removed while it went up: what went up is stale */
