@@ -132,9 +132,11 @@ def test_object_grows_while_open(t, x):
     x.s3.put('test', 'gw/e', b'')
     x.mount('/gw', prefix='gw')
     prog = ('import os, time\n'
+            'deadline = time.monotonic() + 60\n'
+            'while not os.path.exists("/gw/e") and time.monotonic() < deadline:  # another mount made it\n'
+            '    time.sleep(0.1)\n'
             'fd = os.open("/gw/e", os.O_RDONLY)\n'
             'open("/workspace/opened", "w").close()\n'
-            'deadline = time.monotonic() + 60\n'
             'while os.stat("/gw/e").st_size == 0 and time.monotonic() < deadline:\n'
             '    time.sleep(0.1)\n'
             'print(os.stat("/gw/e").st_size, len(os.pread(fd, 65536, 0)), len(os.pread(fd, 65536, 5 << 20)))\n')
@@ -147,7 +149,18 @@ def test_object_grows_while_open(t, x):
     t.eq(r['stdout'], '%d 0 0\n' % (10 << 20), 'the new size shows; the file opened before reads what it had', r)
     r = x.c.sh('echo still > /gw/after && cat /gw/after')
     t.eq(r['stdout'], 'still\n', 'the mount still works')
-    x.c.ok('unmountBucket', {'sandboxId': 'b1', 'mountPath': '/gw'})
+    # the sandbox alone can be the other client: a second mount of the same bucket
+    x.mount('/gw2', prefix='gw')
+    x.c.sh(': > /gw2/e2 && rm -f /workspace/opened /workspace/grow.out')
+    x.c.ok('writeFile', {'sandboxId': 'b1', 'path': '/workspace/grow.py', 'content': prog.replace('/gw/e', '/gw/e2')})
+    x.c.ok('startProcess', {'sandboxId': 'b1', 'processId': 'grow2', 'command': 'python3 /workspace/grow.py > /workspace/grow.out 2>&1'})
+    wait_until(lambda: x.c.sh('test -e /workspace/opened && echo y')['stdout'] == 'y\n', 30, 'the file to be open')
+    x.c.sh('head -c %d /dev/zero > /gw2/e2' % (10 << 20))
+    wait_until(lambda: x.c.sh('test -s /workspace/grow.out && echo y')['stdout'] == 'y\n', 90, 'the reader to finish')
+    r = x.c.sh('cat /workspace/grow.out; echo still > /gw/after2 && cat /gw/after2')
+    t.eq(r['stdout'], '%d 0 0\nstill\n' % (10 << 20), 'the same when the sandbox grows it through a second mount', r)
+    for mp in ('/gw', '/gw2'):
+        x.c.ok('unmountBucket', {'sandboxId': 'b1', 'mountPath': mp})
 
 def test_signatures(t, x):
     c = x.c
