@@ -619,6 +619,28 @@ def bench_churn(seconds=4):
         env.close()
 
 
+def spawn_bucketfs(env, s3, mnt, cache, prefix):
+    """`sbx bucketfs MNT` (the server a mountBucket runs) on s3's bucket
+    "bench" under prefix, its cache in cache; not waited for."""
+    import json
+    from s3server import AK, SK
+    cfg = json.dumps({'endpoint': s3.direct, 'bucket': 'bench', 'region': 'us-east-1', 'prefix': prefix,
+                      'accessKeyId': AK, 'secretAccessKey': SK, 'pathStyle': True, 'cacheDir': cache,
+                      'cacheMaxMB': 8192, 'uidBase': 0})
+    p = subprocess.Popen([env.sbx, 'bucketfs', mnt], stdin=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    p.stdin.write(cfg.encode())
+    p.stdin.close()
+    return p
+
+
+def wait_mounted(mnt, p=None, timeout=60):
+    """Until mnt is a mount point (p: its server, which must not end)."""
+    deadline = time.monotonic() + timeout
+    while not os.path.ismount(mnt):
+        assert time.monotonic() < deadline and (p is None or p.poll() is None), 'no mount at %s' % mnt
+        time.sleep(0.01)
+
+
 def bench_buckets(size_mb=1024, files=2000, s3_tmpfs=False):
     """sbx-bucketfs (the server a mountBucket runs, here mounted on the
     host by `sbx bucketfs MOUNTPOINT`) against s3fs, both on one s3rver:
@@ -627,7 +649,6 @@ def bench_buckets(size_mb=1024, files=2000, s3_tmpfs=False):
     (a fresh mount, caches dropped). s3_tmpfs: s3rver keeps its objects on
     a tmpfs, so that the host's disk (where each new file can cost most of a
     millisecond, three per object stored) does not bound both clients."""
-    import json
     from s3server import AK, SK, S3
     env = Env()
     if s3_tmpfs:
@@ -647,13 +668,7 @@ def bench_buckets(size_mb=1024, files=2000, s3_tmpfs=False):
         if kind == 'sbx':
             cache = os.path.join(env.root, where + '-cache')
             os.makedirs(cache, exist_ok=True)
-            cfg = json.dumps({'endpoint': s3.direct, 'bucket': 'bench', 'region': 'us-east-1', 'prefix': prefix,
-                              'accessKeyId': AK, 'secretAccessKey': SK, 'pathStyle': True, 'cacheDir': cache,
-                              'cacheMaxMB': 8192, 'uidBase': 0})
-            p = subprocess.Popen([env.sbx, 'bucketfs', mnt], stdin=subprocess.PIPE, stderr=subprocess.DEVNULL)
-            p.stdin.write(cfg.encode())
-            p.stdin.close()
-            procs.append(p)
+            procs.append(spawn_bucketfs(env, s3, mnt, cache, prefix))
         else:
             pw = os.path.join(env.root, 's3fs.passwd')
             with open(pw, 'w') as f:
@@ -661,10 +676,7 @@ def bench_buckets(size_mb=1024, files=2000, s3_tmpfs=False):
             os.chmod(pw, 0o600)
             subprocess.run(['s3fs', 'bench:/' + prefix, mnt, '-o', 'url=%s,use_path_request_style,passwd_file=%s' %
                             (s3.direct, pw)], check=True)
-        deadline = time.monotonic() + 30
-        while not os.path.ismount(mnt):
-            assert time.monotonic() < deadline, 'mount of %s' % kind
-            time.sleep(0.05)
+        wait_mounted(mnt, timeout=30)
         mounts.append(mnt)
         return mnt
 
@@ -755,24 +767,15 @@ def bench_bucket_recover(files=20000):
     away, then started again on the same cache: the time until a stat
     through the mount answers (what an earlier run journaled is taken up
     first), against the same start with nothing journaled."""
-    import json
     import signal
-    from s3server import AK, SK, S3
+    from s3server import S3
     env = Env()
     s3 = S3(env.root, buckets=('bench',))
     try:
         def start(mnt, cache):
-            cfg = json.dumps({'endpoint': s3.direct, 'bucket': 'bench', 'region': 'us-east-1', 'prefix': 'rec',
-                              'accessKeyId': AK, 'secretAccessKey': SK, 'pathStyle': True, 'cacheDir': cache,
-                              'cacheMaxMB': 8192, 'uidBase': 0})
-            p = subprocess.Popen([env.sbx, 'bucketfs', mnt], stdin=subprocess.PIPE, stderr=subprocess.DEVNULL)
-            p.stdin.write(cfg.encode())
-            p.stdin.close()
+            p = spawn_bucketfs(env, s3, mnt, cache, 'rec')
             t0 = time.perf_counter()
-            deadline = time.monotonic() + 600
-            while not os.path.ismount(mnt):
-                assert time.monotonic() < deadline and p.poll() is None, 'bucketfs did not mount'
-                time.sleep(0.01)
+            wait_mounted(mnt, p, 600)
             return p, t0
 
         def stop(p, mnt):
@@ -1017,8 +1020,7 @@ def bench_bucket_files(files=2000, rounds=3):
     f$i`, then until every object is stored; s3rver's objects on a tmpfs),
     against the same loop on the host's disk (where the mount's cache is),
     rounds alternating."""
-    import json
-    from s3server import AK, SK, S3
+    from s3server import S3
     env = Env()
     os.makedirs(os.path.join(env.root, 's3data'))
     subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=2g', 'sbx-bench-s3', os.path.join(env.root, 's3data')],
@@ -1031,16 +1033,8 @@ def bench_bucket_files(files=2000, rounds=3):
             mnt, cache = os.path.join(env.root, 'm%d' % r), os.path.join(env.root, 'c%d' % r)
             os.makedirs(mnt)
             os.makedirs(cache)
-            cfg = json.dumps({'endpoint': s3.direct, 'bucket': 'bench', 'region': 'us-east-1', 'prefix': 'r%d' % r,
-                              'accessKeyId': AK, 'secretAccessKey': SK, 'pathStyle': True, 'cacheDir': cache,
-                              'cacheMaxMB': 8192, 'uidBase': 0})
-            p = subprocess.Popen([env.sbx, 'bucketfs', mnt], stdin=subprocess.PIPE, stderr=subprocess.DEVNULL)
-            p.stdin.write(cfg.encode())
-            p.stdin.close()
-            deadline = time.monotonic() + 60
-            while not os.path.ismount(mnt):
-                assert time.monotonic() < deadline and p.poll() is None, 'bucketfs did not mount'
-                time.sleep(0.01)
+            p = spawn_bucketfs(env, s3, mnt, cache, 'r%d' % r)
+            wait_mounted(mnt, p)
             t0 = time.perf_counter()
             subprocess.run(['sh', '-c', loop % (mnt, files)], check=True)
             while len(s3.stored_keys('bench', 'r%d/' % r)) < files:

@@ -377,14 +377,16 @@ static lentry *list_find(bnode *d, const char *name) { return lindex_find(&d->li
 
 /* Our own changes, kept in the listing so it stays right until the next
  * one from the bucket (which has them by then, or has them pending). */
-static void list_add(bnode *d, const char *name, bool dir) {
-  if (!d || !d->list_at) return;
+/* Its entry, or NULL when d has no listing (or memory ran out). */
+static lentry *list_add(bnode *d, const char *name, bool dir) {
+  if (!d || !d->list_at) return NULL;
   lentry *e = list_find(d, name);
   if (!e && !(e = lentry_append(&d->list, &d->nlist, &d->cap, &d->lix, name))) {
     list_free(d); /* listed again next time */
-    return;
+    return NULL;
   }
   e->dir = dir;
+  return e;
 }
 
 static void list_remove(bnode *d, const char *name) {
@@ -446,6 +448,7 @@ static void lru_touch(bnode *n) {
 }
 
 static void journal_node(bnode *n);
+static void drop_jattr(bnode *n);
 
 static void cache_drop(bnode *n, bool unlink_file) {
   while (n->fetching) pthread_cond_wait(&B.fetched, &B.lock);
@@ -454,10 +457,9 @@ static void cache_drop(bnode *n, bool unlink_file) {
     char p[PBUF];
     cache_path(n->path, p, sizeof p);
     unlink(p);
-    if (n->jattr) { /* its journal entry went with the file */
-      n->jattr = false;
-      B.njattr--;
-      if (n->dirty) journal_node(n);
+    if (n->jattr) { /* its journal entry went with the file: written anew */
+      drop_jattr(n);
+      journal_node(n);
     }
   }
   B.cache_used -= n->cached <= B.cache_used ? n->cached : B.cache_used;
@@ -1218,12 +1220,9 @@ static void *uploader(void *arg) {
            * restart's journal went up) would make it vanish once the node
            * is freed, until the listing is read again */
           bnode *d = parent_of(n->path);
-          const char *base = base_of(n->path);
-          if (!n->unlinked && d && d->list_at && !list_find(d, base)) {
-            list_add(d, base, n->type == T_DIR);
-            lentry *le = list_find(d, base);
-            if (le) le->size = n->type == T_DIR ? 0 : n->size;
-          }
+          lentry *le;
+          if (!n->unlinked && d && !list_find(d, base_of(n->path)) && (le = list_add(d, base_of(n->path), n->type == T_DIR)))
+            le->size = n->type == T_DIR ? 0 : n->size;
         }
         if (strcmp(n->path, q->path) || n->unlinked) {
           /* renamed or removed while it went up: what went up is stale */
@@ -2301,7 +2300,8 @@ static bool recover_node(json_t *j, const char *path, const char *jp) {
   const char *type = json_string_value(json_object_get(j, "type"));
   ntype t = type && !strcmp(type, "dir") ? T_DIR : type && !strcmp(type, "link") ? T_LINK : T_FILE;
   int64_t at = json_integer_value(json_object_get(j, "at"));
-  bnode *n = node_find(path) ? node_find(path) : node_new(path, t);
+  bnode *n = node_find(path);
+  if (!n) n = node_new(path, t);
   char cp[PBUF];
   cache_path(path, cp, sizeof cp);
   struct stat st;
@@ -2335,6 +2335,23 @@ static bool recover_node(json_t *j, const char *path, const char *jp) {
   return true;
 }
 
+/* The entry in the attribute of the cache file dir/name, recovered: false
+ * when it has none, or one naming a path whose cache file it is not. */
+static bool recover_attr(const char *dir, const char *name) {
+  char v[8192], cp[PBUF + 300];
+  snprintf(cp, sizeof cp, "%s/%s", dir, name);
+  ssize_t k = getxattr(cp, JOURNAL_ATTR, v, sizeof v - 1);
+  if (k <= 0) return false;
+  v[k] = 0;
+  json_t *j = json_loads(v, 0, NULL);
+  const char *path = json_string_value(json_object_get(j, "path"));
+  char h[65];
+  bool ok = path && *path && strlen(path) < MAX_KEY && (sha256_hex(path, strlen(path), h), !strcmp(h, name)) &&
+            recover_node(j, path, NULL);
+  json_decref(j);
+  return ok;
+}
+
 /* What an earlier run left journaled goes up first; cached data it did
  * not journal was clean, and goes (lock held). */
 static void recover(void) {
@@ -2359,25 +2376,6 @@ static void recover(void) {
     json_decref(j);
   }
   if (d) closedir(d);
-  /* entries in cache files' attributes, if any were ever written: each
-   * names the path whose cache file it is on (else it is a stale one) */
-  snprintf(dir, sizeof dir, "%s/data", B.cache);
-  d = B.jmarked ? opendir(dir) : NULL;
-  for (struct dirent *e; d && (e = readdir(d));) {
-    if (e->d_name[0] == '.') continue;
-    char v[8192], cp[PBUF + 300];
-    snprintf(cp, sizeof cp, "%s/%s", dir, e->d_name);
-    ssize_t k = getxattr(cp, JOURNAL_ATTR, v, sizeof v - 1);
-    if (k <= 0) continue;
-    v[k] = 0;
-    json_t *j = json_loads(v, 0, NULL);
-    const char *path = json_string_value(json_object_get(j, "path"));
-    char h[65];
-    if (path && *path && strlen(path) < MAX_KEY && (sha256_hex(path, strlen(path), h), !strcmp(h, e->d_name)))
-      recover_node(j, path, NULL);
-    json_decref(j);
-  }
-  if (d) closedir(d);
   /* the cache files of the nodes recovered stay: their names, sorted, so
    * that a cache of many files is cleaned in n log n, not n squared */
   size_t nw = 0, cap = 0;
@@ -2396,11 +2394,15 @@ static void recover(void) {
       sha256_hex(n->path, strlen(n->path), wanted[nw++]);
     }
   if (wanted) qsort(wanted, nw, sizeof *wanted, by_name);
+  /* one walk of the cache files: those with an entry in their attribute
+   * (if any was ever written) are recovered, the others nobody claims go
+   * (short of memory, stale files stay: only space) */
   snprintf(dir, sizeof dir, "%s/data", B.cache);
-  d = oom ? NULL : opendir(dir); /* short of memory: stale files stay (only space) */
-  for (struct dirent *e; d && (e = readdir(d));)
-    if (e->d_name[0] != '.' && !(wanted && bsearch(e->d_name, wanted, nw, sizeof *wanted, by_name)))
-      unlinkat(dirfd(d), e->d_name, 0);
+  d = B.jmarked || !oom ? opendir(dir) : NULL;
+  for (struct dirent *e; d && (e = readdir(d));) {
+    if (e->d_name[0] == '.' || (B.jmarked && recover_attr(dir, e->d_name))) continue;
+    if (!oom && !(wanted && bsearch(e->d_name, wanted, nw, sizeof *wanted, by_name))) unlinkat(dirfd(d), e->d_name, 0);
+  }
   if (d) closedir(d);
   free(wanted);
 }

@@ -55,14 +55,14 @@ static __thread int reply_backing;
  * tries miss (up to 256). So requests that come close together keep it
  * open, a client whose requests come further apart than a look (every
  * 0.1-1 ms) costs a look every 256 requests, and an idle view looks at
- * nothing. Judging a look by how soon the next
- * request came instead does not work either way: a look that missed leaves
- * the thread asleep, and the next request then pays the wakeups the look
- * saves, so requests that came 100 us apart while looking come further
- * apart once it stopped (the window stayed shut: 5,000 creates after a
- * 1 GiB read through the view, which sends no request, ran at 2,500 a
- * second instead of 6,000); and "within 1 ms" kept it open for a client
- * that a look never catches (28 % of a CPU for a request every 0.3 ms).
+ * nothing. Judging a look by how soon the next request came instead does
+ * not work either way: a look that missed leaves the thread asleep, and
+ * the next request then pays the wakeups the look saves, so requests that
+ * came 100 us apart while looking come further apart once it stopped (the
+ * window stayed shut: 5,000 creates after a 1 GiB read through the view,
+ * which sends no request, ran at 2,500 a second instead of 6,000); and
+ * "within 1 ms" kept it open for a client that a look never catches (28 %
+ * of a CPU for a request every 0.3 ms).
  * A reply goes to the fd its request was read from (the kernel matches
  * them per fd). */
 
@@ -90,34 +90,32 @@ static uint64_t now_ns(void) {
 
 static ssize_t look_read(int fd, void *buf, size_t len) {
   reply_fd = fd;
-  ssize_t n;
-  if (rd.fd >= 0 && !atomic_exchange(&rd.looking, true)) {
-    uint32_t w = atomic_load(&rd.window);
-    unsigned every = atomic_load(&rd.probe_every);
-    bool probe = !w && atomic_fetch_add(&rd.shut_reads, 1) + 1 >= every;
-    if (probe) {
-      atomic_store(&rd.shut_reads, 0);
-      w = LOOK_MAX_NS;
-    }
-    if (w) {
-      uint64_t t0 = now_ns();
-      while ((n = read(rd.fd, buf, len)) < 0 && errno == EAGAIN && now_ns() - t0 < w) sched_yield();
-      int err = errno;
-      if (n >= 0) atomic_store(&rd.window, LOOK_MAX_NS);
-      else if (err == EAGAIN) atomic_store(&rd.window, probe || w / 2 < LOOK_MIN_NS ? 0 : w / 2);
-      if (probe) atomic_store(&rd.probe_every, n >= 0 ? LOOK_PROBE_MIN : every * 2 > LOOK_PROBE_MAX ? LOOK_PROBE_MAX : every * 2);
-      atomic_store(&rd.looking, false);
-      if (n >= 0) {
-        reply_fd = rd.fd;
-        return n;
-      }
-      if (err != EAGAIN) { /* ENODEV at unmount, as the session's fd would say */
-        errno = err;
-        return n;
-      }
-    } else {
-      atomic_store(&rd.looking, false);
-    }
+  if (rd.fd < 0 || atomic_exchange(&rd.looking, true)) return read(fd, buf, len);
+  uint32_t w = atomic_load(&rd.window);
+  unsigned every = atomic_load(&rd.probe_every);
+  bool probe = !w && atomic_fetch_add(&rd.shut_reads, 1) + 1 >= every;
+  if (probe) {
+    atomic_store(&rd.shut_reads, 0);
+    w = LOOK_MAX_NS;
+  }
+  ssize_t n = -1;
+  int err = EAGAIN;
+  if (w) {
+    uint64_t t0 = now_ns();
+    while ((n = read(rd.fd, buf, len)) < 0 && errno == EAGAIN && now_ns() - t0 < w) sched_yield();
+    err = errno;
+    if (n >= 0) atomic_store(&rd.window, LOOK_MAX_NS);
+    else if (err == EAGAIN) atomic_store(&rd.window, probe || w / 2 < LOOK_MIN_NS ? 0 : w / 2);
+    if (probe) atomic_store(&rd.probe_every, n >= 0 ? LOOK_PROBE_MIN : every * 2 > LOOK_PROBE_MAX ? LOOK_PROBE_MAX : every * 2);
+  }
+  atomic_store(&rd.looking, false);
+  if (n >= 0) {
+    reply_fd = rd.fd;
+    return n;
+  }
+  if (err != EAGAIN) { /* ENODEV at unmount, as the session's fd would say */
+    errno = err;
+    return n;
   }
   return read(fd, buf, len);
 }

@@ -408,9 +408,10 @@ static void h_start_process(mcp_call *call, json_t *args, sbx_sandbox *sb) {
   if (!sbx_env_get(&env, "PYTHONUNBUFFERED")) sbx_env_set(&env, "PYTHONUNBUFFERED", "1");
   sbx_exec_opts o = {.command = str(args, "command"), .cwd = str(args, "cwd"), .env = &env,
                      .session_id = str(args, "sessionId")};
-  sbx_process *p, *old = str(args, "processId") ? sbx_process_find(sb->id, str(args, "processId")) : NULL;
+  const char *id = str(args, "processId");
+  sbx_process *p, *old = id ? sbx_process_find(sb->id, id) : NULL;
   bool replaced = old && old->done;
-  int r = sbx_process_start(mcp_call_loop(call), sb, str(args, "processId"), &o, &p, &err);
+  int r = sbx_process_start(mcp_call_loop(call), sb, id, &o, &p, &err);
   sbx_env_clear(&env);
   if (r < 0) return mcp_call_fail(call, &err);
   struct start_wait *sw = calloc(1, sizeof *sw);

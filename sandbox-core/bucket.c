@@ -338,6 +338,25 @@ static int orphan_caches(void) {
   return n;
 }
 
+/* Whether a mount of cache id may have its cache: at most SBX_MAX_BUCKETS
+ * of the sandbox's, and a new one only while the machine keeps fewer than
+ * SBX_MAX_ORPHAN_CACHES of mounts gone. */
+static int cache_room(const char *sandbox, const char *id, sbx_error *err) {
+  if (caches_besides(sandbox, id) >= SBX_MAX_BUCKETS)
+    return sbx_err(err, "RESOURCE_LIMIT",
+                   "the sandbox has %d bucket caches on this machine already: its S3 mounts, and mounts gone whose "
+                   "changes their bucket has not taken yet (mount such a bucket again to have them uploaded)",
+                   SBX_MAX_BUCKETS);
+  char mine[1400];
+  cache_dir(sandbox, id, mine, sizeof mine);
+  if (access(mine, F_OK) < 0 && orphan_caches() >= SBX_MAX_ORPHAN_CACHES)
+    return sbx_err(err, "RESOURCE_LIMIT",
+                   "this machine keeps %d bucket caches of mounts gone (destroyed sandboxes' too) whose changes their "
+                   "bucket has not taken: no new bucket cache until some are uploaded or deleted from %s/bucket-cache",
+                   SBX_MAX_ORPHAN_CACHES, sbx_engine_cfg()->state_dir);
+  return 0;
+}
+
 /* ---- the helper: a child inside the sandbox, as its root ----------------------- */
 
 typedef enum { H_ATTACH, H_FUSE_ROOTLESS, H_LOCAL_ROOTLESS, H_UMOUNT } helper_op;
@@ -515,12 +534,18 @@ static int run_helper(sbx_sandbox *sb, helper *h, int fds_out[2], sbx_error *err
   return 0;
 }
 
+/* The fd that pinned b's mount is let go (the mount stays where it is). */
+static void unpin(sbx_bucket *b) {
+  if (b->attached) close(b->mfd);
+  b->attached = false;
+}
+
 /* b's mount is attached in the running sandbox: a copy of mfd, an fd of
  * that mount, is kept until it is detached or the sandbox stops. */
 static void attached(sbx_bucket *b, int mfd) {
   int fd = fcntl(mfd, F_DUPFD_CLOEXEC, 3);
   if (fd < 0) return; /* it stays until the sandbox stops */
-  if (b->attached) close(b->mfd);
+  unpin(b);
   b->mfd = fd;
   b->attached = true;
 }
@@ -531,19 +556,17 @@ static int detach(sbx_sandbox *sb, sbx_bucket *b, sbx_error *err) {
   if (!b->attached) return 0; /* nothing of it mounted in this start */
   helper h = {.op = H_UMOUNT, .mfd = b->mfd};
   if (run_helper(sb, &h, NULL, err) < 0) return -1;
-  close(b->mfd);
-  b->attached = false;
+  unpin(b);
   return 0;
 }
 
 void sbx_bucket_stopped(sbx_sandbox *sb) {
-  for (sbx_bucket *b = sb->buckets; b; b = b->next)
-    if (b->attached) close(b->mfd), b->attached = false; /* what pinned the mount lets it go with its namespace */
+  for (sbx_bucket *b = sb->buckets; b; b = b->next) unpin(b); /* the mount goes with its namespace */
 }
 
 /* A mount taken out of the record. */
 static void bucket_free(sbx_bucket *b) {
-  if (b->attached) close(b->mfd);
+  unpin(b);
   free(b);
 }
 
@@ -1071,6 +1094,10 @@ int sbx_bucket_mount(sbx_sandbox *sb, const sbx_bucket_req *r, sbx_bucket_cb cb,
     explicit_bzero(sk, sizeof sk);
     return sbx_err(err, "RESOURCE_LIMIT", "a sandbox has at most %d bucket mounts (unmountBucket one first)", SBX_MAX_BUCKETS);
   }
+  if (!spec.local && cache_room(sb->id, spec.id, err) < 0) {
+    explicit_bzero(sk, sizeof sk);
+    return -1;
+  }
   sbx_bucket *b = malloc(sizeof *b);
   if (!b) return sbx_err(err, "INTERNAL", "out of memory");
   *b = spec;
@@ -1085,24 +1112,6 @@ int sbx_bucket_mount(sbx_sandbox *sb, const sbx_bucket_req *r, sbx_bucket_cb cb,
     sbx_sandbox_save(sb);
     cb(ud, NULL, "mounted");
     return 0;
-  }
-  if (caches_besides(sb->id, b->id) >= SBX_MAX_BUCKETS) {
-    explicit_bzero(sk, sizeof sk);
-    free(b);
-    return sbx_err(err, "RESOURCE_LIMIT",
-                   "the sandbox has %d bucket caches on this machine already: its S3 mounts, and mounts gone whose "
-                   "changes their bucket has not taken yet (mount such a bucket again to have them uploaded)",
-                   SBX_MAX_BUCKETS);
-  }
-  char mine[1400];
-  cache_dir(sb->id, b->id, mine, sizeof mine);
-  if (access(mine, F_OK) < 0 && orphan_caches() >= SBX_MAX_ORPHAN_CACHES) {
-    explicit_bzero(sk, sizeof sk);
-    free(b);
-    return sbx_err(err, "RESOURCE_LIMIT",
-                   "this machine keeps %d bucket caches of mounts gone (destroyed sandboxes' too) whose changes their "
-                   "bucket has not taken: no new bucket cache until some are uploaded or deleted from %s/bucket-cache",
-                   SBX_MAX_ORPHAN_CACHES, sbx_engine_cfg()->state_dir);
   }
   const sbx_engine_config *ec = sbx_engine_cfg();
   char *config = server_config(b, ak, sk, ec->rootless ? 0 : sb->uid_base, sb->opts.limits.disk_mb);
