@@ -20,13 +20,15 @@
 #define MAX_CONNS_PER_SANDBOX 1024
 #define HIGH_WATER (1024 * 1024)   /* bytes queued toward one side before its source pauses */
 #define REVOKED_KEPT 1024          /* tokens that answer 410 instead of 404 */
+#define RETRY_MS 5000              /* a port in use is tried again this often */
 
 /* ---- exposures (the record) ------------------------------------------------------------ */
 
 static struct {
   uv_loop_t *loop;
-  uv_tcp_t server;
-  bool listening;
+  uv_tcp_t *server;
+  uv_timer_t retry;
+  bool listening, stopping, retry_ready;
   int port;
   char problem[300];
   char revoked[REVOKED_KEPT][17];
@@ -34,7 +36,12 @@ static struct {
   int conns;
 } P = {.problem = "the preview proxy is off (previewPort 0)"};
 
-const char *sbx_preview_problem(void) { return P.listening ? NULL : P.problem; }
+static int try_listen(void);
+
+const char *sbx_preview_problem(void) {
+  if (!P.listening && P.port && P.loop && !P.stopping) try_listen();
+  return P.listening ? NULL : P.problem;
+}
 
 static sbx_exposure *find_port(const sbx_sandbox *sb, int port) {
   for (sbx_exposure *e = sb->exposures; e; e = e->next)
@@ -816,28 +823,54 @@ static void on_conn(uv_stream_t *server, int status) {
   uv_read_start((uv_stream_t *)&c->client, alloc_cb, client_read);
 }
 
-int sbx_preview_start(uv_loop_t *loop, int port, char *err, size_t errlen) {
-  P.loop = loop;
-  P.port = port;
-  if (!port) return 0;
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  uv_tcp_init(loop, &P.server);
-  int r = uv_tcp_bind(&P.server, (struct sockaddr *)&a, 0);
-  if (r == 0) r = uv_listen((uv_stream_t *)&P.server, 511, on_conn);
+/* One try at listening; a failure says why in P.problem. The handle of a
+ * failed try is closed and freed on its own (a new one each try). */
+static int try_listen(void) {
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)P.port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  uv_tcp_t *t = malloc(sizeof *t);
+  int r = t ? uv_tcp_init(P.loop, t) : UV_ENOMEM;
+  if (!t || r < 0) {
+    free(t);
+    t = NULL;
+  }
+  if (t && (r = uv_tcp_bind(t, (struct sockaddr *)&a, 0)) == 0) r = uv_listen((uv_stream_t *)t, 511, on_conn);
   if (r < 0) {
     snprintf(P.problem, sizeof P.problem, "the preview proxy cannot listen on 127.0.0.1:%d: %s (set previewPort or "
-                                          "SBX_PREVIEW_PORT)", port, uv_strerror(r));
-    snprintf(err, errlen, "%s", P.problem);
-    uv_close((uv_handle_t *)&P.server, NULL);
+                                          "SBX_PREVIEW_PORT)", P.port, uv_strerror(r));
+    if (t) uv_close((uv_handle_t *)t, (uv_close_cb)free);
     return -1;
   }
+  P.server = t;
   P.listening = true;
   return 0;
 }
 
+/* While the port is taken (another program, another sbx daemon), it is
+ * tried again now and then, and on demand (exposePort, doctor): the
+ * proxy starts once the port is free, without a daemon restart. */
+static void retry_tick(uv_timer_t *t) {
+  if (P.listening || P.stopping || try_listen() == 0) uv_timer_stop(t);
+}
+
+int sbx_preview_start(uv_loop_t *loop, int port, char *err, size_t errlen) {
+  P.loop = loop;
+  P.port = port;
+  if (!port) return 0;
+  if (try_listen() == 0) return 0;
+  snprintf(err, errlen, "%s", P.problem);
+  uv_timer_init(loop, &P.retry);
+  uv_unref((uv_handle_t *)&P.retry);
+  P.retry_ready = true;
+  uv_timer_start(&P.retry, retry_tick, RETRY_MS, RETRY_MS);
+  return -1;
+}
+
 void sbx_preview_stop(void) {
-  if (P.listening) uv_close((uv_handle_t *)&P.server, NULL);
+  if (P.listening) uv_close((uv_handle_t *)P.server, (uv_close_cb)free);
   P.listening = false;
+  P.stopping = true;
+  if (P.retry_ready) uv_close((uv_handle_t *)&P.retry, NULL);
+  P.retry_ready = false;
   snprintf(P.problem, sizeof P.problem, "the daemon is stopping");
   for (pconn *c = conns; c; c = c->next) conn_close(c);
   while (factories) factory_kill(factories);

@@ -17,11 +17,13 @@ typedef struct sbx_exposure {
 } sbx_exposure;
 
 /* Starts the proxy (port from the configuration); a port in use is an
- * error the daemon logs, and the rest of it works on. */
+ * error the daemon logs, and the rest of it works on (the port is tried
+ * again every few seconds and whenever its state is asked for). */
 int sbx_preview_start(uv_loop_t *loop, int port, char *err, size_t errlen);
 /* Closes the proxy, its connections and its helpers (daemon shutdown). */
 void sbx_preview_stop(void);
-/* The proxy's state for doctor and exposePort: NULL when it listens. */
+/* The proxy's state for doctor and exposePort: NULL when it listens (a
+ * proxy that could not listen tries once more first). */
 const char *sbx_preview_problem(void);
 int sbx_preview_expose(sbx_sandbox *sb, int port, const char *name, const sbx_exposure **out, sbx_error *err);
 int sbx_preview_unexpose(sbx_sandbox *sb, int port, sbx_error *err);

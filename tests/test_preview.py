@@ -433,7 +433,8 @@ def test_kept_across_restart(t, x):
 
 def test_port_taken(t, x):
     """A daemon whose proxy cannot listen (its port taken by another
-    program) hands out no URL that answers nothing, and says why."""
+    program) hands out no URL that answers nothing, and says why; once the
+    port is free, the proxy listens without a restart of the daemon."""
     x.env.run(['daemon', 'stop'])
     squatter = socket.socket()
     squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -452,6 +453,14 @@ def test_port_taken(t, x):
         r = x.env.run(['doctor'])
         t.ok(r.returncode == 1 and b'preview URLs' in r.stdout and b'cannot listen' in r.stdout, 'sbx doctor says it',
              r.stdout[-400:])
+        squatter.close()
+        c.ok('startProcess', {'processId': 'web2', 'command': 'exec python3 -u /srv/web.py 8000'})
+        c.ok('waitForLog', {'processId': 'web2', 'pattern': 'listening', 'timeout': 20000}, 40)
+        r = c.ok('getExposedPorts')  # the first call after the port is free tries it again
+        url = r['ports'][0]['url'] if r.get('ports') else ''
+        status, _, body = request(x, host_of(url), '/again') if url else (None, None, b'')
+        t.ok('warning' not in r and status == 200 and b'/again' in body,
+             'once the port is free, the proxy listens without a daemon restart and the URL answers', (r, status))
     finally:
         squatter.close()
 

@@ -106,6 +106,9 @@ class Env:
         self.env = dict(os.environ)
         self.env['SBX_RUNTIME_DIR'] = self.runtime
         self.env['SBX_STATE_DIR'] = self.state
+        # a port of its own for the preview proxy: never the 8787 of a
+        # daemon the machine's user runs, nor another test's
+        self.env['SBX_PREVIEW_PORT'] = str(free_port())
         self.clients = []
         self.sbx = SBX
         if user:
