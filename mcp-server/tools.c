@@ -1433,11 +1433,12 @@ static void h_context_create(mcp_call *call, json_t *args, sbx_sandbox *sb) {
                           call, NULL, &err);
   sbx_env_clear(&env);
   if (r < 0) mcp_call_fail(call, &err);
+  else sbx_sandbox_save(sb); /* the record knows its contexts: a restart says they ended */
 }
 
 static void h_context_list(mcp_call *call, json_t *args, sbx_sandbox *sb) {
   (void)args;
-  json_t *o = sbx_code_list(sb->id);
+  json_t *o = sbx_code_list(sb);
   size_t n = json_array_size(json_object_get(o, "contexts"));
   char text[64];
   snprintf(text, sizeof text, "%zu code context%s", n, n == 1 ? "" : "s");
@@ -1449,20 +1450,27 @@ static sbx_code_ctx *find_context(mcp_call *call, json_t *args, sbx_sandbox *sb)
   sbx_code_ctx *c = id ? sbx_code_find(sb->id, id) : NULL;
   if (!c) {
     sbx_error err;
-    sbx_err(&err, "CONTEXT_NOT_FOUND", "no code context '%s' in sandbox '%s' (listCodeContexts shows them)", id ? id : "",
-            sb->id);
+    if (id && sbx_code_gone(sb, id))
+      sbx_err(&err, "CONTEXT_NOT_FOUND", "code context '%s' ended when the sbx daemon restarted, with its state: delete "
+              "it and create another", id);
+    else
+      sbx_err(&err, "CONTEXT_NOT_FOUND", "no code context '%s' in sandbox '%s' (listCodeContexts shows them)",
+              id ? id : "", sb->id);
     mcp_call_fail(call, &err);
   }
   return c;
 }
 
 static void h_context_delete(mcp_call *call, json_t *args, sbx_sandbox *sb) {
-  sbx_code_ctx *c = find_context(call, args, sb);
-  if (!c) return;
+  const char *id = str(args, "contextId");
+  bool gone = id && sbx_code_take_gone(sb, id); /* ended with an earlier daemon: only its name was left */
+  sbx_code_ctx *c = gone ? NULL : find_context(call, args, sb);
+  if (!gone && !c) return;
   char text[128];
-  snprintf(text, sizeof text, "code context %s deleted", str(args, "contextId"));
-  json_t *o = json_pack("{s:s, s:b}", "contextId", str(args, "contextId"), "deleted", 1);
-  sbx_code_delete(c);
+  snprintf(text, sizeof text, "code context %s deleted", id);
+  json_t *o = json_pack("{s:s, s:b}", "contextId", id, "deleted", 1);
+  if (c) sbx_code_delete(c);
+  sbx_sandbox_save(sb);
   mcp_call_ok(call, o, text);
 }
 
@@ -1575,6 +1583,7 @@ static void h_run_code(mcp_call *call, json_t *args, sbx_sandbox *sb) {
     c = NULL;
     call->fresh_context = true;
   }
+  if (!c && sbx_code_take_gone(sb, id)) call->fresh_context = true; /* it ended with an earlier daemon */
   if (c) return run_in(call, args, c);
   struct code_call *cc = calloc(1, sizeof *cc);
   if (!cc) return mcp_call_fail(call, &(sbx_error){.code = "INTERNAL", .message = "out of memory"});
@@ -1583,8 +1592,10 @@ static void h_run_code(mcp_call *call, json_t *args, sbx_sandbox *sb) {
   if (sbx_code_create(mcp_call_loop(call), sb, lang ? lang : "python", id, NULL, NULL, default_ready, cc, NULL, &err) < 0) {
     json_decref(cc->args);
     free(cc);
-    mcp_call_fail(call, &err);
+    sbx_sandbox_save(sb);
+    return mcp_call_fail(call, &err);
   }
+  sbx_sandbox_save(sb); /* the record knows its contexts: a restart says they ended */
 }
 
 const mcp_handler mcp_handlers[] = {

@@ -62,11 +62,47 @@ json_t *sbx_code_json(const sbx_code_ctx *c) {
   return o;
 }
 
-json_t *sbx_code_list(const char *sandbox) {
-  json_t *a = json_array();
+#define GONE_WHY "it ended when the sbx daemon restarted"
+
+json_t *sbx_code_list(const sbx_sandbox *sb) {
+  json_t *a = json_array(), *g;
   for (sbx_code_ctx *c = all; c; c = c->next)
-    if (!c->forgotten && !strcmp(c->sandbox, sandbox)) json_array_append_new(a, sbx_code_json(c));
+    if (!c->forgotten && !strcmp(c->sandbox, sb->id)) json_array_append_new(a, sbx_code_json(c));
+  size_t i;
+  json_array_foreach(sb->code_gone, i, g) {
+    json_t *o = json_deep_copy(g);
+    json_object_set_new(o, "status", json_string("dead"));
+    json_object_set_new(o, "error", json_string(GONE_WHY));
+    json_object_set_new(o, "executionCount", json_integer(0));
+    json_array_append_new(a, o);
+  }
   return json_pack("{s:o}", "contexts", a);
+}
+
+json_t *sbx_code_record(const sbx_sandbox *sb) {
+  json_t *a = json_array(), *g;
+  for (sbx_code_ctx *c = all; c; c = c->next)
+    if (!c->forgotten && !strcmp(c->sandbox, sb->id))
+      json_array_append_new(a, json_pack("{s:s, s:s, s:s}", "id", c->id, "language", c->language, "cwd", c->cwd));
+  size_t i;
+  json_array_foreach(sb->code_gone, i, g) json_array_append(a, g);
+  return a;
+}
+
+static size_t gone_index(const sbx_sandbox *sb, const char *id) {
+  size_t i;
+  json_t *g;
+  json_array_foreach(sb->code_gone, i, g) if (!strcmp(json_string_value(json_object_get(g, "id")), id)) return i;
+  return (size_t)-1;
+}
+
+bool sbx_code_gone(const sbx_sandbox *sb, const char *id) { return gone_index(sb, id) != (size_t)-1; }
+
+bool sbx_code_take_gone(sbx_sandbox *sb, const char *id) {
+  size_t i = gone_index(sb, id);
+  if (i == (size_t)-1) return false;
+  json_array_remove(sb->code_gone, i);
+  return true;
 }
 
 /* ---- runs ------------------------------------------------------------------ */

@@ -37,7 +37,15 @@ void sbx_code_delete(sbx_code_ctx *c);
 bool sbx_code_dead(const sbx_code_ctx *c);
 const char *sbx_code_language(const sbx_code_ctx *c); /* "python" or "javascript" */
 json_t *sbx_code_json(const sbx_code_ctx *c);
-/* {contexts: [...]} of a sandbox */
-json_t *sbx_code_list(const char *sandbox);
+/* {contexts: [...]} of a sandbox, with those that ended with an earlier
+ * daemon as dead ones */
+json_t *sbx_code_list(const sbx_sandbox *sb);
 /* The sandbox was reset or destroyed: its contexts end and are forgotten. */
 void sbx_code_forget_sandbox(const char *sandbox);
+/* For the record: [{id, language, cwd}] of its contexts, and of those an
+ * earlier daemon had (they ended with it), until they are used or deleted. */
+json_t *sbx_code_record(const sbx_sandbox *sb);
+/* Whether id names a context that ended with an earlier daemon; take
+ * also forgets it (the record is the caller's to save). */
+bool sbx_code_gone(const sbx_sandbox *sb, const char *id);
+bool sbx_code_take_gone(sbx_sandbox *sb, const char *id);

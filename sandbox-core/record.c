@@ -1,6 +1,7 @@
 #define _GNU_SOURCE
 #include "record.h"
 #include "bucket.h"
+#include "code.h"
 #include "preview.h"
 
 #include <fcntl.h>
@@ -54,9 +55,14 @@ json_t *sbx_record_json(const sbx_sandbox *sb) {
   for (const sbx_bucket *b = sb->buckets; b; b = b->next) json_array_append_new(buckets, sbx_bucket_to_json(b));
   json_object_set_new(opts, "buckets", buckets);
   json_object_set_new(opts, "ports", sbx_preview_to_json(sb));
-  return json_pack("{s:i, s:s, s:I, s:s, s:b, s:o, s:o}", "version", SBX_RECORD_VERSION, "sandboxId", sb->id, "createdAt",
-                   (json_int_t)sb->created_wall_ms, "state", sb->state == SBX_ASLEEP ? "asleep" : "active",
-                   "resetPending", sb->reset_pending, "options", opts, "sessions", sessions);
+  json_t *rec = json_pack("{s:i, s:s, s:I, s:s, s:b, s:o, s:o}", "version", SBX_RECORD_VERSION, "sandboxId", sb->id,
+                           "createdAt", (json_int_t)sb->created_wall_ms, "state",
+                           sb->state == SBX_ASLEEP ? "asleep" : "active", "resetPending", sb->reset_pending, "options",
+                           opts, "sessions", sessions);
+  json_t *code = sbx_code_record(sb);
+  if (json_array_size(code)) json_object_set_new(rec, "codeContexts", code);
+  else json_decref(code);
+  return rec;
 }
 
 #define BAD(...)                                                               \
@@ -107,6 +113,13 @@ int sbx_record_apply(sbx_sandbox *sb, json_t *rec, char *err, size_t errlen) {
   const char *state = json_string_value(json_object_get(rec, "state"));
   sb->state = state && !strcmp(state, "asleep") ? SBX_ASLEEP : SBX_STOPPED;
   sb->reset_pending = json_is_true(json_object_get(rec, "resetPending"));
+  json_t *code = json_object_get(rec, "codeContexts");
+  json_array_foreach(code, k, h) {
+    const char *cid = json_string_value(json_object_get(h, "id"));
+    const char *lang = json_string_value(json_object_get(h, "language"));
+    if (!cid || !sbx_valid_id(cid) || !lang || k >= SBX_MAX_CODE_CONTEXTS * 2) BAD("bad code context");
+  }
+  if (json_array_size(code)) sb->code_gone = json_incref(code);
   /* sessions are made again when the sandbox starts; keep them meanwhile */
   size_t i;
   json_t *s;

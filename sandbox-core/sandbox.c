@@ -637,6 +637,7 @@ static void sandbox_free(sbx_sandbox *sb) {
   sbx_strv_clear(&sb->opts.allowed_hosts);
   sbx_bucket_free_all(sb);
   sbx_preview_free(sb);
+  json_decref(sb->code_gone);
   free(sb->saved_record);
   free(sb);
 }
@@ -1061,6 +1062,8 @@ int sbx_sandbox_reset(sbx_sandbox *sb) {
   sb->state = SBX_ASLEEP;
   sb->reset_pending = true;
   sb->restart_pending = false;
+  json_decref(sb->code_gone); /* reset: true says all of it */
+  sb->code_gone = NULL;
   sbx_sandbox_save(sb);
   changed(sb->id, "reset");
   return 0;
@@ -1114,8 +1117,9 @@ int sbx_sandbox_sweep_idle(char ids[][64], int max) {
     }
     if (sb->state == SBX_ASLEEP || sb->opts.keep_alive || sb->running > 0 || sb->opts.sleep_after_ms <= 0) continue;
     if (now - sb->last_activity_wall_ms < (uint64_t)sb->opts.sleep_after_ms) continue;
+    if (n >= max) continue; /* the next sweep: each one reset is also told to the caller */
     sbx_sandbox_reset(sb);
-    if (n < max) snprintf(ids[n++], 64, "%s", sb->id);
+    snprintf(ids[n++], 64, "%s", sb->id);
   }
   return n;
 }

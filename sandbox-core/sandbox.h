@@ -82,6 +82,7 @@ typedef struct sbx_sandbox {
   struct sbx_bucket *buckets; /* bucket mounts (bucket.h), remounted on every start */
   uint64_t incarnation;       /* which start this is (its cgroup's name, bucket servers') */
   struct sbx_exposure *exposures; /* exposePort (preview.h), part of the record */
+  struct json_t *code_gone; /* code contexts of an earlier daemon (code.h), part of the record */
   struct sbx_sandbox *next;
 } sbx_sandbox;
 
@@ -133,8 +134,9 @@ sbx_enforced sbx_sandbox_enforced(sbx_sandbox *sb);
 /* "running", "stopped", "sleeping" or "failed". */
 const char *sbx_sandbox_status(sbx_sandbox *sb);
 int sbx_sandbox_count(void);
-/* Resets every sandbox idle past its sleepAfter (not keepAlive, nothing
- * running); fills ids with those reset; returns how many. Called once a
+/* Resets the sandboxes idle past their sleepAfter (not keepAlive, nothing
+ * running), at most max of them; fills ids with those reset; returns how
+ * many (the rest wait for the next call). Called once a
  * second: it also reaps what the cgroups left to reap (sbx_cg_reap). */
 int sbx_sandbox_sweep_idle(char ids[][64], int max);
 void sbx_sandbox_touch(sbx_sandbox *sb);

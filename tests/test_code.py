@@ -244,6 +244,34 @@ def test_reset_ends_contexts(t, x):
     t.eq((r['results'][0]['text'], r.get('reset')), ("'survived'", None), 'a 4 s run in a 2 s sleepAfter sandbox is not reset')
 
 
+def test_contexts_across_restart(t, x):
+    """Contexts are processes: they end with the daemon, and what comes
+    after says so, even when another call woke the sandbox first."""
+    c = x.c
+    c.ok('createSandbox', {'sandboxId': 'rs'})
+    c.ok('runCode', {'sandboxId': 'rs', 'code': 'qq = 1'}, 120)
+    c.ok('runCode', {'sandboxId': 'rs', 'code': 'let jj = 1', 'language': 'javascript'}, 120)
+    ctx = c.ok('createCodeContext', {'sandboxId': 'rs'})['id']
+    c.ok('runCode', {'sandboxId': 'rs', 'code': 'w = 2', 'contextId': ctx}, 120)
+    x.env.run(['daemon', 'stop'])
+    t.eq(c.ok('exec', {'sandboxId': 'rs', 'command': 'true'}).get('restarted'), True, 'the first call after says restarted')
+    r = c.ok('runCode', {'sandboxId': 'rs', 'code': "'qq' in globals()"}, 120)
+    t.eq((r['results'][0]['text'], r.get('contextRestarted')), ('False', True),
+         'a later run in the default context is in a fresh one, and says so')
+    t.eq(c.ok('runCode', {'sandboxId': 'rs', 'code': '1'}, 120).get('contextRestarted'), None, 'once')
+    r = c.ok('runCode', {'sandboxId': 'rs', 'code': 'typeof jj', 'language': 'javascript'}, 120)
+    t.eq((r['results'][0]['text'], r.get('contextRestarted')), ('undefined', True), 'JavaScript\'s as well')
+    listed = {k['id']: k for k in c.ok('listCodeContexts', {'sandboxId': 'rs'})['contexts']}
+    t.ok(listed.get(ctx, {}).get('status') == 'dead' and 'restarted' in listed[ctx].get('error', ''),
+         'listCodeContexts shows a created context as dead, ended with the daemon', listed)
+    res, _ = c.call('runCode', {'sandboxId': 'rs', 'code': 'w', 'contextId': ctx}, 60)
+    err = res['structuredContent'].get('error', {})
+    t.ok(err.get('code') == 'CONTEXT_NOT_FOUND' and 'restarted' in err.get('message', ''),
+         'a run in it is CONTEXT_NOT_FOUND, saying why', err)
+    t.eq(c.ok('deleteCodeContext', {'sandboxId': 'rs', 'contextId': ctx}).get('deleted'), True, 'it can be deleted')
+    t.ok(ctx not in [k['id'] for k in c.ok('listCodeContexts', {'sandboxId': 'rs'})['contexts']], 'and is gone then')
+
+
 def test_missing_interpreter(t, x):
     c = x.c
     c.ok('createSandbox', {'sandboxId': 'nopy'})
@@ -257,4 +285,4 @@ def test_missing_interpreter(t, x):
 if __name__ == '__main__':
     sys.exit(run_tests([test_state_and_results, test_exception, test_plot_and_dataframe, test_timeout_and_cancel,
                         test_contexts_independent, test_javascript, test_big_output, test_lying_driver, test_queued_run_cancelled, test_reset_ends_contexts,
-                        test_missing_interpreter], setup=lambda: Ctx('code')))
+                        test_contexts_across_restart, test_missing_interpreter], setup=lambda: Ctx('code')))
