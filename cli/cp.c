@@ -345,8 +345,10 @@ static int cp_open(sbx_client *c, const char *id, const char *op, const char *pa
   return fd;
 }
 
-/* How the sandbox's tar ended: 0, or 1 with what it said. */
-static int cp_done(sbx_client *c, const char *what) {
+/* How the sandbox's tar ended: 0, or 1 with what it said of id:what. */
+static int cp_done(sbx_client *c, const char *id, const char *path) {
+  char what[1200];
+  snprintf(what, sizeof what, "%s:%s", id, path);
   for (;;) {
     json_t *m = sbx_client_next(c);
     if (!m) {
@@ -400,7 +402,7 @@ static int upload(sbx_client *c, const char *id, const char *host, const char *d
     if (fd < 0) return 1;
     int r = pump(0, fd);
     shutdown(fd, SHUT_WR);
-    int rc = cp_done(c, dst);
+    int rc = cp_done(c, id, dst);
     close(fd);
     return rc || r < 0;
   }
@@ -419,7 +421,7 @@ static int upload(sbx_client *c, const char *id, const char *host, const char *d
     int status = 0;
     if (pid > 0) waitpid(pid, &status, 0);
     shutdown(fd, SHUT_WR);
-    rc = cp_done(c, dst);
+    rc = cp_done(c, id, dst);
     if (pid < 0 || !WIFEXITED(status) || WEXITSTATUS(status)) rc = 1;
     close(fd);
   }
@@ -445,7 +447,7 @@ static int download(sbx_client *c, const char *id, const char *src, const char *
     free(dest);
   }
   close(fd);
-  return cp_done(c, src) | rc;
+  return cp_done(c, id, src) | rc;
 }
 
 /* "ID:PATH" names a sandbox path; anything else is a host path (one with a

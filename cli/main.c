@@ -47,7 +47,7 @@ static const struct help {
      "between calls. -i streams this command's stdin to it. What CMD leaves running ends with\n"
      "it; -d (detach) runs CMD in the background instead, for servers and long jobs, and prints\n"
      "its process id (see sbx ps, sbx logs, sbx kill). --timeout takes 30s, 2m, 500ms or\n"
-     "milliseconds. Exit code: the command's; 124 when it timed out; 130 when interrupted."},
+     "seconds. Exit code: the command's; 124 when it timed out; 130 when interrupted."},
     {"ps", "sbx ps [-s ID]", "Lists the sandbox's background processes (sbx exec -d): id, pid, status, exit code, command."},
     {"logs", "sbx logs [-s ID] [-f] PROCESS",
      "Prints what a background process wrote so far: its stdout, then its stderr on stderr.\n"
@@ -73,6 +73,7 @@ static const struct help {
      "SRC's name inside it; else DST becomes that name. - is a tar stream: `sbx cp ID:PATH -`\n"
      "writes one, `sbx cp - ID:DIR` unpacks one into DIR."},
     {"expose", "sbx expose ID PORT", "Prints a preview URL that opens PORT of sandbox ID in a browser."},
+    {"unexpose", "sbx unexpose ID PORT", "Takes the preview URL of PORT of sandbox ID away (it answers 410 from then on)."},
     {"doctor", "sbx doctor", "Says what this machine offers sbx (namespaces, cgroups, FUSE...) and the configuration."},
     {"mount", MOUNT_USAGE,
      "Shows every sandbox's /workspace at MOUNTPOINT/<sandboxId>/, live. Files show the\n"
@@ -328,9 +329,9 @@ static int cmd_exec(int argc, char **argv) {
     case 'C': cwd = optarg; break;
     case 1000:
       /* 30s, 2m, 500ms, or whole milliseconds */
-      timeout = sbx_parse_duration_ms(optarg, 1);
-      if (timeout <= 0 || (!strpbrk(optarg, "smhd") && strchr(optarg, '.'))) {
-        fprintf(stderr, "sbx exec: --timeout takes a duration: 30s, 2m, 500ms, or whole milliseconds (got '%s')\n", optarg);
+      timeout = sbx_parse_duration_ms(optarg, 1000); /* a bare number is seconds, as for timeout(1) and --sleep-after */
+      if (timeout <= 0) {
+        fprintf(stderr, "sbx exec: --timeout takes a duration: 30s, 2m, 500ms, or seconds (got '%s')\n", optarg);
         return 2;
       }
       break;
@@ -421,17 +422,35 @@ static int cmd_exec(int argc, char **argv) {
   return code;
 }
 
-static int cmd_expose(int argc, char **argv) {
+/* ID PORT: the words of expose and unexpose; the port, or -1 (said). */
+static long port_args(const char *cmd, int argc, char **argv) {
   if (argc != 3) {
-    fprintf(stderr, "usage: sbx expose ID PORT\n");
-    return 2;
+    fprintf(stderr, "usage: sbx %s ID PORT\n", cmd);
+    return -1;
   }
   char *end;
   long port = strtol(argv[2], &end, 10);
-  if (*end || port < 1 || port > 65535) {
-    fprintf(stderr, "sbx expose: PORT must be 1-65535\n");
-    return 2;
+  if (!*argv[2] || *end || port < 1 || port > 65535) {
+    fprintf(stderr, "sbx %s: PORT must be 1-65535\n", cmd);
+    return -1;
   }
+  return port;
+}
+
+static int cmd_unexpose(int argc, char **argv) {
+  long port = port_args("unexpose", argc, argv);
+  if (port < 0) return 2;
+  sbx_client c;
+  if (open_client(&c, argv[1]) < 0) return 1;
+  json_t *r = call(&c, "unexposePort", json_pack("{s:s, s:i}", "sandboxId", argv[1], "port", (int)port), NULL, NULL);
+  sbx_client_close(&c);
+  json_decref(r);
+  return r ? 0 : 1;
+}
+
+static int cmd_expose(int argc, char **argv) {
+  long port = port_args("expose", argc, argv);
+  if (port < 0) return 2;
   sbx_client c;
   if (open_client(&c, argv[1]) < 0) return 1;
   /* a port exposed already: its URL again, as the first time */
@@ -964,6 +983,7 @@ static int run(int argc, char **argv) {
   if (!strcmp(cmd, "ls")) return cmd_ls();
   if (!strcmp(cmd, "session")) return cmd_session(argc - 1, argv + 1);
   if (!strcmp(cmd, "expose")) return cmd_expose(argc - 1, argv + 1);
+  if (!strcmp(cmd, "unexpose")) return cmd_unexpose(argc - 1, argv + 1);
   if (!strcmp(cmd, "ps")) return cmd_ps(argc - 1, argv + 1);
   if (!strcmp(cmd, "logs")) return cmd_logs(argc - 1, argv + 1);
   if (!strcmp(cmd, "kill")) return cmd_kill(argc - 1, argv + 1);

@@ -12,7 +12,7 @@ _sbx() {
   cur="${COMP_WORDS[COMP_CWORD]}"
   prev="${COMP_WORDS[COMP_CWORD-1]}"
   cmd="${COMP_WORDS[1]}"
-  local cmds="mcp daemon exec ps logs kill session ls create destroy cp expose doctor mount umount help --version"
+  local cmds="mcp daemon exec ps logs kill session ls create destroy cp expose unexpose doctor mount umount help --version"
   if [ "$COMP_CWORD" -eq 1 ]; then
     COMPREPLY=($(compgen -W "$cmds" -- "$cur"))
     return
@@ -36,7 +36,7 @@ _sbx() {
       if [[ "$cur" == -* ]]; then COMPREPLY=($(compgen -W "-s --sandbox --cwd -e --help" -- "$cur"))
       else COMPREPLY=($(compgen -W "ls create rm" -- "$cur")); fi ;;
     create) [[ "$cur" == -* ]] && COMPREPLY=($(compgen -W "--network --allow --memory --cpus --pids --disk --sleep-after --keep-alive --image -e --help" -- "$cur")) ;;
-    destroy|expose) COMPREPLY=($(compgen -W "$(_sbx_ids)" -- "$cur")) ;;
+    destroy|expose|unexpose) COMPREPLY=($(compgen -W "$(_sbx_ids)" -- "$cur")) ;;
     cp) COMPREPLY=($(compgen -f -- "$cur") $(compgen -W "$(_sbx_ids | sed 's/$/:/')" -- "$cur")); compopt -o nospace 2>/dev/null ;;
     mount) [[ "$cur" == -* ]] && COMPREPLY=($(compgen -W "-f -o --help" -- "$cur")) || COMPREPLY=($(compgen -d -- "$cur")) ;;
     umount) COMPREPLY=($(compgen -d -- "$cur")) ;;

@@ -29,8 +29,8 @@ static int log_level_index(const char *l) {
 }
 
 static const char instructions[] =
-    "sbx gives you isolated Linux sandboxes on this machine. Every tool takes an optional sandboxId "
-    "(1-63 of [a-z0-9-]); without it, this connection's own sandbox is used. Tools that do work "
+    "sbx gives you isolated Linux sandboxes on this machine. Every tool but listSandboxes takes an optional "
+    "sandboxId (1-63 of [a-z0-9-]); without it, this connection's own sandbox is used. Tools that do work "
     "(exec, writeFile, mkdir, createSession, ...) create the sandbox on first use; tools that only look "
     "answer SANDBOX_NOT_FOUND. Work in /workspace (relative paths land there). exec runs bash in a "
     "session that keeps cd, variables, functions and options; pass a progressToken to see output as it comes, and a "

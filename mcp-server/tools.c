@@ -907,7 +907,12 @@ static void h_git_checkout(mcp_call *call, json_t *args, sbx_sandbox *sb) {
   if (!git_url_ok(url, &ui, &ui_len))
     return mcp_call_fail(call, &(sbx_error){.code = "INVALID_GIT_URL",
                                             .message = "repoUrl must be an https://, http://, git:// or ssh:// URL "
-                                                       "(or user@host:path)"});
+                                                       "(or user@host:path); a repository already in the sandbox is "
+                                                       "cloned with exec: git clone /its/path"});
+  if (ui && !strncasecmp(url, "git://", 6)) /* git would take user:password@host for a host name */
+    return mcp_call_fail(call, &(sbx_error){.code = "INVALID_GIT_URL",
+                                            .message = "git:// URLs carry no credentials: use https:// or ssh:// "
+                                                       "for a repository that needs them"});
   if (branch && (branch[0] == '-' || strpbrk(branch, " \t\n\\:~^?*[") || strstr(branch, "..")))
     return mcp_call_fail(call, &(sbx_error){.code = "VALIDATION_FAILED", .message = "branch is not a valid git ref name"});
   struct git_call *g = calloc(1, sizeof *g);

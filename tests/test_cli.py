@@ -3,6 +3,7 @@ destroy, cp both ways, doctor, daemon stop; `sbx mcp` autostarts the daemon
 detached, and two starters race for one daemon."""
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -23,8 +24,10 @@ def test_exec(t, x):
     t.eq((r.returncode, r.stdout, r.stderr), (5, b'out\n', b'err\n'), 'exec streams stdout/stderr and exits with the code')
     r = x.env.run(['exec', '-s', 'cli', '-e', 'A=1', '--cwd', '/tmp', '--', 'sh', '-c', 'echo "$A $PWD"'])
     t.eq(r.stdout, b'1 /tmp\n', 'words after -- are quoted; -e and --cwd apply')
-    r = x.env.run(['exec', '-s', 'cli', '--timeout', '300', '--', 'sleep 30'])
-    t.ok(r.returncode == 124 and b'timed out' in r.stderr, 'timeout: said, and exit code 124 as timeout(1)', (r.returncode, r.stderr))
+    r = x.env.run(['exec', '-s', 'cli', '--timeout', '0.3', '--', 'sleep 30'])
+    t.ok(r.returncode == 124 and re.search(rb'timed out after 3[0-9][0-9] ms', r.stderr),
+         'timeout: a bare number is seconds (as for timeout(1) and --sleep-after); said, and exit code 124',
+         (r.returncode, r.stderr))
     r = x.env.run(['exec', '-s', 'cli', '--', 'head -c 300000 /dev/urandom > /tmp/r.bin; printf "a\\0b\\377" >> /tmp/r.bin; '
                    'sha256sum < /tmp/r.bin'])
     want = r.stdout.split()[0].decode()
@@ -33,7 +36,7 @@ def test_exec(t, x):
          'exec output reaches stdout byte for byte (binary, NUL, bytes that are not UTF-8)')
     r = x.env.run(['exec', '-s', 'cli', '--timeout', '300ms', '--', 'sleep 30'])
     t.eq(r.returncode, 124, '--timeout takes a unit')
-    for bad in ('abc', '-5', '1.5', '2x'):
+    for bad in ('abc', '-5', '0', '2x'):
         r = x.env.run(['exec', '-s', 'cli', '--timeout', bad, '--', 'true'])
         t.ok(r.returncode == 2 and b'--timeout takes a duration' in r.stderr, '--timeout %s is a usage error' % bad, r.stderr)
     p = subprocess.Popen([SBX, 'exec', '-s', 'cli', '--', 'echo ready; sleep 100'],
@@ -82,7 +85,7 @@ def test_create(t, x):
     with open(big, 'wb') as f:
         f.truncate(50 << 20)
     r = x.env.run(['cp', big, 'tiny:big.bin'])
-    t.eq((r.returncode, r.stderr), (1, b"sbx cp: big.bin: no space left on the sandbox's disk (its diskMB)\n"),
+    t.eq((r.returncode, r.stderr), (1, b"sbx cp: tiny:big.bin: no space left on the sandbox's disk (its diskMB)\n"),
          'sbx cp past a sandbox\'s disk says so')
     os.unlink(big)
     x.env.run(['destroy', 'tiny'])
@@ -179,7 +182,7 @@ def test_cp(t, x):
     t.ok(r.returncode == 1 and b'SANDBOX_NOT_FOUND' in r.stderr, 'a missing sandbox is SANDBOX_NOT_FOUND', r.stderr)
     t.eq(x.env.run(['ls']).stdout, before, 'and it is not created')
     r = x.env.run(['cp', 'cp1:proj/missing', os.path.join(x.env.root, 'm')])
-    t.ok(r.returncode == 1 and r.stderr == b'sbx cp: proj/missing: No such file or directory\n'
+    t.ok(r.returncode == 1 and r.stderr == b'sbx cp: cp1:proj/missing: No such file or directory\n'
          and not os.path.exists(os.path.join(x.env.root, 'm')),
          'a missing sandbox path says so in one line and makes nothing', r.stderr)
     r = x.env.run(['cp', 'cp1:proj', os.path.join(x.env.root, 'nodir', 'p')])
@@ -260,7 +263,7 @@ def test_cp_symlink_race(t, x):
     t.ok(got and got <= {'inside\n', 'own\n'}, "downloads give the sandbox's own files, never the host's", got)
     t.eq(sorted(os.listdir(outside)), ['f.txt'], 'uploads land nowhere on the host')
     t.eq(open(os.path.join(outside, 'f.txt')).read(), 'host-secret', 'and the host file is untouched')
-    t.ok(all(f.startswith('sbx cp: swap/') for f in failed), 'an upload the swap broke says why', failed[:3])
+    t.ok(all(f.startswith('sbx cp: race:swap/') for f in failed), 'an upload the swap broke says why', failed[:3])
     # every directory the link could name then (/proc/1/root is / itself),
     # not a walk of the whole root (200,000 entries: seconds cold, more on a busy host)
     r = c.sh("{ find / /etc -maxdepth 1; find /workspace %s; } | grep '/up-[0-9]*\\.txt$' | xargs -r cat | sort -u"

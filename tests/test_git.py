@@ -108,8 +108,11 @@ def test_target_in_the_way(t, x):
 
 def test_bad_urls(t, x):
     for url in ('file:///srv/repo.git', '/srv/repo.git', '--upload-pack=touch /tmp/pwned', 'ext::sh -c touch% /tmp/p',
-                'http://-oProxyCommand=x/repo', 'fd::3', 'ftp://127.0.0.1/repo.git'):
+                'http://-oProxyCommand=x/repo', 'fd::3', 'ftp://127.0.0.1/repo.git', 'git://u:pw@127.0.0.1/repo.git'):
         t.eq(x.c.err('gitCheckout', {'repoUrl': url}), 'INVALID_GIT_URL', 'refused: %s' % url)
+    res, _ = x.c.call('gitCheckout', {'repoUrl': 'git://u:pw@127.0.0.1/repo.git'})
+    t.ok('no credentials' in res['structuredContent']['error']['message'] and 'pw' not in json.dumps(res),
+         'a git:// URL with credentials says they have no place there, without echoing them', res)
     t.eq(x.c.sh('ls /tmp/pwned /tmp/p 2>&1 | grep -c "No such"')['stdout'].strip(), '2', 'and nothing ran')
 
 

@@ -414,7 +414,10 @@ def test_cli_expose(t, x):
          'sbx expose ID PORT prints the URL', (r.returncode, r.stdout, r.stderr))
     r = x.env.run(['expose', 'web', '8001'])
     t.eq((r.returncode, r.stdout.decode().strip()), (0, url), 'and the same URL again for a port exposed already')
-    x.c.ok('unexposePort', {'port': 8001})
+    r = x.env.run(['unexpose', 'web', '8001'])
+    t.eq((r.returncode, request(x, host_of(url))[0]), (0, 410), 'sbx unexpose ID PORT takes it away: the URL answers 410')
+    r = x.env.run(['unexpose', 'web', '8001'])
+    t.ok(r.returncode == 1 and b'PORT_NOT_EXPOSED' in r.stderr, 'a second time fails and says why', (r.returncode, r.stderr))
 
 
 def test_kept_across_restart(t, x):
