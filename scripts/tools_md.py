@@ -34,8 +34,8 @@ def table(props, required):
 
 def render(catalog):
     out = ['# sbx tools', '',
-           'Generated from `mcp-server/tools.json` by `scripts/tools_md.py`; do not edit. Every tool also takes',
-           '`sandboxId` (1-63 of `[a-z0-9-]`; default: the connection\'s sandbox). Tools marked *creates* make the',
+           'Generated from `mcp-server/tools.json` by `scripts/tools_md.py`; do not edit. Every tool but',
+           '`listSandboxes` also takes `sandboxId` (1-63 of `[a-z0-9-]`; default: the connection\'s sandbox). Tools marked *creates* make the',
            'sandbox when it does not exist; the others answer `SANDBOX_NOT_FOUND`. Errors are results with',
            '`isError: true` and `structuredContent.error = {code, message}`; the codes are ' +
            ', '.join('`%s`' % e for e in ERRORS) + '.', '']
