@@ -11,6 +11,7 @@
 #include <fuse_lowlevel.h>
 #include <jansson.h>
 #include <limits.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stddef.h>
@@ -84,8 +85,10 @@ typedef struct bnode {
   ntype type;
   uint64_t nlookup;
   int opens;
+  int wopens;    /* of them, open for writing: its cache file is whole, chunks never dropped */
   int busy;      /* a request about it is under way (the lock dropped) */
   int fetching;  /* chunk fetches writing into its cache file */
+  int filling;   /* readers making a range present (ensure_range) */
   bool remote;   /* the bucket has it, as far as we know */
   bool kept;     /* fetched ahead: kept (with no reference) for a lookup to come */
   bool meta_pending; /* made ahead of its lookup: mode, owner, mtime not known yet */
@@ -113,6 +116,7 @@ typedef struct bnode {
   bool dirty, queued;
   bool jfile, jattr; /* where its journal entry is: a file of journal/, its cache file's attribute */
   int64_t jat;       /* when that entry was written (recover: the newer of two wins) */
+  uint32_t jextra;   /* what its entry takes past JOURNAL_COST (long names, targets) */
   bool tried; /* an upload of it began: the bucket may have it, whatever it said */
   uint64_t gen, up_gen, fail_gen;
   /* a directory's listing as the bucket had it, plus our own changes */
@@ -127,6 +131,7 @@ typedef struct bnode {
 typedef struct gone {
   char *path;
   bool dir;
+  uint32_t jextra; /* what its entry takes past JOURNAL_COST */
   uint64_t done_ms; /* deleted there at; kept until a listing newer than that */
   struct gone *next;
 } gone;
@@ -170,6 +175,7 @@ static struct {
   uint64_t cache_max, cache_used;
   nlist lru; /* nodes with cached data, least recently used first */
   uint64_t njournal; /* journal entries: dirty nodes and deletions not done yet */
+  uint64_t journal_extra; /* what entries bigger than JOURNAL_COST take past it */
   uint64_t njattr;   /* of them, entries in a cache file's attribute */
   bool jmarked;      /* JOURNAL_MARK is there: entries may be in cache files' attributes */
   bnode *hash[HASH_SIZE];
@@ -450,10 +456,14 @@ static void lru_touch(bnode *n) {
 static void journal_node(bnode *n);
 static void drop_jattr(bnode *n);
 
+/* unlink_file: the cache file of its path goes too, unless that path
+ * names another node now (which it is then the file of: this one was
+ * removed or renamed over). */
 static void cache_drop(bnode *n, bool unlink_file) {
   while (n->fetching) pthread_cond_wait(&B.fetched, &B.lock);
   cache_close(n);
-  if (unlink_file) {
+  bnode *owner = unlink_file ? node_find(n->path) : NULL;
+  if (unlink_file && (!owner || owner == n)) {
     char p[PBUF];
     cache_path(n->path, p, sizeof p);
     unlink(p);
@@ -476,9 +486,8 @@ static void cache_drop(bnode *n, bool unlink_file) {
  * a fetch. Its clean cached data goes with it. */
 static void node_maybe_free(bnode *n) {
   if (n == &B.root || n->nlookup || n->opens || n->busy || n->dirty || n->queued || n->kept) return;
-  bool hashed_here = node_find(n->path) == n;
-  if (hashed_here) node_unhash(n);
-  cache_drop(n, hashed_here);
+  if (node_find(n->path) == n) node_unhash(n);
+  cache_drop(n, true); /* its cache file, unless its path names another node now */
   list_free(n);
   free(n->target);
   free(n->path);
@@ -562,6 +571,18 @@ static void write_json_file(const char *path, json_t *j) {
 #define JOURNAL_ATTR "user.sbx.journal"
 #define JOURNAL_MARK "in-cache-files"
 
+/* What an entry of len bytes takes of the host's disk past JOURNAL_COST:
+ * names and targets with bytes JSON escapes make entries of tens of KB. */
+static uint32_t entry_extra(size_t len) {
+  size_t blocks = (len + 4095) / 4096 * 4096;
+  return blocks > JOURNAL_COST ? (uint32_t)(blocks - JOURNAL_COST) : 0;
+}
+
+static void set_jextra(uint32_t *have, uint32_t now) {
+  B.journal_extra = B.journal_extra - *have + now;
+  *have = now;
+}
+
 static json_t *entry_of(const bnode *n, int64_t at) {
   json_t *j = json_pack("{s:s, s:s, s:I, s:i, s:I, s:i, s:i, s:I}", "path", n->path, "type",
                         n->type == T_DIR ? "dir" : n->type == T_LINK ? "link" : "file", "size", (json_int_t)n->size,
@@ -628,6 +649,7 @@ static void journal_node(bnode *n) {
     drop_jattr(n); /* after: a crash between the two leaves both, the newer wins */
   }
   n->jat = at;
+  if (s) set_jextra(&n->jextra, entry_extra(strlen(s)));
   free(s);
   json_decref(j);
 }
@@ -782,6 +804,7 @@ static gone *gone_add(const char *path, bool dir) {
 /* The deletion is done: its journal entry goes (the caller unlinks it). */
 static void gone_done(gone *g) {
   if (!g->done_ms) B.njournal--;
+  set_jextra(&g->jextra, 0);
   g->done_ms = sbx_now_ms();
 }
 
@@ -791,6 +814,7 @@ static void gone_drop(const char *path) {
       gone *g = *pp;
       *pp = g->next;
       if (!g->done_ms) B.njournal--;
+      set_jextra(&g->jextra, 0);
       free(g->path);
       free(g);
       return;
@@ -804,6 +828,9 @@ static void tombstone(const char *path, bool dir) {
   char jp[PBUF];
   journal_path(path, true, jp, sizeof jp);
   json_t *j = json_pack("{s:s, s:b}", "path", path, "dir", dir);
+  char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+  if (s) set_jextra(&gone_find(path)->jextra, entry_extra(strlen(s)));
+  free(s);
   write_json_file(jp, j);
   json_decref(j);
   enqueue(path, OP_DEL);
@@ -825,6 +852,7 @@ static void mark_clean(bnode *n) {
   journal_drop(n, n->path);
   n->dirty = false;
   B.njournal--;
+  set_jextra(&n->jextra, 0);
 }
 
 /* ---- the cache -------------------------------------------------------------- */
@@ -852,6 +880,10 @@ static void cache_trim(bnode *keep) {
 
 static int cache_open(bnode *n) {
   if (n->cfd >= 0) return 0;
+  /* removed (or renamed over) and not open: its data went with its name,
+   * and the file at that path is another node's (reached again through
+   * an O_PATH descriptor, say) */
+  if (n->unlinked || node_find(n->path) != n) return -ENOENT;
   char p[PBUF];
   cache_path(n->path, p, sizeof p);
   n->cfd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
@@ -895,22 +927,88 @@ static void unkeep(bnode *n) {
 }
 
 /* What the mount takes of its cap: cached data and the journal. */
-static uint64_t budget_used(void) { return B.cache_used + B.njournal * JOURNAL_COST; }
+static uint64_t budget_used(void) { return B.cache_used + B.njournal * JOURNAL_COST + B.journal_extra; }
 
-/* Least recently used clean data goes when the cache is past its cap. */
-static void evict(uint64_t want) {
+/* A read's copy out of a cache file (the lock dropped) holds its node's
+ * I/O lock shared, taken while the lock is held; dropping an open file's
+ * chunks takes it exclusive, with a try, under the lock. (Files open for
+ * writing are never dropped from.) Striped: a lock a node would cost more
+ * than the nodes. */
+#define IO_LOCKS 64
+static pthread_rwlock_t io_locks[IO_LOCKS];
+static pthread_once_t io_once = PTHREAD_ONCE_INIT;
+static void io_locks_init(void) {
+  for (int i = 0; i < IO_LOCKS; i++) pthread_rwlock_init(&io_locks[i], NULL);
+}
+static pthread_rwlock_t *io_lock(const bnode *n) {
+  pthread_once(&io_once, io_locks_init);
+  return &io_locks[((uintptr_t)n >> 6) % IO_LOCKS];
+}
+
+/* The clean chunks of an open file (a reader fetched them: the bucket has
+ * them) go back to the bucket: all but those in flight and, for the node a
+ * reader fills (self), those of its range [keep, keep_end]. Not while any
+ * other reader fills it or I/O on it runs; not a file whose object changed
+ * in the bucket (open files read what they had). Lock held. */
+static bool drop_open_chunks(bnode *v, const bnode *self, size_t keep, size_t keep_end) {
+  if (v->cfd < 0 || v->wopens || v->dirty || !v->remote || v->unlinked || v->stale || v->type != T_FILE || !v->cached ||
+      node_find(v->path) != v || v->filling > (v == self ? 1 : 0))
+    return false;
+  pthread_rwlock_t *l = io_lock(v);
+  if (pthread_rwlock_trywrlock(l) != 0) return false;
+  if (v->full) { /* whole: a map of chunks, all there */
+    size_t nc = (size_t)((v->size + CHUNK - 1) / CHUNK);
+    uint8_t *p = calloc(nc / 8 + 1, 1), *f = calloc(nc / 8 + 1, 1);
+    if (!p || !f) {
+      free(p), free(f);
+      pthread_rwlock_unlock(l);
+      return false;
+    }
+    for (size_t i = 0; i < nc; i++) set_bit(p, i, true);
+    v->present = p, v->inflight = f, v->nchunks = nc, v->full = false;
+  }
+  uint64_t freed = 0;
+  for (size_t i = 0; i < v->nchunks; i++) {
+    if (!bit(v->present, i) || bit(v->inflight, i) || (v == self && i >= keep && i <= keep_end)) continue;
+    uint64_t off = (uint64_t)i * CHUNK, len = v->size - off < CHUNK ? v->size - off : CHUNK;
+    if (fallocate(v->cfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len) < 0) break;
+    set_bit(v->present, i, false);
+    freed += len;
+  }
+  pthread_rwlock_unlock(l);
+  freed = freed < v->cached ? freed : v->cached;
+  v->cached -= freed;
+  B.cache_used -= freed <= B.cache_used ? freed : B.cache_used;
+  if (!v->cached) lru_out(v);
+  return freed > 0;
+}
+
+/* Least recently used clean data goes when the cache is past its cap:
+ * files nothing holds open first, whole, then the chunks of open ones.
+ * self, keep..keep_end: what a reader of self is making present. */
+static void evict_for(uint64_t want, const bnode *self, size_t keep, size_t keep_end) {
   while (budget_used() + want > B.cache_max) {
     bnode *victim = B.lru.head; /* only a node its path names: its cache file is the one of that path */
     while (victim && (!victim->cached || victim->dirty || victim->opens || victim->busy || node_find(victim->path) != victim))
       victim = victim->lru_link.next;
-    if (!victim) return;
-    cache_drop(victim, true);
-    if (victim->kept) { /* fetched ahead and never looked up: goes whole */
-      unkeep(victim);
-      node_maybe_free(victim);
+    if (victim) {
+      cache_drop(victim, true);
+      if (victim->kept) { /* fetched ahead and never looked up: goes whole */
+        unkeep(victim);
+        node_maybe_free(victim);
+      }
+      continue;
     }
+    bool any = false;
+    for (bnode *v = B.lru.head, *next; v && budget_used() + want > B.cache_max; v = next) {
+      next = v->lru_link.next;
+      any |= drop_open_chunks(v, self, keep, keep_end);
+    }
+    if (!any) return;
   }
 }
+
+static void evict(uint64_t want) { evict_for(want, NULL, 0, 0); }
 
 static void account(bnode *n, uint64_t bytes) {
   n->cached += bytes;
@@ -983,8 +1081,10 @@ static int ensure_range(bnode *n, uint64_t off, uint64_t len, bool ahead) {
   if (off + len > mapped) len = mapped - off;
   size_t first = off / CHUNK, last = (off + len - 1) / CHUNK;
   n->busy++; /* not evicted while it fills */
-  evict((last - first + 1) * CHUNK);
+  n->filling++;
+  evict_for((last - first + 1) * CHUNK, n, first, last);
   for (size_t i = first; i <= last && r == 0; i++) r = fetch_span(n, i, 1, false);
+  n->filling--;
   n->busy--;
   if (!ahead || r < 0) return r;
   /* the chunks ahead not there nor coming, in runs of at most span; a
@@ -1710,6 +1810,7 @@ static void b_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t
   }
   mark_dirty(n);
   n->opens++;
+  n->wopens += (fi->flags & O_ACCMODE) != O_RDONLY;
   n->nlookup++;
   struct fuse_entry_param e = {.ino = (uintptr_t)n, .attr_timeout = ATTR_TIMEOUT, .entry_timeout = ATTR_TIMEOUT};
   fill_attr(n, &e.attr);
@@ -1736,7 +1837,7 @@ static void b_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
   } else {
     r = cache_open(n);
   }
-  if (!r) n->opens++;
+  if (!r) n->opens++, n->wopens += writing;
   lru_touch(n);
   /* the kernel keeps its cached pages unless the object changed */
   fi->keep_cache = n->open_version == n->version;
@@ -1775,14 +1876,18 @@ static void b_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struc
   int fd = n->cfd;
   uint64_t fsize = n->size;
   lru_touch(n);
+  pthread_rwlock_t *io = io_lock(n);
+  pthread_rwlock_rdlock(io); /* what ensure_range made present stays so until copied out */
   pthread_mutex_unlock(&B.lock);
-  if (r < 0) return (void)fuse_reply_err(req, -r);
-  if ((uint64_t)off >= fsize) return (void)fuse_reply_buf(req, NULL, 0);
-  if ((uint64_t)off + size > fsize) size = (size_t)(fsize - (uint64_t)off);
-  char *buf = read_buf(size);
-  if (!buf) return (void)fuse_reply_err(req, ENOMEM);
-  ssize_t k = pread(fd, buf, size, off);
-  if (k < 0) fuse_reply_err(req, errno);
+  ssize_t k = 0;
+  char *buf = NULL;
+  if (r == 0 && (uint64_t)off < fsize) {
+    if ((uint64_t)off + size > fsize) size = (size_t)(fsize - (uint64_t)off);
+    if (!(buf = read_buf(size))) r = -ENOMEM;
+    else if ((k = pread(fd, buf, size, off)) < 0) r = -errno;
+  }
+  pthread_rwlock_unlock(io);
+  if (r < 0) fuse_reply_err(req, -r);
   else fuse_reply_buf(req, buf, (size_t)k);
 }
 
@@ -1811,10 +1916,10 @@ static void b_write(fuse_req_t req, fuse_ino_t ino, const char *data, size_t siz
 }
 
 static void b_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
-  (void)fi;
   bnode *n = node_of(ino);
   pthread_mutex_lock(&B.lock);
   n->opens--;
+  n->wopens -= (fi->flags & O_ACCMODE) != O_RDONLY;
   if (n->dirty && !n->unlinked) {
     journal_node(n);
     if (!n->opens) enqueue(n->path, OP_PUT); /* uploaded on close, in the background */
@@ -2000,7 +2105,19 @@ typedef struct dirh {
   lentry *e;
   size_t n;
   lindex ix; /* while it is filled */
+  size_t bytes; /* what it holds of DIRH_MAX */
 } dirh;
+
+/* Each open directory holds a copy of its listing (readdir with seek over
+ * a listing that changes): all of them together hold at most this, past
+ * which opendir is ENOMEM (a sandbox holding a big directory open many
+ * times over would take the host's memory otherwise: about 120 bytes an
+ * entry, so this is 1,000,000 entries, five handles of the biggest
+ * directory a mount lists). */
+#define DIRH_MAX (128u << 20)
+static size_t dirh_total;
+
+static size_t dirh_size(size_t nentries, size_t names) { return sizeof(dirh) + nentries * (sizeof(lentry) + 16) + names; }
 
 static void dirh_add(dirh *h, size_t *cap, const char *name, bool dir) {
   if (lindex_find(&h->ix, h->e, h->n, name)) return;
@@ -2019,7 +2136,13 @@ static void b_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
   }
   /* the bucket's entries less what was removed and not yet deleted there,
    * then what only we have so far */
-  size_t cap = 0, l = strlen(d->path);
+  size_t cap = 0, l = strlen(d->path), names = 0;
+  for (size_t i = 0; i < d->nlist; i++) names += strlen(d->list[i].name) + 1;
+  if (dirh_total + dirh_size(d->nlist, names) > DIRH_MAX) { /* at most this, before it is made */
+    free(h);
+    pthread_mutex_unlock(&B.lock);
+    return (void)fuse_reply_err(req, ENOMEM);
+  }
   for (size_t i = 0; i < d->nlist; i++) {
     char *path = join(d->path, d->list[i].name);
     bnode *n = path ? node_find(path) : NULL;
@@ -2034,6 +2157,10 @@ static void b_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
       if (rest && !strchr(rest, '/')) dirh_add(h, &cap, rest, n->type == T_DIR);
     }
   lindex_free(&h->ix);
+  names = 0;
+  for (size_t i = 0; i < h->n; i++) names += strlen(h->e[i].name) + 1;
+  h->bytes = dirh_size(h->n, names);
+  dirh_total += h->bytes;
   pthread_mutex_unlock(&B.lock);
   fi->fh = (uintptr_t)h;
   fuse_reply_open(req, fi);
@@ -2060,9 +2187,14 @@ static void b_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, st
 static void b_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
   (void)ino;
   dirh *h = (dirh *)(uintptr_t)fi->fh;
+  pthread_mutex_lock(&B.lock);
+  dirh_total -= h->bytes;
+  pthread_mutex_unlock(&B.lock);
+  bool big = h->bytes > (1u << 20);
   for (size_t i = 0; i < h->n; i++) free(h->e[i].name);
   free(h->e);
   free(h);
+  if (big) malloc_trim(0); /* a big listing's memory goes back to the system */
   fuse_reply_err(req, 0);
 }
 
@@ -2325,6 +2457,9 @@ static bool recover_node(json_t *j, const char *path, const char *jp) {
   if (t == T_LINK) n->target = strdup(target ? target : ""), n->size = strlen(n->target);
   n->full = true;
   n->tried = true; /* an earlier run may have sent it */
+  char *text = json_dumps(j, JSON_COMPACT);
+  if (text) set_jextra(&n->jextra, entry_extra(strlen(text)));
+  free(text);
   if (!n->dirty) {
     B.njournal++;
     if (t == T_FILE) account(n, n->size);

@@ -4,6 +4,7 @@ objects cross-checked with awscli; files that survive idle resets, daemon
 and bucket-server crashes and an S3 outage; local buckets; credentials that
 never reach the sandbox; errors that say what went wrong."""
 import base64
+import errno
 import hashlib
 import json
 import os
@@ -523,14 +524,17 @@ def test_outage(t, x):
 
 def test_outage_names_bounded(t, x):
     """With the bucket away, names with nothing in them (symlinks with long
-    targets, empty files) are journaled on the host, each a block: they
-    count against the sandbox's diskMB as data does, so that making them
-    ends in ENOSPC instead of filling the host's disk."""
+    targets, empty files) are journaled on the host, each a block or, with
+    bytes its JSON escapes (a target of control characters is six times
+    as long there), what it takes: they count against the sandbox's diskMB
+    as data does, so that making them ends in ENOSPC instead of filling the
+    host's disk."""
     c = x.c
     mounted_then_away(x, 'names', limits={'diskMB': 64})
     try:
         r = c.sh('cd /data && python3 -c "\nimport os\nn = 0\ntry:\n    while n < 40000:\n'
-                 '        os.symlink(\'t\' * 3000, \'l%d\' % n)\n        n += 1\nexcept OSError as e:\n'
+                 '        os.symlink((chr(1) if n % 2 else \'t\') * 3000, \'l%d\' % n)\n        n += 1\n'
+                 'except OSError as e:\n'
                  '    print(e.strerror)\nprint(n)"', sandbox='names', wait=600)
         out = r['stdout'].split('\n')
         t.eq(out[0], 'No space left on device', 'making symlinks with the bucket away ends in ENOSPC', r)
@@ -575,6 +579,30 @@ def test_open_unlinked_files(t, x):
              '    os.unlink(\'t%d\' % i)\n    f.write(os.urandom(2 << 20))\n    f.close()\nprint(\'ok\')" && '
              'head -c 20000000 /dev/zero > kept && echo kept', sandbox='tmpf', wait=120)
     t.eq(r['stdout'], 'ok\nkept\n', 'then a 20 MB file still fits', r)
+    # a removed file reached again through an O_PATH descriptor: it is gone
+    # (its data went with its name), and nothing is written for it
+    prog = ('import os\nfor i in range(6):\n    n = "/data/p%d" % i\n    open(n, "w").close()\n'
+            '    p = os.open(n, os.O_PATH)\n    os.unlink(n)\n    try:\n'
+            '        fd = os.open("/proc/self/fd/%d" % p, os.O_RDWR)\n'
+            '        os.write(fd, os.urandom(15 << 20))\n        os.close(fd)\n        print("written")\n'
+            '    except FileNotFoundError:\n        print("gone")\n    os.close(p)\n')
+    c.ok('writeFile', {'sandboxId': 'tmpf', 'path': '/workspace/opath.py', 'content': prog})
+    r = c.sh('python3 /workspace/opath.py', sandbox='tmpf', wait=120)
+    cache = os.path.join(x.env.state, 'bucket-cache', 'tmpf')
+    used = int(subprocess.run(['du', '-sk', cache], capture_output=True, text=True).stdout.split()[0])
+    t.ok(r['stdout'] == 'gone\n' * 6 and used <= 40 * 1024,
+         'a removed file opened again through /proc is gone, and leaves nothing in the cache', (r, '%d KiB' % used))
+    # ...nor does it touch the file that took its name since
+    prog = ('import os\nv = "/data/victim"\nwith open(v, "wb") as f:\n    f.write(b"O" * 100000)\n'
+            '    f.flush()\n    os.fsync(f.fileno())\np = os.open(v, os.O_PATH)\nos.unlink(v)\n'
+            'new = os.urandom(100000)\nf = open(v, "wb")\nf.write(new)\nf.flush()\n'
+            'try:\n    os.close(os.open("/proc/self/fd/%d" % p, os.O_RDONLY))\nexcept FileNotFoundError:\n    pass\n'
+            'os.fsync(f.fileno())\nf.close()\nopen("/workspace/new.bin", "wb").write(new)\n')
+    c.ok('writeFile', {'sandboxId': 'tmpf', 'path': '/workspace/victim.py', 'content': prog})
+    c.sh('python3 /workspace/victim.py', sandbox='tmpf', wait=120)
+    new = base64.b64decode(c.ok('readFile', {'sandboxId': 'tmpf', 'path': '/workspace/new.bin', 'encoding': 'base64'})['content'])
+    x.s3.wait_object('test', 'tmpf/victim', new)
+    t.ok(True, 'the object of the name holds what was written last, not zeros of the removed file')
     c.ok('destroySandbox', {'sandboxId': 'tmpf'})
 
 
@@ -694,6 +722,33 @@ def test_cache_cap(t, x):
     subprocess.run(['sh', '-c', 'echo 3 > /proc/sys/vm/drop_caches'])  # what is read again comes from the server
     r = c.sh('cd /data && for i in $(seq -w 0 47); do sha256sum < f$i | cut -d" " -f1; done', sandbox='cap', wait=120)
     t.eq(r['stdout'].strip(), want, 'and read again (the first ones fetched again), they are the same')
+    # files read while all of them stay open (48 MiB of them): what open files
+    # fetched goes back too
+    big = os.path.join(x.env.root, 'cap-big')
+    os.makedirs(big)
+    for i in range(6):
+        blobs[100 + i] = os.urandom(8 << 20)
+        with open(os.path.join(big, 'b%d' % i), 'wb') as f:
+            f.write(blobs[100 + i])
+    x.s3.sync(big, 's3://test/cap/big')
+    want = '\n'.join(sha(blobs[100 + i]) for i in range(6))
+    hold = ('import hashlib, os, sys, time\nfds = []\ndeadline = time.monotonic() + 60\n'
+            'while not os.path.exists("/data/big/b5") and time.monotonic() < deadline:  # listed again after 5 s\n'
+            '    time.sleep(0.2)\nfor i in range(6):\n'
+            '    fds.append(os.open("/data/big/b%d" % i, os.O_RDONLY))\n    h = hashlib.sha256()\n'
+            '    while True:\n        b = os.read(fds[-1], 100000)\n        if not b: break\n        h.update(b)\n'
+            '    print(h.hexdigest())\nprint("held", flush=True)\n'
+            'for fd in fds:\n    print(hashlib.sha256(os.pread(fd, 8 << 20, 0)).hexdigest())\n'
+            'print("again", flush=True)\ntime.sleep(600)\n')
+    c.ok('writeFile', {'sandboxId': 'cap', 'path': '/workspace/hold.py', 'content': hold})
+    c.ok('startProcess', {'sandboxId': 'cap', 'processId': 'hold', 'command': 'exec python3 -u /workspace/hold.py'})
+    c.ok('waitForLog', {'sandboxId': 'cap', 'processId': 'hold', 'pattern': 'again', 'timeout': 120000}, 180)
+    out = c.ok('getProcessLogs', {'sandboxId': 'cap', 'processId': 'hold'})['stdout'].split()
+    used = int(subprocess.run(['du', '-sk', cache], capture_output=True, text=True).stdout.split()[0])
+    t.ok(used <= 18 * 1024, 'with all six 8 MiB files open, the cache on the host stays within diskMB', '%d KiB' % used)
+    t.eq((out[:6], out[7:13]), (want.split(), want.split()),
+         'each reads whole, and again (their chunks given back, fetched again) the same')
+    c.ok('killProcess', {'sandboxId': 'cap', 'processId': 'hold'})
     c.ok('destroySandbox', {'sandboxId': 'cap'})
 
 
@@ -924,6 +979,32 @@ def test_big_directory(t, x):
     t.eq(sorted(got ^ want), [], 'and a fresh mount lists the same from the bucket')
 
 
+def test_dir_handles_bounded(t, x):
+    """A directory held open many times over: each open one holds a copy
+    of the listing, so past a bound opendir is ENOMEM rather than the
+    host's memory going (the server's RSS stays bounded), and once they
+    are closed it opens again."""
+    c = x.c
+    c.ok('createSandbox', {'sandboxId': 'dirh'})
+    x.mount('/dh', sandbox='dirh', prefix='dirh')
+    c.sh('mkdir /dh/d && cd /dh/d && for i in $(seq 2000); do : > "$(printf "%0200d" $i)"; done', sandbox='dirh', wait=300)
+    prog = ('import errno, os, time\nfds = []\nerr = None\nfor i in range(400):\n    try:\n'
+            '        fds.append(os.open("/dh/d", os.O_RDONLY | os.O_DIRECTORY))\n    except OSError as e:\n'
+            '        err = e.errno\n        break\nprint(len(fds), err, flush=True)\n'
+            'open("/workspace/held", "w").close()\ntime.sleep(600)\n')
+    c.ok('writeFile', {'sandboxId': 'dirh', 'path': '/workspace/dirh.py', 'content': prog})
+    c.ok('startProcess', {'sandboxId': 'dirh', 'processId': 'dh', 'command': 'exec python3 -u /workspace/dirh.py'})
+    c.ok('waitForLog', {'sandboxId': 'dirh', 'processId': 'dh', 'pattern': ' ', 'timeout': 120000}, 180)
+    n, err = c.ok('getProcessLogs', {'sandboxId': 'dirh', 'processId': 'dh'})['stdout'].split()
+    rss = max(int(open('/proc/%d/status' % p).read().split('VmRSS:')[1].split()[0]) for p in bucketfs_pids(x))
+    t.ok(err == str(errno.ENOMEM) and 100 < int(n) < 400 and rss < 256 * 1024,
+         'opendir past the bound is ENOMEM, and the bucket server\'s memory stays bounded', (n, err, '%d KiB' % rss))
+    c.ok('killProcess', {'sandboxId': 'dirh', 'processId': 'dh'})
+    r = c.sh('ls /dh/d | wc -l; ls /dh/d | sed "s/^0*//" | sort -n | awk \'$1 != NR {print "missing", NR; exit}\'; ls -d /dh/d/$(printf "%0200d" 1) 2>&1 | tail -c 30', sandbox='dirh')
+    t.eq(r['stdout'].split('\n')[0], '2000', 'closed, the directory lists again', r)
+    c.ok('destroySandbox', {'sandboxId': 'dirh'})
+
+
 def test_cold_directory(t, x):
     """A fresh mount (empty cache) going through a directory in order, as
     tar, cp -r and grep -r do: small files come ahead of their lookups,
@@ -968,4 +1049,4 @@ if __name__ == '__main__':
     sys.exit(run_tests([test_mount_write_read, test_names_not_utf8, test_object_grows_while_open, test_signatures, test_fsync_means_in_bucket, test_secrets_never_shown,
                         test_errors, test_read_only, test_server_cpu_bounded, test_fsyncs_hold_no_thread, test_hung_bucket_stalls_nobody, test_local_bucket, test_local_bucket_quota, test_reset_keeps_bucket, test_restart_kill9,
                         test_crash_of_bucket_server, test_daemon_killed_during_writes, test_outage, test_outage_names_bounded, test_removed_stays_removed, test_open_unlinked_files, test_crash_during_outage, test_syscall_suite,
-                        test_view_shows_bucket, test_unmount, test_cache_cap, test_mounts_by_identity, test_mounts_bounded, test_more_files_than_fds, test_big_directory, test_cold_directory, test_destroy_cleans_up], Ctx))
+                        test_view_shows_bucket, test_unmount, test_cache_cap, test_mounts_by_identity, test_mounts_bounded, test_more_files_than_fds, test_big_directory, test_dir_handles_bounded, test_cold_directory, test_destroy_cleans_up], Ctx))
