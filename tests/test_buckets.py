@@ -71,6 +71,21 @@ def _hostname_of(pid):
         return None
 
 
+def run_py(x, sandbox, prog, wait=120):
+    """A Python program run in the sandbox: exec's result."""
+    x.c.ok('writeFile', {'sandboxId': sandbox, 'path': '/workspace/prog.py', 'content': prog})
+    return x.c.sh('python3 /workspace/prog.py', sandbox=sandbox, wait=wait)
+
+
+def hold_py(x, sandbox, pid, prog, line):
+    """A Python program started in the background (it holds what it opened
+    until killed): its output once it printed line."""
+    x.c.ok('writeFile', {'sandboxId': sandbox, 'path': '/workspace/%s.py' % pid, 'content': prog})
+    x.c.ok('startProcess', {'sandboxId': sandbox, 'processId': pid, 'command': 'exec python3 -u /workspace/%s.py' % pid})
+    x.c.ok('waitForLog', {'sandboxId': sandbox, 'processId': pid, 'pattern': line, 'timeout': 120000}, 180)
+    return x.c.ok('getProcessLogs', {'sandboxId': sandbox, 'processId': pid})['stdout']
+
+
 def bucketfs_pids(x):
     """The bucket servers of this test's daemon (its children)."""
     return children(x.env.daemon_pid(), 'sbx-bucketfs')
@@ -586,8 +601,7 @@ def test_open_unlinked_files(t, x):
             '        fd = os.open("/proc/self/fd/%d" % p, os.O_RDWR)\n'
             '        os.write(fd, os.urandom(15 << 20))\n        os.close(fd)\n        print("written")\n'
             '    except FileNotFoundError:\n        print("gone")\n    os.close(p)\n')
-    c.ok('writeFile', {'sandboxId': 'tmpf', 'path': '/workspace/opath.py', 'content': prog})
-    r = c.sh('python3 /workspace/opath.py', sandbox='tmpf', wait=120)
+    r = run_py(x, 'tmpf', prog)
     cache = os.path.join(x.env.state, 'bucket-cache', 'tmpf')
     used = int(subprocess.run(['du', '-sk', cache], capture_output=True, text=True).stdout.split()[0])
     t.ok(r['stdout'] == 'gone\n' * 6 and used <= 40 * 1024,
@@ -598,8 +612,7 @@ def test_open_unlinked_files(t, x):
             'new = os.urandom(100000)\nf = open(v, "wb")\nf.write(new)\nf.flush()\n'
             'try:\n    os.close(os.open("/proc/self/fd/%d" % p, os.O_RDONLY))\nexcept FileNotFoundError:\n    pass\n'
             'os.fsync(f.fileno())\nf.close()\nopen("/workspace/new.bin", "wb").write(new)\n')
-    c.ok('writeFile', {'sandboxId': 'tmpf', 'path': '/workspace/victim.py', 'content': prog})
-    c.sh('python3 /workspace/victim.py', sandbox='tmpf', wait=120)
+    run_py(x, 'tmpf', prog)
     new = base64.b64decode(c.ok('readFile', {'sandboxId': 'tmpf', 'path': '/workspace/new.bin', 'encoding': 'base64'})['content'])
     x.s3.wait_object('test', 'tmpf/victim', new)
     t.ok(True, 'the object of the name holds what was written last, not zeros of the removed file')
@@ -740,10 +753,7 @@ def test_cache_cap(t, x):
             '    print(h.hexdigest())\nprint("held", flush=True)\n'
             'for fd in fds:\n    print(hashlib.sha256(os.pread(fd, 8 << 20, 0)).hexdigest())\n'
             'print("again", flush=True)\ntime.sleep(600)\n')
-    c.ok('writeFile', {'sandboxId': 'cap', 'path': '/workspace/hold.py', 'content': hold})
-    c.ok('startProcess', {'sandboxId': 'cap', 'processId': 'hold', 'command': 'exec python3 -u /workspace/hold.py'})
-    c.ok('waitForLog', {'sandboxId': 'cap', 'processId': 'hold', 'pattern': 'again', 'timeout': 120000}, 180)
-    out = c.ok('getProcessLogs', {'sandboxId': 'cap', 'processId': 'hold'})['stdout'].split()
+    out = hold_py(x, 'cap', 'hold', hold, 'again').split()
     used = int(subprocess.run(['du', '-sk', cache], capture_output=True, text=True).stdout.split()[0])
     t.ok(used <= 18 * 1024, 'with all six 8 MiB files open, the cache on the host stays within diskMB', '%d KiB' % used)
     t.eq((out[:6], out[7:13]), (want.split(), want.split()),
@@ -992,10 +1002,7 @@ def test_dir_handles_bounded(t, x):
             '        fds.append(os.open("/dh/d", os.O_RDONLY | os.O_DIRECTORY))\n    except OSError as e:\n'
             '        err = e.errno\n        break\nprint(len(fds), err, flush=True)\n'
             'open("/workspace/held", "w").close()\ntime.sleep(600)\n')
-    c.ok('writeFile', {'sandboxId': 'dirh', 'path': '/workspace/dirh.py', 'content': prog})
-    c.ok('startProcess', {'sandboxId': 'dirh', 'processId': 'dh', 'command': 'exec python3 -u /workspace/dirh.py'})
-    c.ok('waitForLog', {'sandboxId': 'dirh', 'processId': 'dh', 'pattern': ' ', 'timeout': 120000}, 180)
-    n, err = c.ok('getProcessLogs', {'sandboxId': 'dirh', 'processId': 'dh'})['stdout'].split()
+    n, err = hold_py(x, 'dirh', 'dh', prog, ' ').split()
     rss = max(int(open('/proc/%d/status' % p).read().split('VmRSS:')[1].split()[0]) for p in bucketfs_pids(x))
     t.ok(err == str(errno.ENOMEM) and 100 < int(n) < 400 and rss < 256 * 1024,
          'opendir past the bound is ENOMEM, and the bucket server\'s memory stays bounded', (n, err, '%d KiB' % rss))
