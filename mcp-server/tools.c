@@ -36,7 +36,7 @@ static int env_from_json(json_t *obj, sbx_env *env, sbx_error *err) {
 static json_t *sandbox_json(sbx_sandbox *sb) {
   char created[32], last[32];
   sbx_iso_time(sb->created_wall_ms, created);
-  sbx_iso_time(sb->last_activity_wall_ms, last);
+  sbx_iso_time(sb->last_used_wall_ms, last);
   int sessions = 0;
   for (sbx_session *s = sb->sessions; s; s = s->next) sessions++;
   json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:s}", "sandboxId", sb->id, "status", sbx_sandbox_status(sb),

@@ -59,6 +59,9 @@ json_t *sbx_record_json(const sbx_sandbox *sb) {
                            "createdAt", (json_int_t)sb->created_wall_ms, "state",
                            sb->state == SBX_ASLEEP ? "asleep" : "active", "resetPending", sb->reset_pending, "options",
                            opts, "sessions", sessions);
+  /* only as the daemon stops: a record that changed with every call would
+   * be written (and synced) with every call */
+  if (sb->stopping) json_object_set_new(rec, "lastActivity", json_integer((json_int_t)sb->last_used_wall_ms));
   json_t *code = sbx_code_record(sb);
   if (json_array_size(code)) json_object_set_new(rec, "codeContexts", code);
   else json_decref(code);

@@ -298,6 +298,8 @@ static void load_records(void) {
       sb->restart_pending = sb->state == SBX_STOPPED;
       if (sb->state == SBX_STOPPED && !sbx_disk_exists(sb->id)) sb->state = SBX_ASLEEP, sb->reset_pending = true;
       sb->last_activity_wall_ms = wall_ms();
+      uint64_t used = (uint64_t)json_integer_value(json_object_get(rec, "lastActivity"));
+      sb->last_used_wall_ms = used && used <= sb->last_activity_wall_ms ? used : sb->last_activity_wall_ms;
       sb->saved_record = json_dumps(rec, JSON_COMPACT | JSON_SORT_KEYS);
       sandbox_link(sb);
       sb = NULL;
@@ -376,7 +378,8 @@ int sbx_engine_init(const sbx_engine_config *cfg, sbx_error *err) {
 void sbx_engine_shutdown(void) {
   /* every init is told first, then waited for: they die in parallel */
   for (sbx_sandbox *sb = eng.list; sb; sb = sb->next) {
-    sbx_sandbox_save(sb); /* sessions as they are now */
+    sb->stopping = true;
+    sbx_sandbox_save(sb); /* sessions as they are now, and when it was last used */
     stop_running_async(sb, false);
   }
   while (ahead.n) ahead_discard(ahead.n - 1, false);
@@ -420,7 +423,7 @@ static uint64_t wall_ms(void) {
 }
 
 void sbx_sandbox_touch(sbx_sandbox *sb) {
-  sb->last_activity_wall_ms = wall_ms();
+  sb->last_activity_wall_ms = sb->last_used_wall_ms = wall_ms();
   sb->settled = false;
 }
 
@@ -1044,7 +1047,7 @@ int sbx_sandbox_create(const char *id, const sbx_sandbox_opts *opts, sbx_sandbox
     }
   }
   ahead_soon();
-  sb->created_wall_ms = sb->last_activity_wall_ms = wall_ms();
+  sb->created_wall_ms = sb->last_activity_wall_ms = sb->last_used_wall_ms = wall_ms();
   sandbox_link(sb);
   sbx_sandbox_save(sb);
   *out = sb;

@@ -71,6 +71,12 @@ typedef struct sbx_sandbox {
   sbx_sandbox_opts opts;
   sbx_session *sessions;
   uint64_t created_wall_ms, last_activity_wall_ms;
+  /* what listSandboxes says of its last use: last_activity_wall_ms, except
+   * after a daemon restart, whose idle clock starts then (an idle reset
+   * never counts the time no daemon ran) while this is what the daemon
+   * that stopped knew (its record's lastActivity, written as it stopped) */
+  uint64_t last_used_wall_ms;
+  bool stopping; /* its record is written by a daemon that stops: with lastActivity */
   uint64_t exec_seq;
   uint64_t out_window;  /* exec.c's output budget: the window, and bytes read in it */
   size_t out_used[2];   /* for calls, and for unattended commands */

@@ -5,6 +5,7 @@ first call after says restarted: true. `sbx mcp` outlives the daemon. The
 configuration file is read and checked."""
 import json
 import os
+import time
 import signal
 import subprocess
 import sys
@@ -136,6 +137,14 @@ def test_listed_after_restart(t, x):
     x.env.run(['daemon', 'stop'])
     r = x.env.run(['ls'])
     t.ok(b'listed' in r.stdout and b'stopped' in r.stdout, 'a new daemon lists every sandbox (stopped)', r.stdout)
+    c.sh('true', sandbox='listed')
+    used = {s['sandboxId']: s['lastActivity'] for s in c.ok('listSandboxes')['sandboxes']}['listed']
+    x.env.run(['daemon', 'stop'])
+    deadline = time.monotonic() + 5
+    while time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime()) <= used[:19] and time.monotonic() < deadline:
+        time.sleep(0.05)  # the clock past the second of that use: a restart time would differ from it
+    after = {s['sandboxId']: s['lastActivity'] for s in c.ok('listSandboxes')['sandboxes']}['listed']
+    t.eq(after, used, 'and says when each was last used, not when the new daemon started')
 
 
 def test_made_ahead(t, x):
