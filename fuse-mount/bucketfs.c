@@ -59,6 +59,7 @@ typedef struct lentry {
   bool dir;
   uint64_t size;
   int64_t modified_ns; /* LastModified */
+  uint64_t added_ms;   /* put there by us (not a listing): when */
   int32_t next;        /* the next entry of its chain in an lindex */
 } lentry;
 
@@ -392,6 +393,7 @@ static lentry *list_add(bnode *d, const char *name, bool dir) {
     return NULL;
   }
   e->dir = dir;
+  e->added_ms = sbx_now_ms();
   return e;
 }
 
@@ -1471,6 +1473,14 @@ static int refresh_listing(bnode *d) {
     snprintf(B.last_error, sizeof B.last_error, "%s", l.oom ? "out of memory" : e.msg);
     if (k < 0 && bucket_away(&e)) B.away_until = sbx_now_ms() + RETRY_MS; /* as for uploads */
     return d->list_at ? 0 : l.oom ? -ENOMEM : -e.errnum;
+  }
+  /* what we added while the bucket was being listed (an upload that ended
+   * meanwhile) may not be in the new listing: kept */
+  for (size_t i = 0; i < d->nlist && !l.oom; i++) {
+    lentry *o = &d->list[i], *e;
+    if (o->added_ms < started || lindex_find(&l.ix, l.e, l.n, o->name)) continue;
+    if (!(e = lentry_append(&l.e, &l.n, &l.cap, &l.ix, o->name))) break;
+    e->dir = o->dir, e->size = o->size, e->modified_ns = o->modified_ns, e->added_ms = o->added_ms;
   }
   list_free(d);
   d->list = l.e;
