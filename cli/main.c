@@ -64,7 +64,7 @@ static const struct help {
      "Creates a sandbox with options (other commands create one with the defaults on first use).\n"
      "--network egress gives it a network, narrowed to the --allow names or CIDRs when given. On\n"
      "a sandbox that exists it changes what can change live (sleep-after, keep-alive, env) and\n"
-     "says which options need a new sandbox."},
+     "says which options need a new sandbox (and exits 1 when it was asked to change one)."},
     {"destroy", "sbx destroy ID...", "Destroys sandboxes: their processes, files and records."},
     {"cp", "sbx cp SRC DST",
      "Copies files between the host and a sandbox, as docker cp does; ID:PATH names a path in\n"
@@ -646,8 +646,9 @@ static int cmd_create(int argc, char **argv) {
   if (!r) goto out;
   json_t *text = json_object_get(json_array_get(json_object_get(r, "content"), 0), "text");
   printf("%s\n", json_string_value(text) ?: "");
+  /* options it could not change (they need a new sandbox) fail the command */
+  rc = json_array_size(json_object_get(sc(r), "notApplied")) ? 1 : 0;
   json_decref(r);
-  rc = 0;
   goto out;
 bad:
   usage_of("create");

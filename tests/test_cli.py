@@ -76,8 +76,8 @@ def test_create(t, x):
     out = r.stdout.decode().split()
     t.ok(out[0] == '1' and int(out[1]) <= 512 and int(out[2]) >= 1, 'with its environment, disk and network', out)
     r = x.env.run(['create', 'made', '--network', 'none'])
-    t.ok(r.returncode == 0 and b'NOT changed' in r.stdout and b'network' in r.stdout,
-         'on one that exists it names what needs a new sandbox', r.stdout)
+    t.ok(r.returncode == 1 and b'NOT changed' in r.stdout and b'network' in r.stdout,
+         'on one that exists it names what needs a new sandbox, and fails', (r.returncode, r.stdout))
     t.eq(x.env.run(['create', 'made', '--memory', 'lots']).returncode, 2, 'a bad value is a usage error')
     x.env.run(['destroy', 'made'])
     x.env.run(['create', 'tiny', '--disk', '32'])
