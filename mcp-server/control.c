@@ -129,8 +129,15 @@ static int start_daemon(const sbx_paths *p, char *err, size_t errlen) {
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n <= 0) _exit(127);
     exe[n] = 0;
+    /* sbx replaced on disk since this one started (an upgrade): the new
+     * one at that path starts, else this very one */
+    static const char gone[] = " (deleted)";
+    size_t gl = sizeof gone - 1;
+    if ((size_t)n > gl && !strcmp(exe + n - gl, gone)) exe[n - gl] = 0;
     char *argv[] = {"sbx", "daemon", NULL};
     execv(exe, argv); /* by its real path, so its name (comm) is sbx */
+    execv("/proc/self/exe", argv);
+    fprintf(stderr, "sbx: starting the daemon (%s): %s\n", exe, strerror(errno)); /* into its log */
     _exit(127);
   }
   close(ready[1]);

@@ -13,6 +13,7 @@
 #include "../sandbox-core/files.h"
 #include "../sandbox-core/exec.h"
 
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <poll.h>
 #include <malloc.h>
@@ -460,6 +461,7 @@ static void stop_view(void) {
 
 int sbx_daemon_main(const char *http_addr, bool http_allow_remote, const char *mount_dir) {
   char err[512];
+  prctl(PR_SET_NAME, "sbx"); /* started through /proc/self/exe (sbx removed since), it would be "exe" */
   if (sbx_paths_init(&d.paths, err, sizeof err) < 0) {
     fprintf(stderr, "sbx daemon: %s\n", err);
     return 1;

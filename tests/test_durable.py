@@ -5,6 +5,7 @@ first call after says restarted: true. `sbx mcp` outlives the daemon. The
 configuration file is read and checked."""
 import json
 import os
+import shutil
 import time
 import signal
 import subprocess
@@ -206,6 +207,33 @@ def test_relay_survives(t, x):
     t.ok(c.request('ping').get('result') == {}, 'and answers pings')
 
 
+def test_relay_survives_upgrade(t, x):
+    """sbx replaced on disk while an agent's sbx mcp runs (an upgrade: a new
+    file renamed over it), then the daemon gone: the relay starts the sbx
+    now at that path (it used to exec its own deleted binary's path, fail
+    without a word, and leave the agent with no daemon)."""
+    bindir = os.path.join(x.env.root, 'upgrade')
+    os.makedirs(bindir)
+    for name in ('sbx', 'sbx-init'):
+        shutil.copy2(os.path.join(os.path.dirname(SBX), name), bindir)
+    old_sbx, x.env.sbx = x.env.sbx, os.path.join(bindir, 'sbx')
+    try:
+        x.env.run(['daemon', 'stop'])
+        c = x.env.mcp(['--sandbox', 'upg'])
+        c.initialize()
+        c.sh('echo kept > /workspace/f')
+        shutil.copy2(SBX, x.env.sbx + '.new')
+        os.rename(x.env.sbx + '.new', x.env.sbx)
+        pid = x.env.daemon_pid()
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: gone(pid), 30, 'the daemon to end')
+        r = c.sh('cat /workspace/f')
+        t.eq((r['stdout'], r.get('restarted')), ('kept\n', True), 'the next call starts a daemon, and the sandbox with its files')
+        t.eq(os.readlink('/proc/%d/exe' % x.env.daemon_pid()), x.env.sbx, 'the sbx now at that path')
+    finally:
+        x.env.sbx = old_sbx
+
+
 def test_stdin_closed_early(t, x):
     """Requests written before stdin closes are all answered."""
     reqs = [{'jsonrpc': '2.0', 'id': 1, 'method': 'initialize',
@@ -307,5 +335,5 @@ def test_thousand(t, x):
 if __name__ == '__main__':
     sys.exit(run_tests([test_disk_is_disk, test_spills_on_disk, test_kill_9, test_daemon_stop, test_init_killed,
                         test_made_ahead,
-                        test_listed_after_restart, test_relay_survives, test_stdin_closed_early, test_config,
+                        test_listed_after_restart, test_relay_survives, test_relay_survives_upgrade, test_stdin_closed_early, test_config,
                         test_thousand], Ctx))
