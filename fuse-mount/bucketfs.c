@@ -16,6 +16,7 @@
 #include <signal.h>
 #include <stddef.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -86,10 +87,8 @@ typedef struct bnode {
   ntype type;
   uint64_t nlookup;
   int opens;
-  int wopens;    /* of them, open for writing: its cache file is whole, chunks never dropped */
   int busy;      /* a request about it is under way (the lock dropped) */
   int fetching;  /* chunk fetches writing into its cache file */
-  int filling;   /* readers making a range present (ensure_range) */
   bool remote;   /* the bucket has it, as far as we know */
   bool kept;     /* fetched ahead: kept (with no reference) for a lookup to come */
   bool meta_pending; /* made ahead of its lookup: mode, owner, mtime not known yet */
@@ -177,6 +176,7 @@ static struct {
   nlist lru; /* nodes with cached data, least recently used first */
   uint64_t njournal; /* journal entries: dirty nodes and deletions not done yet */
   uint64_t journal_extra; /* what entries bigger than JOURNAL_COST take past it */
+  uint64_t fetching_bytes; /* of fetches under way: theirs already */
   uint64_t njattr;   /* of them, entries in a cache file's attribute */
   bool jmarked;      /* JOURNAL_MARK is there: entries may be in cache files' attributes */
   bnode *hash[HASH_SIZE];
@@ -929,88 +929,27 @@ static void unkeep(bnode *n) {
 }
 
 /* What the mount takes of its cap: cached data and the journal. */
-static uint64_t budget_used(void) { return B.cache_used + B.njournal * JOURNAL_COST + B.journal_extra; }
-
-/* A read's copy out of a cache file (the lock dropped) holds its node's
- * I/O lock shared, taken while the lock is held; dropping an open file's
- * chunks takes it exclusive, with a try, under the lock. (Files open for
- * writing are never dropped from.) Striped: a lock a node would cost more
- * than the nodes. */
-#define IO_LOCKS 64
-static pthread_rwlock_t io_locks[IO_LOCKS];
-static pthread_once_t io_once = PTHREAD_ONCE_INIT;
-static void io_locks_init(void) {
-  for (int i = 0; i < IO_LOCKS; i++) pthread_rwlock_init(&io_locks[i], NULL);
-}
-static pthread_rwlock_t *io_lock(const bnode *n) {
-  pthread_once(&io_once, io_locks_init);
-  return &io_locks[((uintptr_t)n >> 6) % IO_LOCKS];
-}
-
-/* The clean chunks of an open file (a reader fetched them: the bucket has
- * them) go back to the bucket: all but those in flight and, for the node a
- * reader fills (self), those of its range [keep, keep_end]. Not while any
- * other reader fills it or I/O on it runs; not a file whose object changed
- * in the bucket (open files read what they had). Lock held. */
-static bool drop_open_chunks(bnode *v, const bnode *self, size_t keep, size_t keep_end) {
-  if (v->cfd < 0 || v->wopens || v->dirty || !v->remote || v->unlinked || v->stale || v->type != T_FILE || !v->cached ||
-      node_find(v->path) != v || v->filling > (v == self ? 1 : 0))
-    return false;
-  pthread_rwlock_t *l = io_lock(v);
-  if (pthread_rwlock_trywrlock(l) != 0) return false;
-  if (v->full) { /* whole: a map of chunks, all there */
-    size_t nc = (size_t)((v->size + CHUNK - 1) / CHUNK);
-    uint8_t *p = calloc(nc / 8 + 1, 1), *f = calloc(nc / 8 + 1, 1);
-    if (!p || !f) {
-      free(p), free(f);
-      pthread_rwlock_unlock(l);
-      return false;
-    }
-    for (size_t i = 0; i < nc; i++) set_bit(p, i, true);
-    v->present = p, v->inflight = f, v->nchunks = nc, v->full = false;
-  }
-  uint64_t freed = 0;
-  for (size_t i = 0; i < v->nchunks; i++) {
-    if (!bit(v->present, i) || bit(v->inflight, i) || (v == self && i >= keep && i <= keep_end)) continue;
-    uint64_t off = (uint64_t)i * CHUNK, len = v->size - off < CHUNK ? v->size - off : CHUNK;
-    if (fallocate(v->cfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len) < 0) break;
-    set_bit(v->present, i, false);
-    freed += len;
-  }
-  pthread_rwlock_unlock(l);
-  freed = freed < v->cached ? freed : v->cached;
-  v->cached -= freed;
-  B.cache_used -= freed <= B.cache_used ? freed : B.cache_used;
-  if (!v->cached) lru_out(v);
-  return freed > 0;
+static uint64_t budget_used(void) {
+  return B.cache_used + B.fetching_bytes + B.njournal * JOURNAL_COST + B.journal_extra;
 }
 
 /* Least recently used clean data goes when the cache is past its cap:
- * files nothing holds open first, whole, then the chunks of open ones.
- * self, keep..keep_end: what a reader of self is making present. */
-static void evict_for(uint64_t want, const bnode *self, size_t keep, size_t keep_end) {
+ * that of files nothing holds open (what open files have stays theirs:
+ * they read what they had; past the cap a read goes to the bucket
+ * uncached, see b_read). */
+static void evict(uint64_t want) {
   while (budget_used() + want > B.cache_max) {
     bnode *victim = B.lru.head; /* only a node its path names: its cache file is the one of that path */
     while (victim && (!victim->cached || victim->dirty || victim->opens || victim->busy || node_find(victim->path) != victim))
       victim = victim->lru_link.next;
-    if (victim) {
-      cache_drop(victim, true);
-      if (victim->kept) { /* fetched ahead and never looked up: goes whole */
-        unkeep(victim);
-        node_maybe_free(victim);
-      }
-      continue;
+    if (!victim) return;
+    cache_drop(victim, true);
+    if (victim->kept) { /* fetched ahead and never looked up: goes whole */
+      unkeep(victim);
+      node_maybe_free(victim);
     }
-    bool any = false;
-    for (bnode *v = B.lru.head, *next; v && budget_used() + want > B.cache_max; v = next) {
-      next = v->lru_link.next;
-      any |= drop_open_chunks(v, self, keep, keep_end);
-    }
-    if (!any) return;
   }
 }
-
-static void evict(uint64_t want) { evict_for(want, NULL, 0, 0); }
 
 static void account(bnode *n, uint64_t bytes) {
   n->cached += bytes;
@@ -1027,8 +966,10 @@ static int fetch_span(bnode *n, size_t i, size_t count, bool queued) {
     while (bit(n->inflight, i)) pthread_cond_wait(&B.fetched, &B.lock);
     if (n->full || bit(n->present, i) || i >= n->nchunks) return 0;
     if (n->cfd < 0) return -EIO;
+    if (budget_used() + CHUNK > B.cache_max) return -ENOBUFS; /* taken meanwhile: read uncached */
     set_bit(n->inflight, i, true);
-  } else if (n->full || n->unlinked || n->cfd < 0 || !n->inflight || i + count > n->nchunks) {
+  } else if (n->full || n->unlinked || n->cfd < 0 || !n->inflight || i + count > n->nchunks ||
+             budget_used() + count * CHUNK > B.cache_max) { /* no room now: a reader fetches it, or reads it uncached */
     for (size_t k = i; k < i + count && k < n->nchunks; k++) set_bit(n->inflight, k, false);
     pthread_cond_broadcast(&B.fetched); /* nothing fetched: readers waiting on them fetch for themselves */
     return 0;
@@ -1041,11 +982,13 @@ static int fetch_span(bnode *n, size_t i, size_t count, bool queued) {
   key_of(n->path, key, sizeof key);
   int fd = n->cfd;
   n->busy++;
+  B.fetching_bytes += len; /* counted before it lands: fetches side by side do not pass the cap together */
   pthread_mutex_unlock(&B.lock);
   s3_err e = {0};
   uint64_t got = 0;
   int r = s3_get(&B.s3, key, off, len, fd, off, &got, &e);
   pthread_mutex_lock(&B.lock);
+  B.fetching_bytes -= len;
   n->busy--;
   n->fetching--;
   for (size_t k = i; k < i + count; k++) {
@@ -1081,12 +1024,15 @@ static int ensure_range(bnode *n, uint64_t off, uint64_t len, bool ahead) {
   uint64_t mapped = (uint64_t)n->nchunks * CHUNK;
   if (off >= mapped) return 0;
   if (off + len > mapped) len = mapped - off;
-  size_t first = off / CHUNK, last = (off + len - 1) / CHUNK;
+  size_t first = off / CHUNK, last = (off + len - 1) / CHUNK, missing = 0;
+  for (size_t i = first; i <= last; i++) missing += !bit(n->present, i) && !bit(n->inflight, i);
   n->busy++; /* not evicted while it fills */
-  n->filling++;
-  evict_for((last - first + 1) * CHUNK, n, first, last);
+  evict(missing * CHUNK);
+  if (missing && budget_used() + missing * CHUNK > B.cache_max) { /* no room: the caller reads it uncached */
+    n->busy--;
+    return -ENOBUFS;
+  }
   for (size_t i = first; i <= last && r == 0; i++) r = fetch_span(n, i, 1, false);
-  n->filling--;
   n->busy--;
   if (!ahead || r < 0) return r;
   /* the chunks ahead not there nor coming, in runs of at most span; a
@@ -1104,6 +1050,7 @@ static int ensure_range(bnode *n, uint64_t off, uint64_t len, bool ahead) {
     while (j < end && j + 1 - i < span && !bit(n->present, j + 1) && !bit(n->inflight, j + 1)) j++;
     size_t count = j - i + 1;
     if (count < span && j + 1 < n->nchunks && i > last + window - span) break;
+    if (budget_used() + count * CHUNK > B.cache_max) break; /* no room: nothing fetched ahead */
     fitem *f = calloc(1, sizeof *f);
     if (!f) break;
     *f = (fitem){.n = n, .chunk = i, .count = count};
@@ -1128,12 +1075,15 @@ static void fetch_ahead(bnode *n) {
   int fd = n->cfd;
   char key[PBUF];
   key_of(n->path, key, sizeof key);
+  uint64_t len = n->size;
+  B.fetching_bytes += len;
   pthread_mutex_unlock(&B.lock);
   s3_stat st = {0};
   s3_err e = {0};
   uint64_t got = 0;
   int r = s3_get_object(&B.s3, key, fd, &st, &got, &e);
   pthread_mutex_lock(&B.lock);
+  B.fetching_bytes -= len;
   n->fetching--;
   for (size_t i = 0; i < n->nchunks; i++) set_bit(n->inflight, i, false);
   /* what the listing said, still: the data and metadata are the file's */
@@ -1164,7 +1114,7 @@ static void fetch_ahead(bnode *n) {
 static void fetch_after(bnode *d, size_t i) {
   for (size_t j = i + 1; j <= i + PREFETCH_AHEAD && j < d->nlist && B.nkept < PREFETCH_KEPT && !B.fetch_stop; j++) {
     lentry *e = &d->list[j];
-    if (e->dir || e->size > PREFETCH_MAX || B.cache_used + e->size > B.cache_max / 2) continue;
+    if (e->dir || e->size > PREFETCH_MAX || budget_used() + e->size > B.cache_max / 2) continue;
     char *path = join(d->path, e->name);
     if (!path) return;
     bnode *n = node_find(path) || gone_find(path) ? NULL : node_new(path, T_FILE);
@@ -1210,6 +1160,7 @@ static void *fetcher(void *arg) {
 /* The whole object in the cache (before it is written to). Lock held. */
 static int ensure_full(bnode *n) {
   int r = ensure_range(n, 0, n->size, false);
+  if (r == -ENOBUFS) r = -ENOSPC; /* it is written whole into the cache: it must fit */
   if (r < 0 || n->full) return r;
   n->full = true;
   uint64_t missing = n->size - (n->cached < n->size ? n->cached : n->size);
@@ -1820,7 +1771,6 @@ static void b_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t
   }
   mark_dirty(n);
   n->opens++;
-  n->wopens += (fi->flags & O_ACCMODE) != O_RDONLY;
   n->nlookup++;
   struct fuse_entry_param e = {.ino = (uintptr_t)n, .attr_timeout = ATTR_TIMEOUT, .entry_timeout = ATTR_TIMEOUT};
   fill_attr(n, &e.attr);
@@ -1847,7 +1797,7 @@ static void b_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
   } else {
     r = cache_open(n);
   }
-  if (!r) n->opens++, n->wopens += writing;
+  if (!r) n->opens++;
   lru_touch(n);
   /* the kernel keeps its cached pages unless the object changed */
   fi->keep_cache = n->open_version == n->version;
@@ -1876,6 +1826,30 @@ static char *read_buf(size_t size) {
   b[0] = size;
   return (char *)(b + 1);
 }
+/* A read the cache has no room for (the cap is taken by files held open
+ * and changes not uploaded yet): straight from the bucket into memory (a
+ * worker's own memfd), nothing kept. */
+static void read_uncached(fuse_req_t req, const char *key, size_t size, off_t off, uint64_t fsize) {
+  static __thread int mfd = -1;
+  if ((uint64_t)off >= fsize) return (void)fuse_reply_buf(req, NULL, 0);
+  if ((uint64_t)off + size > fsize) size = (size_t)(fsize - (uint64_t)off);
+  if (mfd < 0 && (mfd = memfd_create("sbx-bucketfs-read", MFD_CLOEXEC)) < 0) return (void)fuse_reply_err(req, errno);
+  char *buf = read_buf(size);
+  if (!buf) return (void)fuse_reply_err(req, ENOMEM);
+  s3_err e = {0};
+  uint64_t got = 0;
+  if (s3_get(&B.s3, key, (uint64_t)off, size, mfd, 0, &got, &e) < 0) {
+    pthread_mutex_lock(&B.lock);
+    snprintf(B.last_error, sizeof B.last_error, "%s", e.msg);
+    pthread_mutex_unlock(&B.lock);
+    return (void)fuse_reply_err(req, e.errnum ? e.errnum : EIO);
+  }
+  ssize_t k = pread(mfd, buf, got < size ? got : size, 0);
+  ftruncate(mfd, 0); /* its pages go back */
+  if (k < 0) fuse_reply_err(req, errno);
+  else fuse_reply_buf(req, buf, (size_t)k);
+}
+
 static void b_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi) {
   (void)fi;
   bnode *n = node_of(ino);
@@ -1885,19 +1859,18 @@ static void b_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struc
   int r = n->full ? 0 : ensure_range(n, (uint64_t)off, size, seq);
   int fd = n->cfd;
   uint64_t fsize = n->size;
+  char key[PBUF];
+  if (r == -ENOBUFS) key_of(n->path, key, sizeof key);
   lru_touch(n);
-  pthread_rwlock_t *io = io_lock(n);
-  pthread_rwlock_rdlock(io); /* what ensure_range made present stays so until copied out */
   pthread_mutex_unlock(&B.lock);
-  ssize_t k = 0;
-  char *buf = NULL;
-  if (r == 0 && (uint64_t)off < fsize) {
-    if ((uint64_t)off + size > fsize) size = (size_t)(fsize - (uint64_t)off);
-    if (!(buf = read_buf(size))) r = -ENOMEM;
-    else if ((k = pread(fd, buf, size, off)) < 0) r = -errno;
-  }
-  pthread_rwlock_unlock(io);
-  if (r < 0) fuse_reply_err(req, -r);
+  if (r == -ENOBUFS) return read_uncached(req, key, size, off, fsize);
+  if (r < 0) return (void)fuse_reply_err(req, -r);
+  if ((uint64_t)off >= fsize) return (void)fuse_reply_buf(req, NULL, 0);
+  if ((uint64_t)off + size > fsize) size = (size_t)(fsize - (uint64_t)off);
+  char *buf = read_buf(size);
+  if (!buf) return (void)fuse_reply_err(req, ENOMEM);
+  ssize_t k = pread(fd, buf, size, off);
+  if (k < 0) fuse_reply_err(req, errno);
   else fuse_reply_buf(req, buf, (size_t)k);
 }
 
@@ -1926,10 +1899,10 @@ static void b_write(fuse_req_t req, fuse_ino_t ino, const char *data, size_t siz
 }
 
 static void b_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
+  (void)fi;
   bnode *n = node_of(ino);
   pthread_mutex_lock(&B.lock);
   n->opens--;
-  n->wopens -= (fi->flags & O_ACCMODE) != O_RDONLY;
   if (n->dirty && !n->unlinked) {
     journal_node(n);
     if (!n->opens) enqueue(n->path, OP_PUT); /* uploaded on close, in the background */

@@ -757,7 +757,7 @@ def test_cache_cap(t, x):
     used = int(subprocess.run(['du', '-sk', cache], capture_output=True, text=True).stdout.split()[0])
     t.ok(used <= 18 * 1024, 'with all six 8 MiB files open, the cache on the host stays within diskMB', '%d KiB' % used)
     t.eq((out[:6], out[7:13]), (want.split(), want.split()),
-         'each reads whole, and again (their chunks given back, fetched again) the same')
+         'each reads whole, and again the same (past the cap, from the bucket, uncached)')
     c.ok('killProcess', {'sandboxId': 'cap', 'processId': 'hold'})
     c.ok('destroySandbox', {'sandboxId': 'cap'})
 
