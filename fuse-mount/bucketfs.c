@@ -44,6 +44,7 @@
 #define PREFETCH_AHEAD 32
 #define PREFETCH_KEPT 4096 /* fetched ahead and not looked up yet, at most */
 #define LIST_TTL_MS 5000     /* a directory's listing is trusted this long */
+#define LIST_SETTLE_MS 2000  /* what we put in a directory this long before a listing began is kept past it */
 #define MAX_LIST 200000      /* entries of one directory */
 #define ATTR_TIMEOUT 1.0
 #define PBUF 4096            /* paths and keys (a key is at most 1024 bytes) */
@@ -1273,9 +1274,12 @@ static void *uploader(void *arg) {
            * restart's journal went up) would make it vanish once the node
            * is freed, until the listing is read again */
           bnode *d = parent_of(n->path);
-          lentry *le;
-          if (!n->unlinked && d && !list_find(d, base_of(n->path)) && (le = list_add(d, base_of(n->path), n->type == T_DIR)))
+          lentry *le = !n->unlinked && d ? list_find(d, base_of(n->path)) : NULL;
+          if (!n->unlinked && d && !le) le = list_add(d, base_of(n->path), n->type == T_DIR);
+          if (le) { /* and a listing begun before now may lack it: see refresh_listing */
             le->size = n->type == T_DIR ? 0 : n->size;
+            le->added_ms = sbx_now_ms();
+          }
         }
         if (strcmp(n->path, q->path) || n->unlinked) {
           /* renamed or removed while it went up: what went up is stale */
@@ -1426,10 +1430,13 @@ static int refresh_listing(bnode *d) {
     return d->list_at ? 0 : l.oom ? -ENOMEM : -e.errnum;
   }
   /* what we added while the bucket was being listed (an upload that ended
-   * meanwhile) may not be in the new listing: kept */
+   * meanwhile), or just before (a server may list an object a moment after
+   * it answered its PUT), may not be in the new listing: kept, else a name
+   * uploaded and forgotten would be ENOENT to a lookup (an rm of it would
+   * fail, and leave it in the bucket) until the next listing */
   for (size_t i = 0; i < d->nlist && !l.oom; i++) {
     lentry *o = &d->list[i], *e;
-    if (o->added_ms < started || lindex_find(&l.ix, l.e, l.n, o->name)) continue;
+    if (!o->added_ms || o->added_ms + LIST_SETTLE_MS < started || lindex_find(&l.ix, l.e, l.n, o->name)) continue;
     if (!(e = lentry_append(&l.e, &l.n, &l.cap, &l.ix, o->name))) break;
     e->dir = o->dir, e->size = o->size, e->modified_ns = o->modified_ns, e->added_ms = o->added_ms;
   }
