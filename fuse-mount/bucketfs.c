@@ -1867,10 +1867,20 @@ static void b_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struc
   int fd = n->cfd;
   uint64_t fsize = n->size;
   char key[PBUF];
-  if (r == -ENOBUFS) key_of(n->path, key, sizeof key);
+  if (r == -ENOBUFS) {
+    key_of(n->path, key, sizeof key);
+    n->fetching++; /* a rename deletes the old name only after this read */
+  }
   lru_touch(n);
   pthread_mutex_unlock(&B.lock);
-  if (r == -ENOBUFS) return read_uncached(req, key, size, off, fsize);
+  if (r == -ENOBUFS) {
+    read_uncached(req, key, size, off, fsize);
+    pthread_mutex_lock(&B.lock);
+    n->fetching--;
+    pthread_cond_broadcast(&B.fetched);
+    pthread_mutex_unlock(&B.lock);
+    return;
+  }
   if (r < 0) return (void)fuse_reply_err(req, -r);
   if ((uint64_t)off >= fsize) return (void)fuse_reply_buf(req, NULL, 0);
   if ((uint64_t)off + size > fsize) size = (size_t)(fsize - (uint64_t)off);
@@ -2258,15 +2268,27 @@ static int rename_file(bnode *p, bnode *np, bnode *n, const char *to) {
     n->busy++;
     pthread_mutex_unlock(&B.lock);
     int r = s3_copy(&B.s3, kf, kt, NULL, &e);
-    if (r == 0) r = s3_delete(&B.s3, kf, &e);
+    pthread_mutex_lock(&B.lock);
+    if (r < 0) {
+      n->busy--;
+      return -e.errnum;
+    }
+    replace_target(to);
+    move_node(n, to); /* reads fetch the new name's object from now on */
+    n->uploaded_ms = sbx_now_ms();
+    /* the old name goes once the reads that began on it are over: an open
+     * file reads on through a rename, and must not meet its name deleted */
+    while (n->fetching) pthread_cond_wait(&B.fetched, &B.lock);
+    pthread_mutex_unlock(&B.lock);
+    r = s3_delete(&B.s3, kf, &e);
     pthread_mutex_lock(&B.lock);
     n->busy--;
-    if (r < 0) return -e.errnum;
-    replace_target(to);
-    move_node(n, to);
-    n->uploaded_ms = sbx_now_ms();
-    gone *g = gone_add(from, false); /* deleted there already: a listing begun before says otherwise */
-    if (g) gone_done(g);
+    if (r < 0) {
+      tombstone(from, false); /* renamed here; the old name goes later */
+    } else {
+      gone *g = gone_add(from, false); /* deleted there already: a listing begun before says otherwise */
+      if (g) gone_done(g);
+    }
   }
   list_remove(p, base_of(from));
   list_add(np, base_of(to), false);

@@ -1000,9 +1000,10 @@ def test_dir_handles_bounded(t, x):
     c.sh('mkdir /dh/d && cd /dh/d && for i in $(seq 2000); do : > "$(printf "%0200d" $i)"; done', sandbox='dirh', wait=300)
     prog = ('import errno, os, time\nfds = []\nerr = None\nfor i in range(400):\n    try:\n'
             '        fds.append(os.open("/dh/d", os.O_RDONLY | os.O_DIRECTORY))\n    except OSError as e:\n'
-            '        err = e.errno\n        break\nprint(len(fds), err, flush=True)\n'
+            '        err = e.errno\n        break\nprint("result", len(fds), err, flush=True)\n'
             'open("/workspace/held", "w").close()\ntime.sleep(600)\n')
-    n, err = hold_py(x, 'dirh', 'dh', prog, ' ').split()
+    out = hold_py(x, 'dirh', 'dh', prog, 'result')
+    n, err = (out.split('result', 1)[1].split() + ['', ''])[:2]
     rss = max(int(open('/proc/%d/status' % p).read().split('VmRSS:')[1].split()[0]) for p in bucketfs_pids(x))
     t.ok(err == str(errno.ENOMEM) and 100 < int(n) < 400 and rss < 256 * 1024,
          'opendir past the bound is ENOMEM, and the bucket server\'s memory stays bounded', (n, err, '%d KiB' % rss))
