@@ -537,9 +537,7 @@ static void apply_meta(bnode *n, const s3_meta *m) {
  * a new inode costs up to a millisecond on an ext4 after many deletions.
  * Entries past a page (long symlink targets) go through a new file and a
  * rename instead. */
-static void write_json_file(const char *path, json_t *j) {
-  char *s = json_dumps(j, JSON_COMPACT);
-  if (!s) return;
+static void write_json_file(const char *path, const char *s) {
   size_t len = strlen(s), want = len;
   struct stat st;
   int fd = len <= JOURNAL_INPLACE ? open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0600) : -1;
@@ -559,7 +557,6 @@ static void write_json_file(const char *path, json_t *j) {
     }
   }
   if (fd >= 0) close(fd);
-  free(s);
 }
 
 /* A changed node's journal entry: its metadata (its data is its cache
@@ -644,10 +641,10 @@ static void journal_node(bnode *n) {
     drop_jfile(n, n->path); /* an older entry */
     if (!n->jattr) B.njattr++;
     n->jattr = true;
-  } else if (j) {
+  } else if (s) {
     char path[PBUF];
     journal_path(n->path, false, path, sizeof path);
-    write_json_file(path, j);
+    write_json_file(path, s);
     n->jfile = true;
     drop_jattr(n); /* after: a crash between the two leaves both, the newer wins */
   }
@@ -827,14 +824,17 @@ static void gone_drop(const char *path) {
 /* The object (or directory marker) at path is to be deleted from the
  * bucket: journaled first, so it happens even after a crash. */
 static void tombstone(const char *path, bool dir) {
-  if (!gone_add(path, dir)) return;
+  gone *g = gone_add(path, dir);
+  if (!g) return;
   char jp[PBUF];
   journal_path(path, true, jp, sizeof jp);
   json_t *j = json_pack("{s:s, s:b}", "path", path, "dir", dir);
   char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
-  if (s) set_jextra(&gone_find(path)->jextra, entry_extra(strlen(s)));
+  if (s) {
+    set_jextra(&g->jextra, entry_extra(strlen(s)));
+    write_json_file(jp, s);
+  }
   free(s);
-  write_json_file(jp, j);
   json_decref(j);
   enqueue(path, OP_DEL);
 }
@@ -934,12 +934,15 @@ static uint64_t budget_used(void) {
   return B.cache_used + B.fetching_bytes + B.njournal * JOURNAL_COST + B.journal_extra;
 }
 
+/* Whether bytes more stay within the cap. */
+static bool fits(uint64_t bytes) { return budget_used() + bytes <= B.cache_max; }
+
 /* Least recently used clean data goes when the cache is past its cap:
  * that of files nothing holds open (what open files have stays theirs:
  * they read what they had; past the cap a read goes to the bucket
  * uncached, see b_read). */
 static void evict(uint64_t want) {
-  while (budget_used() + want > B.cache_max) {
+  while (!fits(want)) {
     bnode *victim = B.lru.head; /* only a node its path names: its cache file is the one of that path */
     while (victim && (!victim->cached || victim->dirty || victim->opens || victim->busy || node_find(victim->path) != victim))
       victim = victim->lru_link.next;
@@ -967,10 +970,10 @@ static int fetch_span(bnode *n, size_t i, size_t count, bool queued) {
     while (bit(n->inflight, i)) pthread_cond_wait(&B.fetched, &B.lock);
     if (n->full || bit(n->present, i) || i >= n->nchunks) return 0;
     if (n->cfd < 0) return -EIO;
-    if (budget_used() + CHUNK > B.cache_max) return -ENOBUFS; /* taken meanwhile: read uncached */
+    if (!fits(CHUNK)) return -ENOBUFS; /* taken meanwhile: read uncached */
     set_bit(n->inflight, i, true);
   } else if (n->full || n->unlinked || n->cfd < 0 || !n->inflight || i + count > n->nchunks ||
-             budget_used() + count * CHUNK > B.cache_max) { /* no room now: a reader fetches it, or reads it uncached */
+             !fits(count * CHUNK)) { /* no room now: a reader fetches it, or reads it uncached */
     for (size_t k = i; k < i + count && k < n->nchunks; k++) set_bit(n->inflight, k, false);
     pthread_cond_broadcast(&B.fetched); /* nothing fetched: readers waiting on them fetch for themselves */
     return 0;
@@ -1029,7 +1032,7 @@ static int ensure_range(bnode *n, uint64_t off, uint64_t len, bool ahead) {
   for (size_t i = first; i <= last; i++) missing += !bit(n->present, i) && !bit(n->inflight, i);
   n->busy++; /* not evicted while it fills */
   evict(missing * CHUNK);
-  if (missing && budget_used() + missing * CHUNK > B.cache_max) { /* no room: the caller reads it uncached */
+  if (missing && !fits(missing * CHUNK)) { /* no room: the caller reads it uncached */
     n->busy--;
     return -ENOBUFS;
   }
@@ -1051,7 +1054,7 @@ static int ensure_range(bnode *n, uint64_t off, uint64_t len, bool ahead) {
     while (j < end && j + 1 - i < span && !bit(n->present, j + 1) && !bit(n->inflight, j + 1)) j++;
     size_t count = j - i + 1;
     if (count < span && j + 1 < n->nchunks && i > last + window - span) break;
-    if (budget_used() + count * CHUNK > B.cache_max) break; /* no room: nothing fetched ahead */
+    if (!fits(count * CHUNK)) break; /* no room: nothing fetched ahead */
     fitem *f = calloc(1, sizeof *f);
     if (!f) break;
     *f = (fitem){.n = n, .chunk = i, .count = count};
@@ -1274,12 +1277,9 @@ static void *uploader(void *arg) {
            * restart's journal went up) would make it vanish once the node
            * is freed, until the listing is read again */
           bnode *d = parent_of(n->path);
-          lentry *le = !n->unlinked && d ? list_find(d, base_of(n->path)) : NULL;
-          if (!n->unlinked && d && !le) le = list_add(d, base_of(n->path), n->type == T_DIR);
-          if (le) { /* and a listing begun before now may lack it: see refresh_listing */
-            le->size = n->type == T_DIR ? 0 : n->size;
-            le->added_ms = sbx_now_ms();
-          }
+          /* (list_add marks it added now: a listing begun before may lack it) */
+          lentry *le = n->unlinked ? NULL : list_add(d, base_of(n->path), n->type == T_DIR);
+          if (le) le->size = n->type == T_DIR ? 0 : n->size;
         }
         if (strcmp(n->path, q->path) || n->unlinked) {
           /* renamed or removed while it went up: what went up is stale */
@@ -1699,7 +1699,7 @@ static void b_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *a, int valid,
     uint64_t to = (uint64_t)a->st_size;
     /* growing a file is a write of zeros: the cache's cap bounds it too */
     if (to > n->size) evict(to - n->size);
-    if (to > n->size && budget_used() + (to - n->size) > B.cache_max) r = -ENOSPC;
+    if (to > n->size && !fits(to - n->size)) r = -ENOSPC;
     if (!r) r = to ? ensure_full(n) : truncate_to_empty(n); /* what stays is kept */
     if (!r && ftruncate(n->cfd, a->st_size) < 0) r = -errno;
     if (!r) {
@@ -1725,7 +1725,7 @@ static void b_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *a, int valid,
 
 /* A new node at parent/name, replacing a removed one (lock held). */
 static int make_node(bnode *p, const char *name, ntype type, mode_t mode, const struct fuse_ctx *ctx, bnode **out) {
-  if (budget_used() + JOURNAL_COST > B.cache_max) return -ENOSPC; /* its journal entry would pass the cap */
+  if (!fits(JOURNAL_COST)) return -ENOSPC; /* its journal entry would pass the cap */
   char *path = join(p->path, name);
   if (!path) return -errno;
   bnode *n = node_find(path);
@@ -1898,7 +1898,7 @@ static void b_write(fuse_req_t req, fuse_ino_t ino, const char *data, size_t siz
   int fd = n->cfd;
   uint64_t end = (uint64_t)off + size, grow = end > n->size ? end - n->size : 0;
   if (grow) evict(grow);
-  bool full = grow && budget_used() + grow > B.cache_max;
+  bool full = grow && !fits(grow);
   pthread_mutex_unlock(&B.lock);
   if (full) return (void)fuse_reply_err(req, ENOSPC); /* the cache holds only changes not uploaded yet */
   ssize_t k = pwrite(fd, data, size, off); /* into the cache file: journaled, uploaded on close */
@@ -1957,7 +1957,7 @@ static void b_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off
   }
   bool grow = end > n->size;
   if (grow) evict(end - n->size);
-  bool nospace = grow && budget_used() + (end - n->size) > B.cache_max;
+  bool nospace = grow && !fits(end - n->size);
   pthread_mutex_unlock(&B.lock);
   if (nospace) return (void)fuse_reply_err(req, ENOSPC);
   if (fallocate(fd, mode, off, len) < 0) return (void)fuse_reply_err(req, errno);
@@ -2117,12 +2117,13 @@ typedef struct dirh {
 #define DIRH_MAX (128u << 20)
 static size_t dirh_total;
 
-static size_t dirh_size(size_t nentries, size_t names) { return sizeof(dirh) + nentries * (sizeof(lentry) + 16) + names; }
+/* What entries of names bytes (their NULs included) take in a handle. */
+static size_t dirh_size(size_t nentries, size_t names) { return nentries * (sizeof(lentry) + 16) + names; }
 
 static void dirh_add(dirh *h, size_t *cap, const char *name, bool dir) {
   if (lindex_find(&h->ix, h->e, h->n, name)) return;
   lentry *e = lentry_append(&h->e, &h->n, cap, &h->ix, name);
-  if (e) e->dir = dir;
+  if (e) e->dir = dir, h->bytes += dirh_size(1, strlen(name) + 1);
 }
 
 static void b_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
@@ -2138,7 +2139,8 @@ static void b_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
    * then what only we have so far */
   size_t cap = 0, l = strlen(d->path), names = 0;
   for (size_t i = 0; i < d->nlist; i++) names += strlen(d->list[i].name) + 1;
-  if (dirh_total + dirh_size(d->nlist, names) > DIRH_MAX) { /* at most this, before it is made */
+  h->bytes = sizeof *h;
+  if (dirh_total + h->bytes + dirh_size(d->nlist, names) > DIRH_MAX) { /* at most this, before it is made */
     free(h);
     pthread_mutex_unlock(&B.lock);
     return (void)fuse_reply_err(req, ENOMEM);
@@ -2157,9 +2159,6 @@ static void b_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
       if (rest && !strchr(rest, '/')) dirh_add(h, &cap, rest, n->type == T_DIR);
     }
   lindex_free(&h->ix);
-  names = 0;
-  for (size_t i = 0; i < h->n; i++) names += strlen(h->e[i].name) + 1;
-  h->bytes = dirh_size(h->n, names);
   dirh_total += h->bytes;
   pthread_mutex_unlock(&B.lock);
   fi->fh = (uintptr_t)h;
@@ -2440,7 +2439,7 @@ static int by_name(const void *a, const void *b) { return strcmp(a, b); }
  * journal/ (jp), or from its cache file's attribute (jp NULL). Of two
  * entries for one node (a crash between writing one and removing the
  * other), the newer wins. False: nothing of it was acknowledged. */
-static bool recover_node(json_t *j, const char *path, const char *jp) {
+static bool recover_node(json_t *j, size_t len, const char *path, const char *jp) {
   const char *type = json_string_value(json_object_get(j, "type"));
   ntype t = type && !strcmp(type, "dir") ? T_DIR : type && !strcmp(type, "link") ? T_LINK : T_FILE;
   int64_t at = json_integer_value(json_object_get(j, "at"));
@@ -2469,9 +2468,7 @@ static bool recover_node(json_t *j, const char *path, const char *jp) {
   if (t == T_LINK) n->target = strdup(target ? target : ""), n->size = strlen(n->target);
   n->full = true;
   n->tried = true; /* an earlier run may have sent it */
-  char *text = json_dumps(j, JSON_COMPACT);
-  if (text) set_jextra(&n->jextra, entry_extra(strlen(text)));
-  free(text);
+  set_jextra(&n->jextra, entry_extra(len));
   if (!n->dirty) {
     B.njournal++;
     if (t == T_FILE) account(n, n->size);
@@ -2494,7 +2491,7 @@ static bool recover_attr(const char *dir, const char *name) {
   const char *path = json_string_value(json_object_get(j, "path"));
   char h[65];
   bool ok = path && *path && strlen(path) < MAX_KEY && (sha256_hex(path, strlen(path), h), !strcmp(h, name)) &&
-            recover_node(j, path, NULL);
+            recover_node(j, (size_t)k, path, NULL);
   json_decref(j);
   return ok;
 }
@@ -2513,11 +2510,12 @@ static void recover(void) {
     snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
     json_t *j = json_load_file(p, 0, NULL);
     const char *path = json_string_value(json_object_get(j, "path"));
-    if (!path || !*path || strlen(path) >= MAX_KEY) {
+    struct stat st;
+    if (!path || !*path || strlen(path) >= MAX_KEY || fstatat(dirfd(d), e->d_name, &st, 0) < 0) {
       unlink(p);
     } else if (e->d_name[0] == 't') {
       tombstone(path, json_is_true(json_object_get(j, "dir")));
-    } else if (!recover_node(j, path, p)) {
+    } else if (!recover_node(j, (size_t)st.st_size, path, p)) {
       unlink(p); /* no data for it: nothing was acknowledged */
     }
     json_decref(j);

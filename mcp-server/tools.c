@@ -1594,13 +1594,13 @@ static void h_run_code(mcp_call *call, json_t *args, sbx_sandbox *sb) {
   if (!cc) return mcp_call_fail(call, &(sbx_error){.code = "INTERNAL", .message = "out of memory"});
   cc->call = call;
   cc->args = json_incref(args);
-  if (sbx_code_create(mcp_call_loop(call), sb, lang ? lang : "python", id, NULL, NULL, default_ready, cc, NULL, &err) < 0) {
+  int r = sbx_code_create(mcp_call_loop(call), sb, lang ? lang : "python", id, NULL, NULL, default_ready, cc, NULL, &err);
+  sbx_sandbox_save(sb); /* the record knows its contexts (and not one that ended): a restart says they ended */
+  if (r < 0) {
     json_decref(cc->args);
     free(cc);
-    sbx_sandbox_save(sb);
-    return mcp_call_fail(call, &err);
+    mcp_call_fail(call, &err);
   }
-  sbx_sandbox_save(sb); /* the record knows its contexts: a restart says they ended */
 }
 
 const mcp_handler mcp_handlers[] = {
