@@ -43,6 +43,9 @@ class Ctx:
         args.update(kw)
         return self.c.ok('mountBucket', args)
 
+    def notes(self):
+        return self.s3.take_crashes()
+
     def close(self):
         try:
             self.env.close()

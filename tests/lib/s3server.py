@@ -5,6 +5,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 
 from sbxtest import Fail, free_port, wait_until
 
@@ -36,6 +37,9 @@ class S3:
         self.proxy_port = free_port()
         self.log = os.path.join(root, 'sigv4.log')
         self.node = None
+        self.lock = threading.RLock()
+        self.starts = 0
+        self.crashes = []  # what s3rver said when it ended on its own
         self.start()
         out = os.path.join(root, 'sigv4proxy.out')
         with open(out, 'w') as f:
@@ -53,20 +57,50 @@ class S3:
         return 'http://127.0.0.1:%d' % self.port
 
     def start(self):
+        """Starts s3rver on its port, and a thread that waits for it to end:
+        if it ends on its own (it has crashed under load, an unhandled
+        error of its store), what it said is kept for the test's log and
+        it is started again, as an outage that ends: sbx's retries carry
+        on, and one crash of the test's server does not fail every test
+        after it."""
         args = ['node', '--openssl-legacy-provider', S3RVER, '-d', self.dir, '-a', '127.0.0.1', '-p', str(self.port),
                 '--silent']
         for b in self.buckets:
             args += ['--configure-bucket', b]
-        out = self.dir + '.out'
-        with open(out, 'w') as f:
-            self.node = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-        wait_for_line(out, 'listening', self.node)
+        with self.lock:
+            self.starts += 1
+            out = '%s.out.%d' % (self.dir, self.starts)
+            with open(out, 'w') as f:
+                node = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+            self.node = node
+            wait_for_line(out, 'listening', node)
+        threading.Thread(target=self._watch, args=(node, out), daemon=True).start()
+
+    def _watch(self, node, out):
+        node.wait()
+        with self.lock:
+            if self.node is not node:
+                return  # stopped on purpose
+            with open(out, errors='replace') as f:
+                said = f.read()[-1500:]
+            self.crashes.append('s3rver ended by itself (exit status %s); it said: %s' % (node.returncode, said))
+            self.node = None
+            try:
+                self.start()
+            except Exception as e:  # the next request fails and says so
+                self.crashes.append('and could not be started again: %s' % e)
+
+    def take_crashes(self):
+        with self.lock:
+            out, self.crashes = self.crashes, []
+        return out
 
     def stop(self):
-        if self.node:
-            os.killpg(self.node.pid, signal.SIGKILL)
-            self.node.wait()
-            self.node = None
+        with self.lock:
+            node, self.node = self.node, None
+        if node:
+            os.killpg(node.pid, signal.SIGKILL)
+            node.wait()
 
     def close(self):
         self.stop()

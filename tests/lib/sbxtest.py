@@ -84,6 +84,8 @@ def run_tests(tests, setup=None):
                         if getattr(c, 'stderr', None):
                             diag += '\nsbx mcp stderr: ' + repr(c.stderr[-5:])
                 tap.ok(False, t.__name__ + ' raised', diag)
+            for line in (ctx.notes() if hasattr(ctx, 'notes') else []):
+                print('# ' + line.replace('\n', '\n# '), flush=True)  # what a test's helpers saw go wrong
             print('# %s: %.1fs' % (t.__name__, time.monotonic() - started), flush=True)
     finally:
         if ctx is not None and hasattr(ctx, 'close'):
