@@ -647,6 +647,8 @@ void sbx_disk_pool_stop(void) {
   dk.pool.pid = 0;
 }
 
+bool sbx_disk_fresh_ready(uint64_t mb) { return dk.pool.sock >= 0 && dk.pool.mb == mb && dk.pool.n > 0; }
+
 int sbx_disk_take_fresh(const char *id, uint64_t mb) {
   if (dk.pool.sock >= 0) pool_ask(0);
   if (dk.pool.sock < 0 || dk.pool.mb != mb || dk.pool.n == 0) return -1;

@@ -65,6 +65,8 @@ void sbx_disk_pool_stop(void);
 /* A fresh disk from the helper, its image moved into the sandbox's
  * directory: its mount fd, or -1 when none of that size is ready. */
 int sbx_disk_take_fresh(const char *id, uint64_t disk_mb);
+/* Whether a fresh disk of disk_mb is ready to be taken now. */
+bool sbx_disk_fresh_ready(uint64_t disk_mb);
 /* Files of a sandbox's directory (beside its disk image), made ahead with
  * the disks of the pool for a new sandbox: its /proc files and the
  * temporary name its record is written under. */

@@ -942,6 +942,9 @@ static void ahead_make(void) {
   if (ahead.n >= AHEAD_MAX || eng.cfg.rootless || !eng.cfg.loop || !eng.etc_template || !sbx_cg_available() ||
       eng.count + ahead.n + 1 >= eng.cfg.max_sandboxes)
     return;
+  /* none without a fresh disk: its cgroups would be made and removed for
+   * nothing (the pool calls again when one is ready) */
+  if (!sbx_disk_fresh_ready(eng.cfg.default_limits.disk_mb)) return;
   char id[64];
   snprintf(id, sizeof id, "_ahead-%d-%u", (int)getpid(), ++ahead.seq);
   sbx_sandbox *sb = sandbox_new(id);
