@@ -51,10 +51,23 @@ static int rewrite(int fd, const char *text) {
   return ftruncate(fd, len) < 0 ? -errno : 0;
 }
 
+/* The host's RAM, read again every 10 s at most: sysinfo(2) walks every
+ * block device (the loop device of each sandbox's disk), and this is asked
+ * at every create and command. */
+static uint64_t host_ram(void) {
+  static uint64_t ram, at;
+  uint64_t now = sbx_now_ms();
+  if (!at || now - at >= 10000) {
+    struct sysinfo si;
+    ram = sysinfo(&si) == 0 ? (uint64_t)si.totalram * si.mem_unit : UINT64_MAX;
+    at = now;
+  }
+  return ram;
+}
+
 void sbx_procfiles_refresh(sbx_sandbox *sb) {
   if (sb->meminfo_fd < 0) return;
-  struct sysinfo si;
-  uint64_t host = sysinfo(&si) == 0 ? (uint64_t)si.totalram * si.mem_unit : UINT64_MAX;
+  uint64_t host = host_ram();
   uint64_t total = (uint64_t)sb->opts.limits.memory_mb << 20, used = 0, cache = 0, shmem = 0;
   if (total > host) total = host;
   sbx_cg_memory(&sb->cg, &used, &cache, &shmem);
