@@ -126,7 +126,10 @@ static void lose(void) {
  * (a daemon stopped on purpose stays stopped); the view's next use does. */
 static int connect_once(bool autostart, char *err, size_t errlen) {
   sbx_paths paths;
-  if (sbx_paths_init(&paths, err, errlen) < 0) return -1;
+  /* a retry makes nothing: the daemon's directories removed (its user
+   * gone, a test's environment deleted) are not made again by a view
+   * that outlived them */
+  if ((autostart ? sbx_paths_init : sbx_paths_find)(&paths, err, errlen) < 0) return -1;
   int fd = sbx_connect(&paths, autostart, err, errlen);
   if (fd < 0) return -1;
   pthread_mutex_lock(&L.lock);

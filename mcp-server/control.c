@@ -36,7 +36,7 @@ static int ensure_private_dir(const char *dir, char *err, size_t errlen) {
   return 0;
 }
 
-int sbx_paths_init(sbx_paths *p, char *err, size_t errlen) {
+int sbx_paths_find(sbx_paths *p, char *err, size_t errlen) {
   const char *rt = getenv("SBX_RUNTIME_DIR"), *st = getenv("SBX_STATE_DIR");
   const char *xrt = getenv("XDG_RUNTIME_DIR"), *xst = getenv("XDG_STATE_HOME"), *home = getenv("HOME");
   bool root = geteuid() == 0;
@@ -52,12 +52,16 @@ int sbx_paths_init(sbx_paths *p, char *err, size_t errlen) {
     snprintf(err, errlen, "runtime dir %s is too long for a unix socket path", p->runtime);
     return -1;
   }
-  if (ensure_private_dir(p->runtime, err, errlen) < 0 || ensure_private_dir(p->state, err, errlen) < 0) return -1;
   snprintf(p->sock, sizeof p->sock, "%s/sbx.sock", p->runtime);
   snprintf(p->lock, sizeof p->lock, "%s/sbx.lock", p->runtime);
   snprintf(p->pidfile, sizeof p->pidfile, "%s/sbx.pid", p->runtime);
   snprintf(p->log, sizeof p->log, "%s/daemon.log", p->state);
   return 0;
+}
+
+int sbx_paths_init(sbx_paths *p, char *err, size_t errlen) {
+  if (sbx_paths_find(p, err, errlen) < 0) return -1;
+  return ensure_private_dir(p->runtime, err, errlen) < 0 || ensure_private_dir(p->state, err, errlen) < 0 ? -1 : 0;
 }
 
 static int try_connect(const sbx_paths *p, char *err, size_t errlen) {

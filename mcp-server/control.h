@@ -18,6 +18,9 @@ typedef struct sbx_paths {
  * defaults) and creates them mode 0700; refuses a runtime dir another user
  * owns. Returns 0 or -1 with a message. */
 int sbx_paths_init(sbx_paths *p, char *err, size_t errlen);
+/* The same paths, nothing made: for looking for a daemon that is there
+ * without starting one (a missing directory means it is not). */
+int sbx_paths_find(sbx_paths *p, char *err, size_t errlen);
 
 /* Connects to the daemon's socket, checking it runs as our uid. With
  * autostart, starts the daemon when none answers and waits until it is

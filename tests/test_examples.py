@@ -4,7 +4,7 @@ import struct
 import subprocess
 import sys
 
-from sbxtest import SBX, Env, run_tests
+from sbxtest import SBX, Env, run_tests, wait_until
 
 EX = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'examples')
 
@@ -69,6 +69,21 @@ def test_view_edit_build(t, x):
     finally:
         subprocess.run([SBX, 'umount', mnt], env=x.env.env, capture_output=True)
         subprocess.run(['umount', '-l', mnt], capture_output=True)
+        # the view has ended before the environment goes
+        wait_until(lambda: not view_pids(mnt), 30, 'the view of %s to end' % mnt)
+
+
+def view_pids(mnt):
+    """Processes serving a view mounted on mnt (`sbx mount MNT`)."""
+    out = []
+    for p in os.listdir('/proc'):
+        try:
+            argv = open('/proc/%s/cmdline' % p, 'rb').read().split(b'\0')
+        except OSError:
+            continue
+        if b'mount' in argv and mnt.encode() in argv:
+            out.append(int(p))
+    return out
 
 
 if __name__ == '__main__':
