@@ -5,6 +5,7 @@ import json
 import os
 import select
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -34,8 +35,14 @@ class Browser:
                 '--no-default-browser-check', '--user-data-dir=' + self.profile, 'about:blank']
         if os.geteuid() == 0:
             args.insert(1, '--no-sandbox')  # Chromium refuses to run as root with its own sandbox
+        # its temporary files in its profile, which close() removes (killed,
+        # it leaves an org.chromium.Chromium.* directory in TMPDIR), and a
+        # process group of its own, so that its helpers die with it
+        tmp = os.path.join(self.profile, 'tmp')
+        os.mkdir(tmp)
         self.proc = subprocess.Popen(args, preexec_fn=fds, close_fds=False, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     env=dict(os.environ, TMPDIR=tmp), start_new_session=True)
         os.close(to_child_r)
         os.close(from_child_w)
         self.buf = b''
@@ -43,7 +50,10 @@ class Browser:
         self.events = []
 
     def close(self):
-        self.proc.kill()
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
         self.proc.wait()
         for fd in (self.r, self.w):
             os.close(fd)
