@@ -8,19 +8,40 @@
 #include <string.h>
 #include <strings.h>
 
+/* A header name: one or more token characters (RFC 9110, 5.6.2). */
+static bool is_token(const char *s, size_t n) {
+  size_t k = 0;
+  while (k < n && (isalnum((unsigned char)s[k]) || strchr("!#$%&'*+-.^_`|~", s[k]))) k++;
+  return n && k == n;
+}
+
+/* A part of the request line: 1 to max bytes, none of them blank or a
+ * control character. */
+static bool word(const char *s, size_t n, size_t max) {
+  if (!n || n > max) return false;
+  for (size_t i = 0; i < n; i++)
+    if ((unsigned char)s[i] <= ' ' || s[i] == 0x7f) return false;
+  return true;
+}
+
 long sbx_http_parse_head(const char *buf, size_t len, sbx_http_head *h) {
   const char *end = buf ? memmem(buf, len, "\r\n\r\n", 4) : NULL;
   if (!end) return 0;
   const char *eol = memmem(buf, end + 2 - buf, "\r\n", 2);
-  size_t line = eol - buf;
-  char first[1100];
-  if (line >= sizeof first) return -1;
-  memcpy(first, buf, line);
-  first[line] = 0;
   *h = (sbx_http_head){0};
-  char rest[8];
-  int n = sscanf(first, "%15s %1023s %15s %7s", h->method, h->path, h->version, rest);
-  if (n != 3 || strncmp(h->version, "HTTP/1.", 7) || memchr(first, 0, line)) return -1;
+  /* METHOD SP TARGET SP VERSION, one space each (RFC 9112, 3); a target
+   * of any length (the head's limit bounds it), kept whole up to
+   * sizeof h->path - 1 bytes */
+  const char *sp1 = memchr(buf, ' ', (size_t)(eol - buf));
+  const char *sp2 = sp1 ? memchr(sp1 + 1, ' ', (size_t)(eol - sp1 - 1)) : NULL;
+  if (!sp2 || !word(buf, (size_t)(sp1 - buf), sizeof h->method - 1) ||
+      !word(sp1 + 1, (size_t)(sp2 - sp1 - 1), MAX_TARGET) || !word(sp2 + 1, (size_t)(eol - sp2 - 1), sizeof h->version - 1))
+    return -1;
+  memcpy(h->method, buf, (size_t)(sp1 - buf));
+  h->path_len = (size_t)(sp2 - sp1 - 1);
+  memcpy(h->path, sp1 + 1, h->path_len < sizeof h->path ? h->path_len : sizeof h->path - 1);
+  memcpy(h->version, sp2 + 1, (size_t)(eol - sp2 - 1));
+  if (strncmp(h->version, "HTTP/1.", 7)) return -1;
   /* no bare CR or LF, no NUL, and every header line a name of token
    * characters right before its colon (no folding): a server behind a
    * proxy must never split the head where the proxy did not */
@@ -28,11 +49,8 @@ long sbx_http_parse_head(const char *buf, size_t len, sbx_http_head *h) {
   for (size_t i = 0; i < hl; i++)
     if (!buf[i] || (buf[i] == '\n' && (!i || buf[i - 1] != '\r')) || (buf[i] == '\r' && buf[i + 1] != '\n')) return -1;
   sbx_http_field f;
-  for (const char *l = eol + 2; sbx_http_next_field(&l, end + 2, &f);) {
-    size_t k = 0;
-    while (k < f.name_len && (isalnum((unsigned char)f.name[k]) || strchr("!#$%&'*+-.^_`|~", f.name[k]))) k++;
-    if (!f.name || !k || k != f.name_len) return -1;
-  }
+  for (const char *l = eol + 2; sbx_http_next_field(&l, end + 2, &f);)
+    if (!f.name || !is_token(f.name, f.name_len)) return -1;
   h->len = hl;
   h->headers = eol + 2;
   return (long)h->len;
@@ -132,7 +150,7 @@ int sbx_http_request_body(const char *headers, const char *end, sbx_http_body *b
         if (v[i] < '0' || v[i] > '9') return -1;
         n = n * 10 + (uint64_t)(v[i] - '0');
       }
-      if (has_len && n != clen) return -1;
+      if (has_len) return -1; /* two lengths, even equal: as the README says */
       has_len = true;
       clen = n;
     } else if (nl == 17 && !strncasecmp(f.name, "Transfer-Encoding", nl)) {
@@ -153,6 +171,8 @@ int sbx_http_request_body(const char *headers, const char *end, sbx_http_body *b
   else if (has_len && clen) b->state = B_LENGTH, b->left = clen;
   return 0;
 }
+
+static bool tchar(char c) { return is_token(&c, 1); }
 
 static int hexval(char c) {
   if (c >= '0' && c <= '9') return c - '0';
@@ -205,14 +225,17 @@ long sbx_http_body_feed(sbx_http_body *b, const char *buf, size_t len) {
       b->state = b->left ? B_DATA : B_TRAILER;
       break;
     case B_TRAILER: /* at the start of a trailer line; an empty one ends the body */
+      if (++b->count > TRAILER_MAX) return -1;
+      b->in_value = false;
       if (ch == '\r') b->state = B_END_LF;
-      else b->state = B_TRAILER_LINE;
-      if (++b->count > TRAILER_MAX) return -1;
+      else if (tchar(ch)) b->state = B_TRAILER_LINE;
+      else return -1; /* a bare LF, a folded line: where a lenient server would end the body */
       break;
-    case B_TRAILER_LINE:
+    case B_TRAILER_LINE: /* a field as in a head: a token name, its colon, a value */
       if (++b->count > TRAILER_MAX) return -1;
-      if (ch == '\r') b->state = B_TRAILER_LF;
-      else if (ch == '\n') return -1;
+      if (ch == '\r' && b->in_value) b->state = B_TRAILER_LF;
+      else if (ch == ':' && !b->in_value) b->in_value = true;
+      else if (!ch || ch == '\n' || ch == '\r' || (!b->in_value && !tchar(ch))) return -1;
       break;
     default: /* a CR or LF that must come, and the state after it */
       if (b->state >= (int)SBX_ARRAY_SIZE(expect) || !expect[b->state].want || ch != expect[b->state].want) return -1;

@@ -6,9 +6,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#define MAX_TARGET (16 * 1024) /* a request target's length, at most */
+
 typedef struct sbx_http_head {
   size_t len;          /* of the head, through the blank line */
-  char method[16], path[1024], version[16];
+  char method[16], version[16];
+  char path[1024];     /* the target, cut to 1023 bytes when longer */
+  size_t path_len;     /* its whole length */
   const char *headers; /* the first header line, inside the buffer */
 } sbx_http_head;
 
@@ -38,11 +42,12 @@ typedef struct sbx_http_body {
   int state;      /* below; 0: no body left */
   uint64_t left;  /* bytes of the body, or of the current chunk, still to come */
   unsigned count; /* digits, extension or trailer bytes seen: bounded */
+  bool in_value;  /* past the colon of a trailer line */
 } sbx_http_body;
 
 /* The framing of the request whose header lines are [headers, end): a
  * Content-Length, chunked, or nothing. -1 when it is ambiguous or
- * malformed (both headers, two lengths, an encoding that does not end in
+ * malformed (both headers, two Content-Length lines, an encoding that does not end in
  * chunked): such a request is refused, never guessed at. *upgrade says the
  * request asks to switch protocols (Connection: upgrade with Upgrade). */
 int sbx_http_request_body(const char *headers, const char *end, sbx_http_body *b, bool *upgrade);

@@ -19,6 +19,7 @@
 #define MAX_CONNS 4096             /* proxied connections at once */
 #define MAX_CONNS_PER_SANDBOX 1024
 #define HIGH_WATER (1024 * 1024)   /* bytes queued toward one side before its source pauses */
+#define QUEUED_MAX (64 * 1024 * 1024) /* queued by all connections together: then every source pauses */
 #define REVOKED_KEPT 1024          /* tokens that answer 410 instead of 404 */
 #define RETRY_MS 5000              /* a port in use is tried again this often */
 
@@ -34,6 +35,8 @@ static struct {
   char revoked[REVOKED_KEPT][17];
   size_t nrevoked;
   int conns;
+  size_t queued; /* what all connections' queued writes hold */
+  bool over;     /* it went past QUEUED_MAX: sources wait until it is half that */
 } P = {.problem = "the preview proxy is off (previewPort 0)"};
 
 static int try_listen(void);
@@ -357,12 +360,14 @@ typedef struct pchunk {
   pconn *c;
   bool to_client;
   size_t len;
+  size_t cost; /* of the memory it holds: its buffer and itself */
   char *owned; /* a read buffer (of the pool) passed on as it is, or NULL (data follows) */
   char data[];
 } pchunk;
 
-static void conn_freed(uv_handle_t *h) {
-  pconn *c = h->data;
+/* A reference to c is let go: a handle closed, or a connect asked of the
+ * sandbox's socket factory answered (its want holds c until then). */
+static void conn_unref(pconn *c) {
   if (--c->handles) return;
   for (pconn **pp = &conns; *pp; pp = &(*pp)->next)
     if (*pp == c) {
@@ -373,6 +378,8 @@ static void conn_freed(uv_handle_t *h) {
   P.conns--;
   free(c);
 }
+
+static void conn_freed(uv_handle_t *h) { conn_unref(h->data); }
 
 static void cpoll_closed(uv_handle_t *h);
 
@@ -423,20 +430,36 @@ static void client_go_on(pconn *c);
 static void refuse_more(pconn *c);
 static void upgrade_answer(pconn *c, const char *data, size_t n);
 
+/* Whether a side with `queued` bytes toward it may be sent more. */
+static bool room(size_t queued) { return queued < HIGH_WATER && !P.over; }
+
+static void go_on(pconn *c, bool to_client);
+
 static void written(uv_write_t *req, int status) {
   pchunk *w = (pchunk *)req;
   pconn *c = w->c;
   bool to_client = w->to_client;
-  if (to_client) c->to_client -= w->len + sizeof *w;
-  else c->to_up -= w->len + sizeof *w;
+  if (to_client) c->to_client -= w->cost;
+  else c->to_up -= w->cost;
+  P.queued -= w->cost;
   buf_put(w->owned);
   free(w);
+  if (P.over && P.queued < QUEUED_MAX / 2) { /* every connection reads on */
+    P.over = false;
+    for (pconn *o = conns; o; o = o->next)
+      if (o != c) go_on(o, true), go_on(o, false);
+  }
   if (status < 0) return conn_close(c);
+  go_on(c, to_client);
+}
+
+/* Below the high water again (its own and everyone's): the side that
+ * sends toward `to_client`'s side reads on. */
+static void go_on(pconn *c, bool to_client) {
   if (c->closing) return;
-  /* below the high water again: the paused side reads on */
-  if (to_client && c->to_client < HIGH_WATER && c->up_open && !c->up_eof)
+  if (to_client && room(c->to_client) && c->up_open && !c->up_eof)
     uv_read_start((uv_stream_t *)&c->upstream, alloc_cb, up_read);
-  if (!to_client && c->to_up < HIGH_WATER) client_go_on(c); /* pipelined requests left waiting first */
+  if (!to_client && room(c->to_up)) client_go_on(c); /* pipelined requests left waiting first */
 }
 
 /* Queues data toward one side; owned (malloc'd, taken) or copied. */
@@ -449,6 +472,7 @@ static void send_buf(pconn *c, bool to_client, char *owned, const char *data, si
   w->c = c;
   w->to_client = to_client;
   w->len = len;
+  w->cost = (owned ? READ_BUF : len) + sizeof *w; /* a buffer passed on holds all of it */
   w->owned = owned;
   if (!owned) memcpy(w->data, data, len);
   uv_buf_t b = uv_buf_init(owned ? owned : w->data, (unsigned)len);
@@ -458,10 +482,11 @@ static void send_buf(pconn *c, bool to_client, char *owned, const char *data, si
     free(w);
     return conn_close(c);
   }
-  if (to_client) c->to_client += len + sizeof *w; /* what a queued write costs, not only its bytes */
-  else c->to_up += len + sizeof *w;
-  if (to_client && c->to_client >= HIGH_WATER) uv_read_stop((uv_stream_t *)&c->upstream);
-  if (!to_client && c->to_up >= HIGH_WATER) uv_read_stop((uv_stream_t *)&c->client);
+  if (to_client) c->to_client += w->cost; /* what a queued write costs, not only its bytes */
+  else c->to_up += w->cost;
+  if ((P.queued += w->cost) >= QUEUED_MAX) P.over = true;
+  if (to_client && !room(c->to_client)) uv_read_stop((uv_stream_t *)&c->upstream);
+  if (!to_client && !room(c->to_up)) uv_read_stop((uv_stream_t *)&c->client);
 }
 
 static void send_to(pconn *c, bool to_client, const char *data, size_t len) { send_buf(c, to_client, NULL, data, len); }
@@ -529,9 +554,37 @@ static void up_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
  * them to name the client). */
 static bool client_ip_header(const char *line) {
   static const char *const names[] = {"X-Forwarded-", "Forwarded:", "X-Real-IP:", "True-Client-IP:", "X-Client-IP:"};
-  for (size_t i = 0; i < SBX_ARRAY_SIZE(names); i++)
-    if (!strncasecmp(line, names[i], strlen(names[i]))) return true;
+  for (size_t i = 0; i < SBX_ARRAY_SIZE(names); i++) {
+    size_t k = 0;
+    /* '_' as '-': CGI-style servers (and their HTTP_X_FORWARDED_FOR) make
+     * X_Forwarded_For the same header */
+    while (names[i][k] && (tolower((unsigned char)line[k]) == tolower((unsigned char)names[i][k]) ||
+                           (line[k] == '_' && names[i][k] == '-')))
+      k++;
+    if (!names[i][k]) return true;
+  }
   return false;
+}
+
+/* One Host, and an absolute-form target (GET http://host/...) naming that
+ * same host: a server would route by the target, the proxy routed by Host
+ * (RFC 9112, 3.2.2). */
+static bool one_host(const sbx_http_head *h, const char *end) {
+  size_t n = 0, hlen = 0;
+  const char *host = NULL;
+  sbx_http_field f;
+  for (const char *l = h->headers; sbx_http_next_field(&l, end, &f);)
+    if (f.name_len == 4 && !strncasecmp(f.name, "Host", 4)) {
+      host = f.value, hlen = f.value_len;
+      n++;
+    }
+  if (n > 1) return false;
+  const char *t = h->path;
+  size_t skip = !strncasecmp(t, "http://", 7) ? 7 : !strncasecmp(t, "https://", 8) ? 8 : 0;
+  if (!skip) return true;
+  size_t alen = strcspn(t + skip, "/?#");
+  while (hlen && (host[hlen - 1] == ' ' || host[hlen - 1] == '\t')) hlen--;
+  return host && alen == hlen && !strncasecmp(t + skip, host, hlen);
 }
 
 /* The request head passed on with who asked: the client's own
@@ -592,11 +645,12 @@ static void cpoll_ready(uv_poll_t *h, int status, int events) {
 
 static void connected(void *ud, int fd, int error) {
   pconn *c = ud;
-  if (c->closing) {
+  if (c->closing) { /* closed while it waited (its port unexposed): this was the last use of it */
     if (fd >= 0) close(fd);
     c->waiting = false;
-    return;
+    return conn_unref(c);
   }
+  conn_unref(c); /* its handles are open: it stays */
   if (fd >= 0) { /* connecting: the loop says when it is done */
     c->cfd = fd;
     uv_poll_init(P.loop, &c->cpoll, fd);
@@ -672,7 +726,9 @@ static void route(pconn *c, const char *headers, const char *end) {
   activity(c);
   c->waiting = true;
   uv_read_stop((uv_stream_t *)&c->client); /* the rest waits for the upstream */
+  c->handles++; /* held by the want until connected() */
   if (connect_in(sb, port, connected, c) < 0) {
+    c->handles--;
     c->waiting = false;
     answer(c, 502, "Bad Gateway", "502: cannot reach into the sandbox\n");
   }
@@ -690,7 +746,7 @@ static void next_mode(pconn *c) {
  * that asks to switch protocols (WebSocket) turns the rest into a tunnel. */
 static void drain(pconn *c) {
   size_t off = 0;
-  while (!c->closing && !c->waiting && c->mode != M_DONE && c->mode != M_UPGRADING && c->to_up < HIGH_WATER &&
+  while (!c->closing && !c->waiting && c->mode != M_DONE && c->mode != M_UPGRADING && room(c->to_up) &&
          off < c->head.len) {
     char *p = c->head.data + off;
     size_t len = c->head.len - off;
@@ -720,6 +776,10 @@ static void drain(pconn *c) {
       if (later) return refuse_more(c);
       return answer(c, 400, "Bad Request", "400: malformed request, or its length is ambiguous\n");
     }
+    if (!one_host(&h, end)) {
+      if (later) return refuse_more(c);
+      return answer(c, 400, "Bad Request", "400: two Host headers, or a request target naming another host\n");
+    }
     if (!strcmp(h.method, "CONNECT")) { /* a preview URL is a web server, not a forward proxy */
       if (later) return refuse_more(c);
       return answer(c, 405, "Method Not Allowed", "405: CONNECT is not served here\n");
@@ -748,7 +808,7 @@ static void drain(pconn *c) {
 static void client_go_on(pconn *c) {
   if (c->closing || c->client_eof) return;
   drain(c);
-  if (!c->closing && !c->waiting && c->mode != M_DONE && c->mode != M_UPGRADING && c->to_up < HIGH_WATER)
+  if (!c->closing && !c->waiting && c->mode != M_DONE && c->mode != M_UPGRADING && room(c->to_up))
     uv_read_start((uv_stream_t *)&c->client, alloc_cb, client_read);
 }
 
@@ -800,6 +860,18 @@ static void client_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
   }
 }
 
+/* At the limit of connections, the oldest that has sent no request yet
+ * makes room for c (an idle one holds nothing up): local programs that
+ * open connections and send nothing cannot keep everyone else out. */
+static bool evict_idle(pconn *c) {
+  pconn *oldest = NULL;
+  for (pconn *o = conns; o; o = o->next) /* newest first */
+    if (o != c && !o->closing && !o->up_open && !o->waiting && o->mode == M_HEAD && !o->sandbox[0]) oldest = o;
+  if (!oldest) return false;
+  conn_close(oldest);
+  return true;
+}
+
 static void on_conn(uv_stream_t *server, int status) {
   if (status < 0) return;
   pconn *c = calloc(1, sizeof *c);
@@ -813,7 +885,11 @@ static void on_conn(uv_stream_t *server, int status) {
   P.conns++;
   c->next = conns;
   conns = c;
-  if (uv_accept(server, (uv_stream_t *)&c->client) < 0 || P.conns > MAX_CONNS) return conn_close(c);
+  if (uv_accept(server, (uv_stream_t *)&c->client) < 0) return conn_close(c);
+  if (P.conns > MAX_CONNS && !evict_idle(c)) {
+    snprintf(c->ip, sizeof c->ip, "127.0.0.1");
+    return answer(c, 503, "Service Unavailable", "503: too many connections\n");
+  }
   struct sockaddr_storage ss;
   int sl = sizeof ss;
   snprintf(c->ip, sizeof c->ip, "127.0.0.1");

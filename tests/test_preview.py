@@ -265,6 +265,30 @@ def test_no_tricks(t, x):
          'a client\'s Forwarded, X-Real-IP, True-Client-IP and X-Forwarded-* never reach the server', h)
     t.eq(request(x, None, raw=('CONNECT 127.0.0.1:22 HTTP/1.1\r\nHost: %s\r\n\r\n' % host).encode())[0], 405,
          'CONNECT is 405: a preview URL is not a forward proxy')
+    # a chunked body whose trailers start with a bare LF: a lenient server
+    # (h11) ends the body there and reads what follows as a request of its own
+    s = socket.create_connection(('127.0.0.1', x.port), timeout=30)
+    s.sendall(('POST /first HTTP/1.1\r\nHost: %s\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\n'
+               'GET /smuggled HTTP/1.1\r\nHost: evil.example\r\nX-Forwarded-For: 6.6.6.6\r\n\r\n' % host).encode())
+    got = responses(s, 2)
+    s.close()
+    t.ok('/smuggled' not in [g[1].get('path') for g in got], 'a trailer line starting with a bare LF ends the '
+         'connection: nothing after it reaches the server', got)
+    code, _, body = request(x, None, raw=('GET /ip HTTP/1.1\r\nHost: %s\r\nX_Forwarded_For: 6.6.6.6\r\n'
+                                          'x_real_ip: 6.6.6.6\r\nConnection: close\r\n\r\n' % host).encode())
+    h = json.loads(body)['headers'] if code == 200 else {}
+    t.ok(code == 200 and not ({'x_forwarded_for', 'x_real_ip'} & set(h)) and h.get('x-forwarded-for') == '127.0.0.1',
+         'nor do they spelled with underscores (CGI servers read X_Forwarded_For as X-Forwarded-For)', h)
+    codes = [request(x, None, raw=raw)[0] for raw in (
+        ('GET /two HTTP/1.1\r\nHost: %s\r\nHost: evil.example\r\n\r\n' % host).encode(),
+        ('GET http://evil.example/x HTTP/1.1\r\nHost: %s\r\n\r\n' % host).encode(),
+        ('POST /len HTTP/1.1\r\nHost: %s\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello' % host).encode())]
+    t.eq(codes, [400] * 3, 'two Host headers, a target naming another host, two (equal) lengths: 400')
+    long_path = '/long?' + 'q' * 3000
+    code, _, body = request(x, None, raw=('GET http://%s%s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n'
+                                          % (host, long_path, host)).encode())
+    t.ok(code == 200 and json.loads(body).get('path') == 'http://%s%s' % (host, long_path),
+         'a request target of 3,000 bytes (absolute, naming its own host) reaches the server', (code, body[:200]))
 
 
 def test_500_connections(t, x):
@@ -287,6 +311,59 @@ def test_500_connections(t, x):
     finally:
         for s in socks:
             s.close()
+
+
+def test_unexpose_while_connecting(t, x):
+    """Connections still waiting for their connect inside the sandbox when
+    the port is unexposed: they end, and the daemon goes on serving."""
+    host = host_of(x.url)
+    socks = []
+    try:
+        for i in range(600):
+            s = socket.create_connection(('127.0.0.1', x.port), timeout=60)
+            s.sendall(('GET /w%d HTTP/1.1\r\nHost: %s\r\n\r\n' % (i, host)).encode())
+            socks.append(s)
+        x.c.ok('unexposePort', {'port': 8000})
+        ended = 0
+        for s in socks:
+            try:
+                while s.recv(65536):
+                    pass
+                ended += 1
+            except OSError:
+                ended += 1
+        t.eq(ended, 600, 'every connection to the port ends once it is unexposed')
+    finally:
+        for s in socks:
+            s.close()
+    x.url = x.c.ok('exposePort', {'port': 8000, 'name': 'web'})['url']
+    t.eq(request(x, host_of(x.url), '/after')[0], 200, 'and the daemon serves on: the port exposed again answers')
+
+
+def test_idle_connections_evicted(t, x):
+    """Connections that send nothing cannot keep everyone out: at the
+    limit (4,096) the oldest of them makes room."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
+    idle = []
+    try:
+        for _ in range(4200):
+            idle.append(socket.create_connection(('127.0.0.1', x.port), timeout=60))
+        code, _, body = request(x, host_of(x.url), '/through')
+        t.eq(code, 200, '4,200 connections that send nothing, and a request still gets through')
+        gone = 0
+        for s in idle[:100]:
+            s.settimeout(30)
+            try:
+                gone += s.recv(1) == b''
+            except OSError:
+                gone += 1
+        t.eq(gone, 100, 'the oldest idle ones were closed to make room')
+    finally:
+        for s in idle:
+            s.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_chromium(t, x):
@@ -470,6 +547,7 @@ def test_port_taken(t, x):
 
 if __name__ == '__main__':
     sys.exit(run_tests([test_expose_and_reach, test_not_found_reveals_nothing, test_keep_alive_every_request,
-                        test_no_tricks, test_500_connections, test_chromium, test_streaming, test_websocket,
+                        test_no_tricks, test_500_connections, test_unexpose_while_connecting,
+                        test_idle_connections_evicted, test_chromium, test_streaming, test_websocket,
                         test_big_download_bounded, test_502_410, test_never_the_hosts_loopback, test_cli_expose, test_kept_across_restart,
                         test_port_taken], setup=Ctx))

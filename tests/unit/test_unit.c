@@ -132,6 +132,14 @@ static void test_http_parse(void) {
   OK(!sbx_http_header(h.headers, req + hl, "X-B", &len), "http: an absent header");
   OK(sbx_http_parse_head("GET / HTTP/1.1\r\n", 16, &h) == 0, "http: an incomplete head waits");
   OK(sbx_http_parse_head("GET / FTP/1\r\n\r\n", 17, &h) < 0, "http: a malformed request line");
+  OK(sbx_http_parse_head("GET  / HTTP/1.1\r\n\r\n", 20, &h) < 0 && sbx_http_parse_head("GET\t/ HTTP/1.1\r\n\r\n", 19, &h) < 0 &&
+         sbx_http_parse_head("GET / HTTP/1.1 x\r\n\r\n", 21, &h) < 0,
+     "http: two spaces, a tab, a fourth word in the request line are malformed");
+  char longreq[3100];
+  int ln = snprintf(longreq, sizeof longreq, "GET /%02990d HTTP/1.1\r\nHost: h\r\n\r\n", 0);
+  OK(sbx_http_parse_head(longreq, (size_t)ln, &h) == ln && h.path_len == 2991 && strlen(h.path) == sizeof h.path - 1 &&
+         !strcmp(h.version, "HTTP/1.1"),
+     "http: a target of 2,991 bytes: its length, its start kept");
   int port;
   char id[64], tok[17];
   const char *host = "3000-My-Box-abcdefghijklmnop.LOCALHOST:8787";
@@ -171,8 +179,16 @@ static void test_http_framing(void) {
      "framing: chunked last in a list of encodings");
   OK(framed("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n", "", &up) == -2,
      "framing: both Content-Length and chunked are refused");
-  OK(framed("POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n", "", &up) == -2,
-     "framing: two different lengths are refused");
+  OK(framed("POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n", "", &up) == -2 &&
+         framed("POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n", "", &up) == -2,
+     "framing: two lengths are refused, equal or not");
+  const char *te = "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n";
+  OK(framed(te, "0\r\n\nGET /x HTTP/1.1\r\n\r\n", &up) == -1 && framed(te, "0\r\n T: 1\r\n\r\n", &up) == -1 &&
+         framed(te, "0\r\nT 1\r\n\r\n", &up) == -1 && framed(te, "0\r\nT(: 1\r\n\r\n", &up) == -1 &&
+         framed(te, "0\r\nT: 1\n\r\n", &up) == -1,
+     "framing: a trailer line that starts with a bare LF or a blank, has no colon, a name of other than token "
+     "characters, or ends in a bare LF is broken");
+  OK(framed(te, "0\r\nT: a:b\r\nU:\r\n\r\nX", &up) == 17, "framing: trailers with a colon in the value, and empty");
   OK(framed("POST / HTTP/1.1\r\nContent-Length: +5\r\n\r\n", "", &up) == -2, "framing: a signed length is refused");
   OK(framed("POST / HTTP/1.1\r\nTransfer-Encoding: chunked, gzip\r\n\r\n", "", &up) == -2,
      "framing: an encoding that does not end in chunked is refused");
