@@ -44,6 +44,7 @@ build/sbx and bubblewrap (scripts/bootstrap installs it)."""
 import argparse
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -1020,6 +1021,21 @@ def bench_preview():
             return float(out[1])
         via = [download([], port, host) for _ in range(3)]
         inside = [download(enter, 8000, 'x') for _ in range(3)]
+        # the daemon's memory with 400 clients of /big that read nothing:
+        # what the proxy queues for them, sampled for 10 s
+        pid = env.daemon_pid()
+        rss = lambda: int([l for l in open('/proc/%d/status' % pid) if l.startswith('VmRSS')][0].split()[1]) // 1024
+        base, peak, socks = rss(), 0, []
+        for _ in range(400):
+            s = socket.create_connection(('127.0.0.1', port))
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.sendall(('GET /big HTTP/1.1\r\nHost: %s\r\n\r\n' % host).encode())
+            socks.append(s)
+        for _ in range(20):
+            time.sleep(0.5)  # sampling, not waiting for anything
+            peak = max(peak, rss())
+        for s in socks:
+            s.close()
         print('== preview proxy against direct (a static epoll server in the sandbox, bench/staticd.c;')
         print('   wrk -t1 5 s and a 1 GiB download from the host, direct = the same joined to the sandbox\'s netns) ==')
         for conns, p, d in rows:
@@ -1032,6 +1048,7 @@ def bench_preview():
         print('1 GiB through the preview URL      %6.0f MB/s (best of 3)' % max(via))
         print('1 GiB in the sandbox\'s netns       %6.0f MB/s (best of 3)  ratio %.0f %%'
               % (max(inside), 100 * max(via) / max(inside)))
+        print('the daemon\'s RSS: %d MB, at most %d MB with 400 clients of /big that read nothing' % (base, peak))
         print()
     finally:
         env.close()
