@@ -11,6 +11,8 @@
 #define MAX_LOGS (1024u * 1024)        /* per stream and run, kept in the result */
 #define MAX_RESULTS (16u * 1024 * 1024) /* all of a run's results */
 #define STOP_GRACE_MS 5000             /* an interrupted run has this long to stop */
+#define LINE_COST 512                  /* what a line read from a driver counts of its sandbox's output budget */
+#define INPUT_MAX (32u * 1024 * 1024)  /* queued toward a context that does not read its input: then it ends */
 
 struct sbx_code_run {
   sbx_code_ctx *ctx;
@@ -22,6 +24,7 @@ struct sbx_code_run {
   json_t *results, *out, *err;
   size_t out_bytes, err_bytes, result_bytes;
   bool truncated;
+  sbx_buf pending[2]; /* stdout, stderr not yet sent as progress: one notification a read, not one a write */
   uv_timer_t timer; /* the backstop: a run that does not stop ends its context */
   sbx_code_chunk_cb chunk_cb;
   sbx_code_done_cb done_cb;
@@ -109,6 +112,8 @@ bool sbx_code_take_gone(sbx_sandbox *sb, const char *id) {
 
 static void run_timer_closed(uv_handle_t *h) {
   sbx_code_run *r = h->data;
+  sbx_buf_free(&r->pending[0]);
+  sbx_buf_free(&r->pending[1]);
   free(r->code);
   json_decref(r->results);
   json_decref(r->out);
@@ -149,7 +154,18 @@ static void ctx_end(sbx_code_ctx *c, const char *why);
 
 static void send_next(sbx_code_ctx *c);
 
+/* What the run printed since the last progress notification, sent as one
+ * per stream. */
+static void flush_progress(sbx_code_run *r) {
+  for (int i = 0; i < 2; i++) {
+    if (r->pending[i].len && r->chunk_cb) r->chunk_cb(r->ud, i ? "stderr" : "stdout", r->pending[i].data, r->pending[i].len);
+    r->pending[i].len = 0;
+    if (r->pending[i].cap > 65536) sbx_buf_free(&r->pending[i]);
+  }
+}
+
 static void run_done(sbx_code_ctx *c, sbx_code_run *r, json_t *error) {
+  flush_progress(r);
   unlink_run(r);
   c->count++;
   if (r->done_cb) {
@@ -176,17 +192,23 @@ static void backstop(uv_timer_t *t) {
 
 static void send_next(sbx_code_ctx *c) {
   sbx_code_run *r = c->runs;
-  if (!c->ready || c->dead || !r || r->sent) return;
+  /* a run cancelled before it was sent is never sent: its timer fails it
+   * (and sends the next) */
+  if (!c->ready || c->dead || !r || r->sent || r->cancelled) return;
   json_t *req = json_pack("{s:I, s:s%, s:I}", "id", (json_int_t)r->id, "code", r->code, r->len, "timeout",
                           (json_int_t)r->timeout_ms);
   char *line = json_dumps(req, JSON_COMPACT | JSON_ENSURE_ASCII);
   json_decref(req);
-  bool ok = line && sbx_exec_write(c->x, line, strlen(line)) == 0 && sbx_exec_write(c->x, "\n", 1) == 0;
+  bool full = line && sbx_exec_input_queued(c->x) + strlen(line) > INPUT_MAX;
+  bool ok = line && !full && sbx_exec_write(c->x, line, strlen(line)) == 0 && sbx_exec_write(c->x, "\n", 1) == 0;
   free(line);
   if (!ok) {
     sbx_error e;
-    sbx_err(&e, "INTERNAL", "the %s context does not take input", c->language);
-    return run_fail(r, &e);
+    sbx_err(&e, "INTERNAL", "the %s context does not take input%s", c->language,
+            full ? " (it stopped reading it): the context was ended" : "");
+    run_fail(r, &e);
+    if (full) ctx_end(c, "ended: it stopped reading its input");
+    return;
   }
   r->sent = true;
   sbx_sandbox *sb = sbx_sandbox_find(c->sandbox);
@@ -234,14 +256,17 @@ int sbx_code_submit(sbx_code_ctx *c, const char *code, size_t len, int64_t timeo
 
 static void cancelled_unsent(uv_timer_t *t) {
   sbx_code_run *r = t->data;
+  sbx_code_ctx *c = r->ctx;
   sbx_error e;
   sbx_err(&e, "INTERNAL", "cancelled before it ran");
   run_fail(r, &e);
+  send_next(c);
 }
 
 void sbx_code_cancel(sbx_code_run *r) {
   sbx_code_ctx *c = r->ctx;
   if (!r->sent) { /* still waiting: it never runs (answered from the loop, not inside the caller) */
+    r->cancelled = true;
     uv_timer_start(&r->timer, cancelled_unsent, 0, 0);
     return;
   }
@@ -269,7 +294,7 @@ static void add_log(sbx_code_run *r, const char *stream, const char *text, size_
   bool out = !strcmp(stream, "stdout");
   size_t *bytes = out ? &r->out_bytes : &r->err_bytes;
   if (*bytes + len > MAX_LOGS) {
-    len = *bytes < MAX_LOGS ? MAX_LOGS - *bytes : 0;
+    len = *bytes < MAX_LOGS ? sbx_utf8_complete_prefix(text, MAX_LOGS - *bytes) : 0; /* whole characters */
     r->truncated = true;
   }
   if (len) {
@@ -287,7 +312,7 @@ static void add_log(sbx_code_run *r, const char *stream, const char *text, size_
     }
     *bytes += len;
   }
-  if (r->chunk_cb) r->chunk_cb(r->ud, out ? "stdout" : "stderr", text, len);
+  if (len && r->chunk_cb) sbx_buf_append(&r->pending[!out], text, len); /* sent once the read is through */
 }
 
 static const char *const result_keys[] = {"text", "html", "png", "jpeg", "svg", "json", "markdown", "latex", "javascript",
@@ -321,10 +346,15 @@ static void on_message(sbx_code_ctx *c, json_t *msg) {
   }
   sbx_code_run *r = run_of(c, msg);
   if (!r) return;
-  json_t *stream = json_object_get(msg, "stream"), *text = json_object_get(msg, "text");
-  if (json_is_string(stream) && json_is_string(text)) {
+  json_t *stream = json_object_get(msg, "stream"), *text = json_object_get(msg, "text"),
+         *texts = json_object_get(msg, "texts");
+  if (json_is_string(stream) && (json_is_string(text) || json_is_array(texts))) {
     const char *s = json_string_value(stream);
-    if (!strcmp(s, "stdout") || !strcmp(s, "stderr")) add_log(r, s, json_string_value(text), json_string_length(text));
+    if (strcmp(s, "stdout") && strcmp(s, "stderr")) return;
+    if (json_is_string(text)) add_log(r, s, json_string_value(text), json_string_length(text));
+    size_t i; /* the drivers send what was printed meanwhile in one message, an entry a line */
+    json_t *t;
+    json_array_foreach(texts, i, t) if (json_is_string(t)) add_log(r, s, json_string_value(t), json_string_length(t));
     return;
   }
   json_t *res = clean_result(json_object_get(msg, "result"));
@@ -360,7 +390,7 @@ static void on_output(void *ud, int stream, const char *data, size_t len) {
   sbx_code_ctx *c = ud;
   if (stream != 1) { /* the interpreter's own complaints before the driver runs */
     sbx_code_run *r = c->runs;
-    if (r && r->sent) add_log(r, "stderr", data, len);
+    if (r && r->sent) add_log(r, "stderr", data, len), flush_progress(r);
     return;
   }
   if (c->ready && (!c->runs || !c->runs->sent)) {
@@ -386,7 +416,9 @@ static void on_output(void *ud, int stream, const char *data, size_t len) {
       size_t tokens = 0; /* a line of "[[[[..." or "{},{}..." would cost the daemon gigabytes to parse */
       for (size_t k = 0; k < c->line.len && tokens <= MAX_TOKENS; k++)
         tokens += c->line.data[k] == '{' || c->line.data[k] == '[' || c->line.data[k] == ',' || c->line.data[k] == ':';
-      json_t *msg = tokens > MAX_TOKENS ? NULL : json_loadb(c->line.data, c->line.len, JSON_REJECT_DUPLICATES, &je);
+      json_t *msg = tokens > MAX_TOKENS || c->line.data[0] != '{'
+                        ? NULL
+                        : json_loadb(c->line.data, c->line.len, JSON_REJECT_DUPLICATES, &je);
       if (json_is_object(msg)) on_message(c, msg);
       else {
         /* not a message: something wrote to the channel; it is output */
@@ -404,6 +436,7 @@ static void on_output(void *ud, int stream, const char *data, size_t len) {
     len -= take + 1;
     data = nl + 1;
   }
+  if (c->runs && c->runs->sent) flush_progress(c->runs);
 }
 
 static void ctx_free_if_done(sbx_code_ctx *c) {
@@ -490,7 +523,8 @@ int sbx_code_create(uv_loop_t *loop, sbx_sandbox *sb, const char *language, cons
   /* `command -v` first: a missing interpreter is exit 127 before any output */
   const char *cmd = py ? "command -v python3 >/dev/null || exit 127; exec python3 -c \"$SBX_DRIVER\""
                        : "command -v node >/dev/null || exit 127; exec node -e \"$SBX_DRIVER\"";
-  sbx_exec_opts o = {.command = cmd, .cwd = c->cwd, .env = &e, .stdin_stream = true, .discard = true, .background = true};
+  sbx_exec_opts o = {.command = cmd, .cwd = c->cwd, .env = &e, .stdin_stream = true, .discard = true, .background = true,
+                     .line_cost = LINE_COST};
   int r = sbx_exec_start(loop, sb, &o, on_output, on_exit_cb, c, &c->x, err);
   sbx_env_clear(&e);
   if (r < 0) {

@@ -110,6 +110,8 @@ struct sbx_exec {
   int handles; /* open libuv handles; freed when 0 after done */
   sbx_exec_chunk_cb on_chunk;
   bool raw_chunks;
+  unsigned line_cost;
+  size_t in_queued; /* written to its stdin, not taken yet */
   sbx_exec_done_cb on_done;
   void *ud;
   struct sbx_exec *next;
@@ -460,7 +462,13 @@ static void read_cb(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
   sbx_exec *x = s->data;
   int i = (int)((uv_pipe_t *)s - x->pipes);
   if (n > 0) {
-    if (i < 2) on_chunk(x, i, b->base, n), out_spend(x->loop, x->sb, x->unattended, n);
+    if (i < 2) {
+      size_t cost = (size_t)n;
+      for (const char *p = b->base, *e = p + n; x->line_cost && i == 0 && (p = memchr(p, '\n', (size_t)(e - p))); p++)
+        cost += x->line_cost;
+      on_chunk(x, i, b->base, n);
+      out_spend(x->loop, x->sb, x->unattended, cost);
+    }
     else if (x->state.len + n <= STATE_MAX) sbx_buf_append(&x->state, b->base, n);
     else x->state_overflow = true;
   }
@@ -527,13 +535,19 @@ static void stdin_written(uv_write_t *req, int status) {
 
 struct more_in {
   uv_write_t req;
+  sbx_exec *x;
+  size_t len;
   char data[];
 };
 
 static void more_written(uv_write_t *req, int status) {
   (void)status;
-  free(req->data);
+  struct more_in *m = req->data;
+  m->x->in_queued -= m->len;
+  free(m);
 }
+
+size_t sbx_exec_input_queued(const sbx_exec *x) { return x->in_queued; }
 
 int sbx_exec_write(sbx_exec *x, const char *data, size_t len) {
   if (x->done || !x->in_open || uv_is_closing((uv_handle_t *)&x->in)) return -1;
@@ -546,11 +560,14 @@ int sbx_exec_write(sbx_exec *x, const char *data, size_t len) {
   if (!m) return -1;
   memcpy(m->data, data, len);
   m->req.data = m;
+  m->x = x;
+  m->len = len;
   uv_buf_t b = uv_buf_init(m->data, (unsigned)len);
   if (uv_write(&m->req, (uv_stream_t *)&x->in, &b, 1, more_written) < 0) {
     free(m);
     return -1;
   }
+  x->in_queued += len;
   return 0;
 }
 
@@ -994,6 +1011,7 @@ int sbx_exec_start(uv_loop_t *loop, sbx_sandbox *sb, const sbx_exec_opts *o, sbx
   sbx_headtail_init(&x->s[1].ht, x->limit);
   x->on_chunk = chunk_cb;
   x->raw_chunks = o->raw_chunks;
+  x->line_cost = o->line_cost;
   x->on_done = done_cb;
   x->ud = ud;
   sbx_env env = {0};

@@ -29,6 +29,8 @@ typedef struct sbx_exec_opts {
   bool stdio_out;
   int stdio_fd;
   bool raw_chunks;   /* the chunk callback gets the bytes as they are, not UTF-8 text (sbx exec) */
+  unsigned line_cost; /* bytes each line of stdout counts of the output budget besides its own (a reader
+                       * that works per line: code contexts) */
 } sbx_exec_opts;
 
 typedef struct sbx_exec_result {
@@ -60,6 +62,8 @@ void sbx_exec_cancel(sbx_exec *x);
 /* More input for a command started with stdin_stream (copied); len 0 with
  * data NULL closes it. -1 when its stdin is gone. */
 int sbx_exec_write(sbx_exec *x, const char *data, size_t len);
+/* Bytes written with sbx_exec_write that the command has not read yet. */
+size_t sbx_exec_input_queued(const sbx_exec *x);
 /* Output goes (cb) or stops going (NULL) to a chunk callback from now on
  * (the user data given at start). */
 void sbx_exec_set_chunk_cb(sbx_exec *x, sbx_exec_chunk_cb cb);

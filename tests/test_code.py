@@ -206,6 +206,42 @@ def test_lying_driver(t, x):
     t.eq(x.c.ok('listSandboxes', {})['sandboxes'][0]['sandboxId'], 'code', 'the daemon answers others meanwhile')
 
 
+def test_floods_bounded(t, x):
+    """What ordinary code does a lot of (a print loop, a huge exception)
+    and what hostile code does to its channels cost the daemon a bounded
+    share: the calls answer, their progress comes in batches."""
+    c = x.c
+    for lang, code in (('python', 'for i in range(1000000): print(i)\n"done"'),
+                       ('javascript', 'for (let i = 0; i < 1000000; i++) console.log(i);\n"done"')):
+        res, notes = c.call('runCode', {'code': code, 'language': lang}, 300, progress=True)
+        sc = res.get('structuredContent', {})
+        t.ok(not res.get('isError') and 'done' in sc['results'][0]['text'] and sc.get('truncated') is True and
+             0 < len(notes) < 2000, '%s: a million prints with a progress token answer, their output in %d progress '
+             'notifications (one a batch, not one a write), the logs cut at 1 MiB' % (lang, len(notes)),
+             {k: v for k, v in sc.items() if k != 'logs'})
+    for lang, code in (('python', 'raise ValueError("x" * 5000000)'), ('javascript', 'throw new Error("x".repeat(5000000))')):
+        r = run(x, code, language=lang, timeout=60000)
+        e = r.get('error', {})
+        t.ok(e.get('name') in ('ValueError', 'Error') and 'characters cut' in e.get('value', '') and len(e['value']) < 70000,
+             '%s: an exception of 5 MB answers, its text cut' % lang, {k: v[:100] if isinstance(v, str) else v for k, v in e.items()})
+    # a context that stops reading its input (its driver reads another
+    # pipe) and says every run is done: what waits for it is bounded
+    ctx = c.ok('createCodeContext', {})['id']
+    run(x, 'import os, sys, threading, time\nm = sys.modules["__main__"]\nkeep = os.dup(m._in_fd)\n'
+           'r, w = os.pipe()\nos.dup2(r, m._in_fd)\ndef liar():\n    while True:\n'
+           '        os.write(m._ctl_fd, b\'{"done": true}\\n\')\n        time.sleep(0.01)\n'
+           'threading.Thread(target=liar, daemon=True).start()', contextId=ctx)
+    big = '#' + '\x01' * (1024 * 1024 - 2)  # 6 MiB a run once escaped
+    err = None
+    for _ in range(40):
+        res, _ = c.call('runCode', {'code': big, 'contextId': ctx}, 60)
+        if res.get('isError'):
+            err = res['structuredContent']['error']['message']
+            break
+    t.ok(err and 'stopped reading' in err, 'a context that does not read its input is ended once 32 MiB wait for it', err)
+    t.eq(run(x, '6 * 7')['results'][0]['text'], '42', 'and the other contexts go on')
+
+
 def test_queued_run_cancelled(t, x):
     c = x.c
     ctx = c.ok('createCodeContext', {})['id']
@@ -284,5 +320,5 @@ def test_missing_interpreter(t, x):
 
 if __name__ == '__main__':
     sys.exit(run_tests([test_state_and_results, test_exception, test_plot_and_dataframe, test_timeout_and_cancel,
-                        test_contexts_independent, test_javascript, test_big_output, test_lying_driver, test_queued_run_cancelled, test_reset_ends_contexts,
+                        test_contexts_independent, test_javascript, test_big_output, test_lying_driver, test_floods_bounded, test_queued_run_cancelled, test_reset_ends_contexts,
                         test_contexts_across_restart, test_missing_interpreter], setup=lambda: Ctx('code')))

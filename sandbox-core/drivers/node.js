@@ -17,6 +17,11 @@ delete process.env.SBX_DRIVER;
 let current = null;
 
 function send(m) {
+  flush();
+  write(m);
+}
+
+function write(m) {
   // a leading newline ends whatever half line a child wrote to fd 1
   const b = Buffer.from('\n' + JSON.stringify(m) + '\n');
   for (let o = 0; o < b.length;) {
@@ -32,12 +37,54 @@ function send(m) {
 // results. Sinks with no state of their own (a Writable stream's was left
 // "writing" for good when a timeout or an interrupt stopped the code inside
 // a write, and the context's output vanished from then on).
+// Text printed and not sent yet ({id, stream, pieces}): a loop of
+// console.log goes as one message every 50 ms or 64 KiB, not one a line.
+const pending = [];
+let pendingSize = 0, lastFlush = Date.now(), flushTimer = null;
+function flush() {
+  const items = pending.splice(0);
+  pendingSize = 0;
+  if (items.length) lastFlush = Date.now();
+  for (const { id, stream, pieces } of items) for (const texts of entries(pieces)) write({ id, stream, texts });
+}
+
+// Pieces of text as the log's entries (a piece not ending a line joins the
+// next, up to 4 KiB), in messages of at most 512 KiB (the daemon takes up
+// to 8 MiB a line).
+function entries(pieces) {
+  const msgs = [];
+  let cur = [], size = 0;
+  for (const p of pieces) {
+    for (let i = 0; i < p.length; i += 1 << 19) {
+      const piece = p.slice(i, i + (1 << 19));
+      const last = cur.length ? cur[cur.length - 1] : null;
+      if (last !== null && !last.endsWith('\n') && last.length + piece.length <= 4096) cur[cur.length - 1] = last + piece;
+      else {
+        if (size + piece.length > 1 << 19 && cur.length) msgs.push(cur), cur = [], size = 0;
+        cur.push(piece);
+      }
+      size += piece.length;
+    }
+  }
+  if (cur.length) msgs.push(cur);
+  return msgs;
+}
+function queueText(stream, text) {
+  const last = pending[pending.length - 1];
+  if (last && last.id === current && last.stream === stream) last.pieces.push(text);
+  else pending.push({ id: current, stream, pieces: [text] });
+  pendingSize += text.length;
+  // the first line after a quiet while goes at once; a busy loop never
+  // lets a timer run, so it flushes as it prints
+  if (pendingSize >= 65536 || Date.now() - lastFlush >= 50) flush();
+  else if (!flushTimer) flushTimer = setTimeout(() => { flushTimer = null; flush(); }, 50);
+}
+
 function sink(name) {
   const s = new EventEmitter(); // console listens for 'error' on it
   s.write = (chunk, enc, cb) => {
     const text = typeof chunk === 'string' ? chunk : Buffer.from(chunk).toString();
-    // in pieces a message can carry (the daemon takes up to 8 MiB a line)
-    for (let i = 0; i < text.length; i += 1 << 19) send({ id: current, stream: name, text: text.slice(i, i + (1 << 19)) });
+    if (text) queueText(name, text);
     if (typeof enc === 'function') enc();
     else if (typeof cb === 'function') cb();
     return true;
@@ -45,7 +92,8 @@ function sink(name) {
   return s;
 }
 const out = sink('stdout'), err = sink('stderr');
-globalThis.console = new console.Console({ stdout: out, stderr: err });
+// ignoreErrors: false, or each log adds and removes an error listener (10 us a line)
+globalThis.console = new console.Console({ stdout: out, stderr: err, ignoreErrors: false });
 process.stdout.write = out.write;
 process.stderr.write = err.write;
 globalThis.require = require;
@@ -255,7 +303,7 @@ process.on('SIGINT', () => { if (abandon) abandon(Object.assign(new Error('inter
 // REPL; code that cannot be rewritten runs as written (with await: in an
 // async function, without a result).
 async function run(req) {
-  const timeout = req.timeout > 0 ? req.timeout : undefined;
+  const timeout = req.timeout > 0 ? Math.min(req.timeout, 2147483647) : undefined; // setTimeout's limit
   const code = String(req.code || '');
   const opts = { filename: '<code>', breakOnSigint: true, timeout };
   const cell = cellWrap(code);
@@ -283,12 +331,19 @@ async function run(req) {
 }
 
 function errorOf(e) {
-  if (!(e instanceof Object) || !('message' in e)) return { name: 'Error', value: String(e), traceback: [] };
+  if (!(e instanceof Object) || !('message' in e)) return { name: 'Error', value: cut(String(e)), traceback: [] };
   let name = e.name || 'Error', value = e.message;
   if (e.code === 'ERR_SCRIPT_EXECUTION_TIMEOUT') name = 'TimeoutError';
   if (e.code === 'ERR_SCRIPT_EXECUTION_INTERRUPTED') name = 'KeyboardInterrupt';
   const stack = String(e.stack || '').split('\n').filter((l) => !/\(node:|node:internal|\[worker eval\]|\(\[eval\]:/.test(l)); // the driver's own frames
-  return { name, value, traceback: stack };
+  // an error of megabytes would be a line too long for the daemon to take
+  return { name: cut(String(name)), value: cut(String(value)), traceback: stack.slice(-100).map(cut) };
+}
+
+// At most `keep` characters of a text: its start and its end.
+function cut(text, keep = 65536) {
+  if (text.length <= keep) return text;
+  return `${text.slice(0, keep / 2)}\n[... ${text.length - keep} characters cut ...]\n${text.slice(-keep / 2)}`;
 }
 
 const queue = [];

@@ -22,12 +22,83 @@ _lock = threading.Lock()
 _current = [None]  # the id of the run in progress
 
 
-def _send(msg):
+def _write(msg):
+    """One message on the control channel (_lock held)."""
     data = (json.dumps(msg, ensure_ascii=True, default=str) + '\n').encode()
+    view = memoryview(data)
+    while view:
+        view = view[os.write(_ctl_fd, view):]
+
+
+# Text printed and not sent yet: [run id, stream, pieces]. A print is two
+# writes (its text, its newline) and a loop of prints many more: they go
+# as one message every 50 ms, or every 64 KiB, instead of one each.
+_pending = []
+_pending_size = [0]
+_kick = threading.Event()
+
+
+def _flush_locked():
+    items = _pending[:]
+    del _pending[:]
+    _pending_size[0] = 0
+    for run, name, pieces in items:
+        for texts in _entries(pieces):
+            _write({'id': run, 'stream': name, 'texts': texts})
+
+
+def _entries(pieces):
+    """Pieces of text as the log's entries (a piece not ending a line joins
+    the next, up to 4 KiB), in messages of at most 512 KiB (the daemon
+    takes up to 8 MiB a line)."""
+    msgs, cur, size = [], [], 0
+    for p in pieces:
+        for i in range(0, len(p), 1 << 19):
+            piece = p[i:i + (1 << 19)]
+            if cur and not cur[-1].endswith('\n') and len(cur[-1]) + len(piece) <= 4096:
+                cur[-1] += piece
+            else:
+                if cur and size + len(piece) > 1 << 19:
+                    msgs.append(cur)
+                    cur, size = [], 0
+                cur.append(piece)
+            size += len(piece)
+    if cur:
+        msgs.append(cur)
+    return msgs
+
+
+def _send(msg):
+    """A message, after the text printed before it."""
     with _lock:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(_ctl_fd, view):]
+        _flush_locked()
+        _write(msg)
+
+
+def _queue_text(name, s):
+    with _lock:
+        if _pending and _pending[-1][0] == _current[0] and _pending[-1][1] == name:
+            _pending[-1][2].append(s)
+        else:
+            _pending.append([_current[0], name, [s]])
+        _pending_size[0] += len(s)
+        if _pending_size[0] >= 65536:
+            _flush_locked()
+            return
+    _kick.set()
+
+
+def _flusher():
+    import time
+    while True:
+        _kick.wait()
+        time.sleep(0.05)  # what is printed meanwhile goes with it
+        _kick.clear()
+        with _lock:
+            _flush_locked()
+
+
+threading.Thread(target=_flusher, daemon=True).start()
 
 
 _pipes = []  # (read fd, lock held while a chunk is read and sent)
@@ -75,9 +146,8 @@ class _Stream:
     def write(self, s):
         if not isinstance(s, str):
             raise TypeError('write() argument must be str, not %s' % type(s).__name__)
-        # in pieces a message can carry (the daemon takes up to 8 MiB a line)
-        for i in range(0, len(s), 1 << 19):
-            _send({'id': _current[0], 'stream': self.name, 'text': s[i:i + (1 << 19)]})
+        if s:
+            _queue_text(self.name, s)
         return len(s)
 
     def flush(self):
@@ -229,6 +299,13 @@ threading.Thread(target=_reader, daemon=True).start()
 signal.signal(signal.SIGINT, signal.default_int_handler)
 _send({'ready': True, 'pid': os.getpid(), 'version': sys.version.split()[0]})
 
+def _cut(text, keep=65536):
+    """At most keep characters of text: its start and its end."""
+    if len(text) <= keep:
+        return text
+    return text[:keep // 2] + '\n[... %d characters cut ...]\n' % (len(text) - keep) + text[-keep // 2:]
+
+
 while True:
     req = _requests.get()
     if req is None:
@@ -271,5 +348,8 @@ while True:
         except Exception:
             pass
     _drain()
+    if error:  # an error of megabytes would be a line too long for the daemon to take
+        error['value'] = _cut(error['value'])
+        error['traceback'] = [_cut(t) for t in error['traceback'][-100:]]
     _send({'id': _current[0], 'done': True, 'error': error})
     _current[0] = None
