@@ -63,6 +63,16 @@ static bool validate(const json_t *s, const json_t *v, const char *path, char *m
       else snprintf(what, sizeof what, "must be at least %lld characters", (long long)json_integer_value(ml));
       return fail(msg, len, path, what);
     }
+    const json_t *xl = json_object_get(s, "maxLength");
+    if (json_is_integer(xl)) { /* in characters (code points), as JSON Schema counts them */
+      size_t chars = 0;
+      for (const char *c = json_string_value(v), *e = c + json_string_length(v); c < e; c++)
+        chars += ((unsigned char)*c & 0xc0) != 0x80;
+      if (chars > (size_t)json_integer_value(xl)) {
+        snprintf(what, sizeof what, "must be at most %lld characters", (long long)json_integer_value(xl));
+        return fail(msg, len, path, what);
+      }
+    }
     if (strlen(json_string_value(v)) != json_string_length(v)) return fail(msg, len, path, "must not contain NUL characters");
     const char *pat = json_string_value(json_object_get(s, "pattern"));
     if (pat) {
