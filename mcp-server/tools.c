@@ -770,6 +770,10 @@ void mcp_wait_cancel(void *wait) { ((wait_head *)wait)->cancel(wait); }
  * left by a clone killed on its timeout is removed by the next try. */
 static const char git_script[] =
     "command -v git >/dev/null || exit 127\n"
+    /* a session's tracing would print the Authorization header */
+    "unset GIT_TRACE GIT_TRACE_CURL GIT_TRACE_PACKET GIT_TRACE_SETUP GIT_TRACE_PERFORMANCE GIT_TRACE_PACK_ACCESS "
+    "GIT_TRACE_SHALLOW GIT_TRACE2 GIT_TRACE2_EVENT GIT_TRACE2_PERF GIT_CURL_VERBOSE\n"
+    "export GIT_TRACE_REDACT=1\n"
     "to=\"$SBX_GIT_DIR\"\n"
     "if [ -e \"$SBX_GIT_DIR\" ] && [ -n \"$(ls -A \"$SBX_GIT_DIR\" 2>/dev/null)\" ]; then\n"
     "  [ \"$SBX_GIT_FORCE\" = 1 ] || exit 3\n"
@@ -781,22 +785,44 @@ static const char git_script[] =
     "if [ \"$to\" != \"$SBX_GIT_DIR\" ]; then rm -rf -- \"$SBX_GIT_DIR\" && mv -- \"$to\" \"$SBX_GIT_DIR\" || exit 5; fi\n"
     "cd \"$SBX_GIT_DIR\" && git rev-parse HEAD && git rev-parse --abbrev-ref HEAD\n";
 
+#define GIT_SECRETS 4
+
 struct git_call {
   mcp_call *call;
-  char *shown;  /* with any password replaced */
-  char *secret; /* the userinfo to hide, or NULL */
+  char *shown; /* with any password replaced */
+  /* what to hide wherever it shows: the password (or a token as the user
+   * name), as written and percent-decoded, the Authorization header's
+   * base64 of it, a query string */
+  char *secret[GIT_SECRETS];
   char dir[4096];
 };
 
-/* Text with the URL's credentials replaced by "***" (malloc'd). */
+static void add_secret(struct git_call *g, const char *s, size_t len) {
+  if (len < 3) return; /* "***" for "x" would hide every x */
+  for (int i = 0; i < GIT_SECRETS; i++)
+    if (!g->secret[i]) {
+      g->secret[i] = strndup(s, len);
+      return;
+    }
+}
+
+/* Text with the URL's credentials replaced by "***" (malloc'd): at each
+ * place, the longest secret that is there. */
 static char *redact(const struct git_call *g, const char *text, size_t len, size_t *out_len) {
   sbx_buf b = {0};
-  size_t sl = g->secret ? strlen(g->secret) : 0;
-  const char *p = text, *end = text + len, *hit;
-  while (sl && (hit = memmem(p, (size_t)(end - p), g->secret, sl))) {
-    sbx_buf_append(&b, p, (size_t)(hit - p));
+  const char *p = text, *end = text + len;
+  while (p < end) {
+    const char *first = NULL;
+    size_t flen = 0;
+    for (int i = 0; i < GIT_SECRETS; i++) {
+      size_t sl = g->secret[i] ? strlen(g->secret[i]) : 0;
+      const char *hit = sl ? memmem(p, (size_t)(end - p), g->secret[i], sl) : NULL;
+      if (hit && (!first || hit < first || (hit == first && sl > flen))) first = hit, flen = sl;
+    }
+    if (!first) break;
+    sbx_buf_append(&b, p, (size_t)(first - p));
     sbx_buf_append(&b, "***", 3);
-    p = hit + sl;
+    p = first + flen;
   }
   sbx_buf_append(&b, p, (size_t)(end - p));
   sbx_buf_append(&b, "", 1);
@@ -806,8 +832,10 @@ static char *redact(const struct git_call *g, const char *text, size_t len, size
 
 static void git_free(struct git_call *g) {
   free(g->shown);
-  if (g->secret) explicit_bzero(g->secret, strlen(g->secret));
-  free(g->secret);
+  for (int i = 0; i < GIT_SECRETS; i++) {
+    if (g->secret[i]) explicit_bzero(g->secret[i], strlen(g->secret[i]));
+    free(g->secret[i]);
+  }
   free(g);
 }
 
@@ -869,22 +897,30 @@ static void git_done(void *ud, const sbx_exec_result *r, const sbx_error *err) {
 }
 
 /* http(s)://, git://, ssh:// URLs and scp-like user@host:path; nothing
- * git would read as an option, a local path or a transport helper. */
-static bool git_url_ok(const char *u, const char **userinfo, size_t *ui_len) {
+ * git would read as an option, a local path or a transport helper. 1: it
+ * is one; 0: it is not; -1: its password has a '/', '?', '#' or '@' that
+ * is not percent-encoded (where the host starts is ambiguous). */
+static int git_url_ok(const char *u, const char **userinfo, size_t *ui_len) {
   *userinfo = NULL;
   *ui_len = 0;
   for (const char *p = u; *p; p++)
-    if ((unsigned char)*p <= ' ' || *p == 0x7f) return false;
+    if ((unsigned char)*p <= ' ' || *p == 0x7f) return 0;
+  const char *helper = strstr(u, "::"); /* <transport>::<address>: a remote helper (not an IPv6 [::1]) */
+  if (helper && !memchr(u, '/', (size_t)(helper - u)) && !memchr(u, '[', (size_t)(helper - u))) return 0;
   const char *schemes[] = {"https://", "http://", "git://", "ssh://"};
   for (size_t i = 0; i < SBX_ARRAY_SIZE(schemes); i++) {
     size_t l = strlen(schemes[i]);
     if (strncasecmp(u, schemes[i], l)) continue;
     const char *host = u + l;
     size_t hl = strcspn(host, "/?#");
-    if (!hl) return false;
+    if (!hl) return 0;
     const char *end = host + hl, *at = NULL;
     for (const char *p = host; p < end; p++)
       if (*p == '@') at = p;
+    /* "user:pa/ss@host": no '@' before the first '/', a colon with more
+     * than a port after it, and an '@' further on */
+    const char *colon = *host == '[' ? NULL : memchr(host, ':', hl); /* (an IPv6 literal has colons) */
+    if (!at && colon && strspn(colon + 1, "0123456789") != (size_t)(end - colon - 1) && strchr(end, '@')) return -1;
     if (at) {
       *userinfo = host;
       *ui_len = at - host;
@@ -892,11 +928,18 @@ static bool git_url_ok(const char *u, const char **userinfo, size_t *ui_len) {
     }
     return host < end && *host != '-';
   }
-  if (strstr(u, "://")) return false; /* another scheme */
+  if (strstr(u, "://")) return 0; /* another scheme */
   /* scp-like: [user@]host:path, host without '/' before the ':' */
-  const char *colon = strchr(u, ':');
-  return colon && colon > u && u[0] != '-' && !memchr(u, '/', colon - u) && colon[1] && strncmp(u, "ext:", 4) &&
-         strncmp(u, "file:", 5) && strncmp(u, "fd:", 3);
+  const char *at = NULL, *colon;
+  for (const char *p = u; *p && *p != '/'; p++)
+    if (*p == '@') at = p;
+  colon = strchr(at ? at : u, ':');
+  if (at && memchr(u, ':', (size_t)(at - u))) { /* user:password@host:path */
+    *userinfo = u;
+    *ui_len = (size_t)(at - u);
+  }
+  return colon && colon > u && u[0] != '-' && (!at || at[1] != '-') && !memchr(u, '/', (size_t)(colon - u)) && colon[1] &&
+         strncasecmp(u, "ext:", 4) && strncasecmp(u, "file:", 5) && strncasecmp(u, "fd:", 3);
 }
 
 static void h_git_checkout(mcp_call *call, json_t *args, sbx_sandbox *sb) {
@@ -904,7 +947,12 @@ static void h_git_checkout(mcp_call *call, json_t *args, sbx_sandbox *sb) {
   const char *url = str(args, "repoUrl"), *branch = str(args, "branch"), *target = str(args, "targetDir");
   const char *ui;
   size_t ui_len;
-  if (!git_url_ok(url, &ui, &ui_len))
+  int ok = git_url_ok(url, &ui, &ui_len);
+  if (ok < 0)
+    return mcp_call_fail(call, &(sbx_error){.code = "INVALID_GIT_URL",
+                                            .message = "repoUrl's password has a '/', '?', '#' or '@': write it "
+                                                       "percent-encoded (%2F, %3F, %23, %40)"});
+  if (!ok)
     return mcp_call_fail(call, &(sbx_error){.code = "INVALID_GIT_URL",
                                             .message = "repoUrl must be an https://, http://, git:// or ssh:// URL "
                                                        "(or user@host:path); a repository already in the sandbox is "
@@ -920,11 +968,12 @@ static void h_git_checkout(mcp_call *call, json_t *args, sbx_sandbox *sb) {
   g->call = call;
   const char *colon = ui ? memchr(ui, ':', ui_len) : NULL;
   if (ui && colon) { /* user:password@: the password is the secret (the whole userinfo when it has none) */
-    g->secret = strndup(colon + 1, ui_len - (colon + 1 - ui));
+    add_secret(g, colon + 1, ui_len - (size_t)(colon + 1 - ui));
   } else if (ui && strncasecmp(url, "ssh://", 6)) {
-    g->secret = strndup(ui, ui_len); /* a token as the user name */
+    add_secret(g, ui, ui_len); /* a token as the user name */
   }
-  if (g->secret && !*g->secret) free(g->secret), g->secret = NULL;
+  const char *query = strchr(url, '?');
+  if (query && strchr(query, '=')) add_secret(g, query + 1, strcspn(query + 1, "#")); /* ?access_token=... */
   g->shown = redact(g, url, strlen(url), NULL);
   /* the target: targetDir, else /workspace/<repo name> */
   char name[256];
@@ -963,7 +1012,11 @@ static void h_git_checkout(mcp_call *call, json_t *args, sbx_sandbox *sb) {
       }
     }
     if (dec && !memchr(dec, ':', k)) dec[k++] = ':'; /* a token as the user name */
-    char *b64 = dec ? sbx_base64_encode(dec, k, NULL) : NULL;
+    const char *dcolon = dec ? memchr(dec, ':', k) : NULL;
+    if (dcolon) add_secret(g, dcolon + 1, k - (size_t)(dcolon + 1 - dec)); /* decoded, as git may echo it */
+    size_t b64len = 0;
+    char *b64 = dec ? sbx_base64_encode(dec, k, &b64len) : NULL;
+    if (b64) add_secret(g, b64, b64len);
     char *header = b64 ? sbx_strdup_printf("Authorization: Basic %s", b64) : NULL;
     if (header) {
       sbx_env_set(&env, "GIT_CONFIG_COUNT", "1");

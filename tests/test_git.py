@@ -2,6 +2,7 @@
 daemon, and smart HTTP through git http-backend behind basic auth): default
 and explicit targets, a branch, a shallow clone, a target in the way, bad
 URLs, a missing repository, and a password that never shows."""
+import base64
 import json
 import os
 import sys
@@ -108,12 +109,17 @@ def test_target_in_the_way(t, x):
 
 def test_bad_urls(t, x):
     for url in ('file:///srv/repo.git', '/srv/repo.git', '--upload-pack=touch /tmp/pwned', 'ext::sh -c touch% /tmp/p',
-                'http://-oProxyCommand=x/repo', 'fd::3', 'ftp://127.0.0.1/repo.git', 'git://u:pw@127.0.0.1/repo.git'):
+                'http://-oProxyCommand=x/repo', 'fd::3', 'ftp://127.0.0.1/repo.git', 'git://u:pw@127.0.0.1/repo.git',
+                'EXT::sh', 'x::y', 'https::/x', 'FILE:///srv/repo.git'):
         t.eq(x.c.err('gitCheckout', {'repoUrl': url}), 'INVALID_GIT_URL', 'refused: %s' % url)
     res, _ = x.c.call('gitCheckout', {'repoUrl': 'git://u:pw@127.0.0.1/repo.git'})
     t.ok('no credentials' in res['structuredContent']['error']['message'] and 'pw' not in json.dumps(res),
          'a git:// URL with credentials says they have no place there, without echoing them', res)
     t.eq(x.c.sh('ls /tmp/pwned /tmp/p 2>&1 | grep -c "No such"')['stdout'].strip(), '2', 'and nothing ran')
+    res, _ = x.c.call('gitCheckout', {'repoUrl': 'http://u:pa/ss@127.0.0.1:8081/repo.git'})
+    e = res['structuredContent'].get('error', {})
+    t.ok(e.get('code') == 'INVALID_GIT_URL' and 'percent-encoded' in e.get('message', '') and 'pa/ss' not in json.dumps(res),
+         'a password with a "/" not percent-encoded is refused, and not echoed (where the host starts is ambiguous)', e)
 
 
 def test_missing_repo(t, x):
@@ -140,6 +146,19 @@ def test_password_never_shows(t, x):
     e = res['structuredContent'].get('error', {})
     t.eq(e.get('code'), 'GIT_CLONE_FAILED', 'a wrong password is GIT_CLONE_FAILED (no prompt, no hang)')
     t.ok(SECRET not in json.dumps(res) + json.dumps(notes), 'and its error hides the password too', e)
+    # a session that traces git's HTTP (the Authorization header), a
+    # password in an scp-like URL, a token in the query
+    x.c.sh('export GIT_TRACE_CURL=1 GIT_TRACE_REDACT=0')
+    res, notes = x.c.call('gitCheckout', {'repoUrl': url, 'targetDir': 'traced'}, 120, progress=True)
+    b64 = base64.b64encode(('u:' + SECRET).encode()).decode()
+    seen = json.dumps(res) + json.dumps(notes)
+    t.ok(not res['isError'] and SECRET not in seen and b64 not in seen,
+         'a session with GIT_TRACE_CURL set shows neither the password nor its base64 in the progress', res)
+    x.c.sh('unset GIT_TRACE_CURL GIT_TRACE_REDACT')
+    for other in ('u:%s@127.0.0.1:repo.git' % SECRET, 'http://127.0.0.1:1/repo.git?access_token=%s' % SECRET):
+        res, notes = x.c.call('gitCheckout', {'repoUrl': other, 'targetDir': 'other'}, 120, progress=True)
+        t.ok(res['isError'] and SECRET not in json.dumps(res) + json.dumps(notes),
+             'hidden too in %s' % other.replace(SECRET, '***'), res['structuredContent'])
     log = open(os.path.join(x.env.state, 'daemon.log')).read()
     t.ok(SECRET not in log, 'the daemon\'s log never has it')
 
