@@ -897,6 +897,15 @@ def bench_code(n=200):
             print('%-34s p50 %7.2f ms  p99 %7.2f ms' % ('first run, new %s context' % lang, pct(xs, 50), pct(xs, 99)))
             print('%-34s p50 %7.2f ms  p99 %7.2f ms' % ('exec ' + cmd, pct(ys, 50), pct(ys, 99)))
             print('%-34s p50 %7.2fx' % ('ratio', pct(xs, 50) / pct(ys, 50)))
+        # a loop of 300,000 prints, against the same program run by exec
+        for lang, code, cmd in (('python', 'for i in range(300000): print(i)',
+                                 "python3 -c 'for i in range(300000): print(i)'"),
+                                ('javascript', 'for (let i = 0; i < 300000; i++) console.log(i)',
+                                 "node -e 'for (let i = 0; i < 300000; i++) console.log(i)'")):
+            xs = lat_each(lambda i: c.ok('runCode', {'code': code, 'language': lang}, 300), 3)
+            ys = lat_each(lambda i: c.sh(cmd, wait=300), 3)
+            print('%-34s p50 %7.0f ms' % ('300,000 prints, %s runCode' % lang, pct(xs, 50)))
+            print('%-34s p50 %7.0f ms  ratio %.2fx' % ('the same by exec', pct(ys, 50), pct(xs, 50) / pct(ys, 50)))
         # a 1,000-commit repository, served by git daemon inside the sandbox
         c.sh('set -e; mkdir -p /srv/r && cd /srv/r && git init -q -b main && for i in $(seq 1000); do echo $i > f; '
              'git add f; git -c user.email=b@b -c user.name=b commit -qm c$i; done && git clone -q --bare . /srv/r.git',
