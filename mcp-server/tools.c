@@ -974,7 +974,13 @@ static void h_git_checkout(mcp_call *call, json_t *args, sbx_sandbox *sb) {
   }
   const char *query = strchr(url, '?');
   if (query && strchr(query, '=')) add_secret(g, query + 1, strcspn(query + 1, "#")); /* ?access_token=... */
-  g->shown = redact(g, url, strlen(url), NULL);
+  if (ui && colon) { /* the password in the URL by its place, however short */
+    char *masked = sbx_strdup_printf("%.*s***%s", (int)(colon + 1 - url), url, ui + ui_len);
+    g->shown = redact(g, masked, strlen(masked), NULL);
+    free(masked);
+  } else {
+    g->shown = redact(g, url, strlen(url), NULL);
+  }
   /* the target: targetDir, else /workspace/<repo name> */
   char name[256];
   const char *tail = url + strlen(url);

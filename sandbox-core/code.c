@@ -312,7 +312,10 @@ static void add_log(sbx_code_run *r, const char *stream, const char *text, size_
     }
     *bytes += len;
   }
-  if (len && r->chunk_cb) sbx_buf_append(&r->pending[!out], text, len); /* sent once the read is through */
+  if (len && r->chunk_cb) {
+    if (r->pending[out].len) flush_progress(r); /* the other stream's first: in the order printed */
+    sbx_buf_append(&r->pending[!out], text, len); /* sent once the read is through */
+  }
 }
 
 static const char *const result_keys[] = {"text", "html", "png", "jpeg", "svg", "json", "markdown", "latex", "javascript",

@@ -448,6 +448,7 @@ static void written(uv_write_t *req, int status) {
     P.over = false;
     for (pconn *o = conns; o; o = o->next)
       if (o != c) go_on(o, true), go_on(o, false);
+    if (status >= 0) go_on(c, !to_client); /* its own other side too */
   }
   if (status < 0) return conn_close(c);
   go_on(c, to_client);
@@ -850,6 +851,8 @@ static void client_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
     } else if (!c->waiting) {
       sbx_buf_append(&c->head, b->base, (size_t)n);
       drain(c);
+      /* no room toward the server: nothing more is read until there is */
+      if (!c->closing && !room(c->to_up)) uv_read_stop((uv_stream_t *)&c->client);
     }
   }
   if (b) buf_put(b->base);

@@ -40,7 +40,7 @@ function write(m) {
 // Text printed and not sent yet ({id, stream, pieces}): a loop of
 // console.log goes as one message every 50 ms or 64 KiB, not one a line.
 const pending = [];
-let pendingSize = 0, lastFlush = Date.now(), flushTimer = null;
+let pendingSize = 0, lastFlush = 0, flushTimer = null;
 function flush() {
   const items = pending.splice(0);
   pendingSize = 0;

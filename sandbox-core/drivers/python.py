@@ -38,7 +38,13 @@ _pending_size = [0]
 _kick = threading.Event()
 
 
+_now = __import__('time').monotonic
+_last_flush = [0.0]
+
+
 def _flush_locked():
+    if _pending:
+        _last_flush[0] = _now()
     items = _pending[:]
     del _pending[:]
     _pending_size[0] = 0
@@ -82,7 +88,9 @@ def _queue_text(name, s):
         else:
             _pending.append([_current[0], name, [s]])
         _pending_size[0] += len(s)
-        if _pending_size[0] >= 65536:
+        # the first text after a quiet while goes at once (long work may
+        # follow, which the flusher thread cannot interrupt); the rest in batches
+        if _pending_size[0] >= 65536 or _now() - _last_flush[0] >= 0.05:
             _flush_locked()
             return
     _kick.set()
