@@ -1003,7 +1003,7 @@ def test_dir_handles_bounded(t, x):
     c.sh('mkdir /dh/d && cd /dh/d && for i in $(seq 2000); do : > "$(printf "%0200d" $i)"; done', sandbox='dirh', wait=300)
     prog = ('import errno, os, time\nfds = []\nerr = None\nfor i in range(400):\n    try:\n'
             '        fds.append(os.open("/dh/d", os.O_RDONLY | os.O_DIRECTORY))\n    except OSError as e:\n'
-            '        err = e.errno\n        break\nprint("result", len(fds), err, flush=True)\n'
+            '        err = e.errno\n        break\nprint("result %d %s" % (len(fds), err), flush=True)\n'
             'open("/workspace/held", "w").close()\ntime.sleep(600)\n')
     out = hold_py(x, 'dirh', 'dh', prog, 'result')
     n, err = (out.split('result', 1)[1].split() + ['', ''])[:2]
