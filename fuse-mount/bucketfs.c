@@ -1795,9 +1795,12 @@ static void b_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
   bool writing = (fi->flags & O_ACCMODE) != O_RDONLY;
   if (writing && B.read_only) return (void)fuse_reply_err(req, EROFS);
   pthread_mutex_lock(&B.lock);
-  int r = 0;
+  /* a removed file opened again (through /proc/self/fd) is gone, also
+   * while a handle of it is still being closed (its cache file open) */
+  int r = n->unlinked ? -ENOENT : 0;
   if (n->stale && !n->opens) cache_drop(n, true), n->stale = false;
-  if (writing && (fi->flags & O_TRUNC)) {
+  if (r < 0) {
+  } else if (writing && (fi->flags & O_TRUNC)) {
     r = truncate_to_empty(n);
   } else if (writing) {
     r = ensure_full(n); /* what is written goes up whole */
