@@ -1797,9 +1797,10 @@ static void b_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
   pthread_mutex_lock(&B.lock);
   /* a removed file opened again (through /proc/self/fd) is gone, also
    * while a handle of it is still being closed (its cache file open) */
-  int r = n->unlinked ? -ENOENT : 0;
+  int r = 0;
   if (n->stale && !n->opens) cache_drop(n, true), n->stale = false;
-  if (r < 0) {
+  if (n->unlinked) {
+    r = -ENOENT;
   } else if (writing && (fi->flags & O_TRUNC)) {
     r = truncate_to_empty(n);
   } else if (writing) {

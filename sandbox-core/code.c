@@ -292,6 +292,7 @@ static sbx_code_run *run_of(sbx_code_ctx *c, json_t *msg) {
 
 static void add_log(sbx_code_run *r, const char *stream, const char *text, size_t len) {
   bool out = !strcmp(stream, "stdout");
+  int i = out ? 0 : 1; /* of r->pending */
   size_t *bytes = out ? &r->out_bytes : &r->err_bytes;
   if (*bytes + len > MAX_LOGS) {
     len = *bytes < MAX_LOGS ? sbx_utf8_complete_prefix(text, MAX_LOGS - *bytes) : 0; /* whole characters */
@@ -313,8 +314,8 @@ static void add_log(sbx_code_run *r, const char *stream, const char *text, size_
     *bytes += len;
   }
   if (len && r->chunk_cb) {
-    if (r->pending[out].len) flush_progress(r); /* the other stream's first: in the order printed */
-    sbx_buf_append(&r->pending[!out], text, len); /* sent once the read is through */
+    if (r->pending[!i].len) flush_progress(r); /* the other stream's first: in the order printed */
+    sbx_buf_append(&r->pending[i], text, len); /* sent once the read is through */
   }
 }
 

@@ -651,7 +651,7 @@ bool sbx_disk_fresh_ready(uint64_t mb) { return dk.pool.sock >= 0 && dk.pool.mb 
 
 int sbx_disk_take_fresh(const char *id, uint64_t mb) {
   if (dk.pool.sock >= 0) pool_ask(0);
-  if (dk.pool.sock < 0 || dk.pool.mb != mb || dk.pool.n == 0) return -1;
+  if (!sbx_disk_fresh_ready(mb)) return -1;
   char dir[1200], path[1300], img[1300];
   sbx_disk_dir(id, dir, sizeof dir);
   image_path(id, path, sizeof path);

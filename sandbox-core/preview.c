@@ -569,32 +569,31 @@ static bool client_ip_header(const char *line) {
 
 /* One Host, and an absolute-form target (GET http://host/...) naming that
  * same host: a server would route by the target, the proxy routed by Host
- * (RFC 9112, 3.2.2). */
-static bool one_host(const sbx_http_head *h, const char *end) {
-  size_t n = 0, hlen = 0;
-  const char *host = NULL;
+ * (RFC 9112, 3.2.2). *host: its value (NULL when there is none). */
+static bool one_host(const sbx_http_head *h, const char *end, const char **host, size_t *hlen) {
+  size_t n = 0;
+  *host = NULL;
+  *hlen = 0;
   sbx_http_field f;
   for (const char *l = h->headers; sbx_http_next_field(&l, end, &f);)
     if (f.name_len == 4 && !strncasecmp(f.name, "Host", 4)) {
-      host = f.value, hlen = f.value_len;
+      *host = f.value, *hlen = f.value_len;
       n++;
     }
   if (n > 1) return false;
   const char *t = h->path;
   size_t skip = !strncasecmp(t, "http://", 7) ? 7 : !strncasecmp(t, "https://", 8) ? 8 : 0;
   if (!skip) return true;
-  size_t alen = strcspn(t + skip, "/?#");
-  while (hlen && (host[hlen - 1] == ' ' || host[hlen - 1] == '\t')) hlen--;
-  return host && alen == hlen && !strncasecmp(t + skip, host, hlen);
+  size_t alen = strcspn(t + skip, "/?#"), vlen = *hlen;
+  while (vlen && ((*host)[vlen - 1] == ' ' || (*host)[vlen - 1] == '\t')) vlen--;
+  return *host && alen == vlen && !strncasecmp(t + skip, *host, vlen);
 }
 
 /* The request head passed on with who asked: the client's own
  * X-Forwarded-* lines are dropped and the proxy's set, on every request of
  * a kept-alive connection. */
-static void forward_head(pconn *c, const char *p, size_t hl, const char *headers) {
+static void forward_head(pconn *c, const char *p, size_t hl, const char *headers, const char *host, size_t hlen) {
   const char *end = p + hl - 2; /* the blank line */
-  size_t hlen = 0;
-  const char *host = sbx_http_header(headers, end, "Host", &hlen);
   char out[MAX_HEAD + 640]; /* the head (at most MAX_HEAD) with the proxy's lines instead of the client's */
   size_t o = (size_t)(headers - p);
   memcpy(out, p, o);
@@ -700,10 +699,8 @@ static bool same_token(const char *a, const char *b) {
 }
 
 /* Host: {port}-{sandbox}-{token}.localhost[:port] */
-static void route(pconn *c, const char *headers, const char *end) {
+static void route(pconn *c, const char *hv, size_t hlen) {
   static const char nf[] = "404: no such preview\n";
-  size_t hlen = 0;
-  const char *hv = sbx_http_header(headers, end, "Host", &hlen);
   int port;
   char id[64], token[17];
   if (!hv || !sbx_preview_host_parse(hv, hlen, &port, id, token)) return answer(c, 404, "Not Found", nf);
@@ -777,7 +774,9 @@ static void drain(pconn *c) {
       if (later) return refuse_more(c);
       return answer(c, 400, "Bad Request", "400: malformed request, or its length is ambiguous\n");
     }
-    if (!one_host(&h, end)) {
+    const char *host;
+    size_t hlen;
+    if (!one_host(&h, end, &host, &hlen)) {
       if (later) return refuse_more(c);
       return answer(c, 400, "Bad Request", "400: two Host headers, or a request target naming another host\n");
     }
@@ -786,13 +785,11 @@ static void drain(pconn *c) {
       return answer(c, 405, "Method Not Allowed", "405: CONNECT is not served here\n");
     }
     if (!later) { /* routed once; the head stays until the sandbox answers */
-      route(c, h.headers, end);
+      route(c, host, hlen);
       break;
     }
-    size_t hlen = 0;
-    const char *host = sbx_http_header(h.headers, end, "Host", &hlen);
     if (!host || hlen != strlen(c->host) || strncasecmp(host, c->host, hlen)) return refuse_more(c);
-    forward_head(c, p, (size_t)hl, h.headers);
+    forward_head(c, p, (size_t)hl, h.headers, host, hlen);
     off += (size_t)hl;
     next_mode(c);
   }

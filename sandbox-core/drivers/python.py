@@ -12,6 +12,7 @@ import queue
 import signal
 import sys
 import threading
+import time
 import traceback
 
 os.environ.pop('SBX_DRIVER', None)
@@ -38,13 +39,12 @@ _pending_size = [0]
 _kick = threading.Event()
 
 
-_now = __import__('time').monotonic
 _last_flush = [0.0]
 
 
 def _flush_locked():
     if _pending:
-        _last_flush[0] = _now()
+        _last_flush[0] = time.monotonic()
     items = _pending[:]
     del _pending[:]
     _pending_size[0] = 0
@@ -90,14 +90,13 @@ def _queue_text(name, s):
         _pending_size[0] += len(s)
         # the first text after a quiet while goes at once (long work may
         # follow, which the flusher thread cannot interrupt); the rest in batches
-        if _pending_size[0] >= 65536 or _now() - _last_flush[0] >= 0.05:
+        if _pending_size[0] >= 65536 or time.monotonic() - _last_flush[0] >= 0.05:
             _flush_locked()
             return
     _kick.set()
 
 
 def _flusher():
-    import time
     while True:
         _kick.wait()
         time.sleep(0.05)  # what is printed meanwhile goes with it
@@ -130,7 +129,6 @@ def _drain():
     """What subprocesses wrote before the run ended goes out before its end."""
     import fcntl
     import termios
-    import time
     deadline = time.monotonic() + 0.5
     for fd, plock in _pipes:
         while time.monotonic() < deadline:
