@@ -24,7 +24,7 @@ static void on_sigint(int s) {
   interrupted = 1;
 }
 
-#define MOUNT_USAGE "sbx mount [-f] [-o allow_other,nopassthrough] MOUNTPOINT"
+#define MOUNT_USAGE "sbx mount [-f] [-o allow_other,nopassthrough,nouring] MOUNTPOINT"
 
 static const struct help {
   const char *name, *synopsis, *text;
@@ -80,7 +80,9 @@ static const struct help {
      "sandbox's own host owner (so git treats them as foreign); you read and write them all.\n"
      "-f stays in the foreground; SIGTERM or `sbx umount MOUNTPOINT` ends it. As root, reads\n"
      "and writes of open files go straight to the sandbox's disk (FUSE passthrough) where\n"
-     "the kernel offers it; -o nopassthrough serves them through sbx instead."},
+     "the kernel offers it; -o nopassthrough serves them through sbx instead. Requests come\n"
+     "on a ring per CPU (FUSE over io_uring, Linux 6.14+), which sbx mount turns on as root\n"
+     "(the fuse module's enable_uring); -o nouring reads them from /dev/fuse instead."},
     {"umount", "sbx umount MOUNTPOINT", "Ends a view made by sbx mount."},
     {"version", "sbx --version", "Prints the version."},
     {"help", "sbx help [COMMAND]", "Says how to use sbx or one of its commands."},
@@ -857,6 +859,7 @@ static int mount_opts(const char *list, sbx_view_opts *o) {
   for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
     if (!strcmp(t, "allow_other")) o->allow_other = true;
     else if (!strcmp(t, "nopassthrough")) o->no_passthrough = true;
+    else if (!strcmp(t, "nouring")) o->no_uring = true;
     else return -1;
   }
   return 0;
@@ -870,7 +873,7 @@ static int cmd_mount(int argc, char **argv) {
     else if (!strcmp(argv[i], "-d") || !strcmp(argv[i], "--debug")) o.debug = o.foreground = true;
     else if (!strcmp(argv[i], "-o") && i + 1 < argc) {
       if (mount_opts(argv[++i], &o) == 0) continue;
-      fprintf(stderr, "sbx mount: -o takes allow_other and nopassthrough (got '%s')\n", argv[i]);
+      fprintf(stderr, "sbx mount: -o takes allow_other, nopassthrough and nouring (got '%s')\n", argv[i]);
       return 2;
     } else if (argv[i][0] == '-' || mnt) {
       fprintf(stderr, "usage: %s\n", MOUNT_USAGE);

@@ -1,5 +1,6 @@
 #define _GNU_SOURCE
 #include "passthrough.h"
+#include "uring.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -32,6 +33,9 @@ static struct {
   atomic_bool offered; /* the kernel's INIT said it can */
   atomic_bool killpriv_v2;
   atomic_bool on;
+  bool uring_wanted;
+  atomic_bool uring_offered;
+  struct fuse_session *se;
   _Atomic uint64_t init_unique;
 } pt = {.fd = -1};
 
@@ -123,13 +127,14 @@ static ssize_t look_read(int fd, void *buf, size_t len) {
 static ssize_t pt_read(int fd, void *buf, size_t len, void *ud) {
   (void)ud;
   ssize_t n = look_read(fd, buf, len);
-  if (!pt.wanted) return n;
   if (n >= (ssize_t)(sizeof(struct fuse_in_header) + sizeof(struct fuse_init_in)) &&
       atomic_load(&pt.init_unique) == 0) {
     const struct fuse_in_header *h = buf;
     const struct fuse_init_in *in = (const void *)(h + 1);
     if (h->opcode == FUSE_INIT) {
-      atomic_store(&pt.offered, (in->flags & FUSE_INIT_EXT) && (in->flags2 & SBX_FUSE_PASSTHROUGH_FLAG2));
+      bool ext = in->flags & FUSE_INIT_EXT;
+      atomic_store(&pt.offered, pt.wanted && ext && (in->flags2 & SBX_FUSE_PASSTHROUGH_FLAG2));
+      atomic_store(&pt.uring_offered, pt.uring_wanted && ext && (in->flags2 & SBX_FUSE_OVER_IO_URING_FLAG2));
       atomic_store(&pt.killpriv_v2, in->flags & FUSE_HANDLE_KILLPRIV_V2);
       atomic_store(&pt.init_unique, h->unique);
     }
@@ -137,38 +142,60 @@ static ssize_t pt_read(int fd, void *buf, size_t len, void *ud) {
   return n;
 }
 
+/* The INIT reply: passthrough and io_uring asked for where offered. True
+ * when it asks for io_uring. */
+static bool amend_init(struct fuse_init_out *o) {
+  if (!(o->flags & FUSE_INIT_EXT)) return false;
+  /* the kernel refuses passthrough beside the writeback cache */
+  if (atomic_load(&pt.offered) && !(o->flags & FUSE_WRITEBACK_CACHE)) {
+    o->flags2 |= SBX_FUSE_PASSTHROUGH_FLAG2;
+    o->unused[0] = MAX_STACK_DEPTH;
+    /* A passthrough write first asks whether the file has set-id bits
+     * or file capabilities to drop: a getxattr round trip per write,
+     * unless the kernel may remember the answer (SB_NOSEC), which it
+     * does once the server says it drops them itself. The view's
+     * server does: it writes, truncates and chowns as the sandbox's
+     * root without CAP_FSETID, so the sandbox's filesystem drops them,
+     * as it does for the kernel's passthrough writes. */
+    if (atomic_load(&pt.killpriv_v2)) o->flags |= FUSE_HANDLE_KILLPRIV_V2;
+    atomic_store(&pt.on, true);
+  }
+  uint32_t payload = o->max_write;
+  if ((o->flags & FUSE_MAX_PAGES) && (uint32_t)o->max_pages * 4096u > payload) payload = (uint32_t)o->max_pages * 4096u;
+  if (atomic_load(&pt.uring_offered) && sbx_uring_prepare(pt.se, pt.fd, payload)) {
+    o->flags2 |= SBX_FUSE_OVER_IO_URING_FLAG2;
+    return true;
+  }
+  return false;
+}
+
 static ssize_t pt_writev(int fd, struct iovec *iov, int count, void *ud) {
   (void)ud;
   const struct fuse_out_header *h = iov[0].iov_base;
   if (reply_fd >= 0) fd = reply_fd; /* notifications, from threads that read nothing: either */
-  if (pt.wanted && count == 2 && h->error == 0) {
-    if (reply_backing > 0 &&
+  bool uring = false;
+  if (count == 2 && h->error == 0) {
+    if (pt.wanted && reply_backing > 0 &&
         (iov[1].iov_len == sizeof(struct fuse_open_out) ||
          iov[1].iov_len == sizeof(struct fuse_entry_out) + sizeof(struct fuse_open_out))) {
       struct fuse_open_out *o =
           (void *)((char *)iov[1].iov_base + iov[1].iov_len - sizeof(struct fuse_open_out));
       o->open_flags |= SBX_FOPEN_PASSTHROUGH;
       o->padding = (uint32_t)reply_backing; /* backing_id */
-    } else if (h->unique && h->unique == atomic_load(&pt.init_unique) && atomic_load(&pt.offered) &&
+    } else if (h->unique && h->unique == atomic_load(&pt.init_unique) &&
                iov[1].iov_len >= sizeof(struct fuse_init_out)) {
-      struct fuse_init_out *o = iov[1].iov_base;
-      /* the kernel refuses passthrough beside the writeback cache */
-      if ((o->flags & FUSE_INIT_EXT) && !(o->flags & FUSE_WRITEBACK_CACHE)) {
-        o->flags2 |= SBX_FUSE_PASSTHROUGH_FLAG2;
-        o->unused[0] = MAX_STACK_DEPTH;
-        /* A passthrough write first asks whether the file has set-id bits
-         * or file capabilities to drop: a getxattr round trip per write,
-         * unless the kernel may remember the answer (SB_NOSEC), which it
-         * does once the server says it drops them itself. The view's
-         * server does: it writes, truncates and chowns as the sandbox's
-         * root without CAP_FSETID, so the sandbox's filesystem drops them,
-         * as it does for the kernel's passthrough writes. */
-        if (atomic_load(&pt.killpriv_v2)) o->flags |= FUSE_HANDLE_KILLPRIV_V2;
-        atomic_store(&pt.on, true);
-      }
+      uring = amend_init(iov[1].iov_base);
     }
   }
-  return writev(fd, iov, count);
+  if (sbx_uring_reply(iov, count)) {
+    size_t n = 0;
+    for (int i = 0; i < count; i++) n += iov[i].iov_len;
+    return (ssize_t)n;
+  }
+  ssize_t n = writev(fd, iov, count);
+  /* the kernel knows the session is initialized once it has the reply */
+  if (uring) sbx_uring_start();
+  return n;
 }
 
 int sbx_fuse_notify_expire_entry(fuse_ino_t parent, const char *name) {
@@ -180,7 +207,7 @@ int sbx_fuse_notify_expire_entry(fuse_ino_t parent, const char *name) {
   return writev(pt.fd, iov, 3) < 0 ? -errno : 0;
 }
 
-int sbx_fuse_io_attach(struct fuse_session *se, bool passthrough) {
+int sbx_fuse_io_attach(struct fuse_session *se, bool passthrough, bool uring) {
   static const struct fuse_custom_io io = {.read = pt_read, .writev = pt_writev};
   int fd = fuse_session_fd(se);
   if (fd < 0) return -EBADF;
@@ -188,6 +215,8 @@ int sbx_fuse_io_attach(struct fuse_session *se, bool passthrough) {
   if (r < 0) return r;
   pt.fd = fd;
   pt.wanted = passthrough;
+  pt.uring_wanted = uring;
+  pt.se = se;
   /* the clone is made now, before any thread acts as a sandbox's root; a
    * kernel or a /dev/fuse that does not allow it leaves plain blocking reads */
   uint32_t session_fd = (uint32_t)fd;

@@ -13,7 +13,7 @@
 /* Takes over the session's I/O on its /dev/fuse fd (after mounting, before
  * the loop); with passthrough, the INIT reply asks for it when the kernel
  * offers it. Returns 0 or -errno. */
-int sbx_fuse_io_attach(struct fuse_session *se, bool passthrough);
+int sbx_fuse_io_attach(struct fuse_session *se, bool passthrough, bool uring);
 /* Marks a name's cached entry expired, without dropping it (FUSE_EXPIRE_ONLY,
  * kernel 6.2+; libfuse 3.14 cannot say it): the next use of the name asks
  * the server again, and a process whose current directory is below it keeps

@@ -26,6 +26,7 @@
 #include "view.h"
 #include "fuseutil.h"
 #include "passthrough.h"
+#include "uring.h"
 #include "viewlink.h"
 #include "../sandbox-core/util.h"
 
@@ -1700,7 +1701,7 @@ int sbx_view_main(const char *mountpoint, const sbx_view_opts *o) {
   }
   /* backing files need CAP_SYS_ADMIN: as root only */
   bool passthrough = !V.rootless && !o->no_passthrough;
-  V.passthrough = sbx_fuse_io_attach(V.se, passthrough) == 0 && passthrough;
+  V.passthrough = sbx_fuse_io_attach(V.se, passthrough, !o->no_uring && sbx_uring_enabled(true)) == 0 && passthrough;
   if (!o->foreground && sbx_fuse_daemonize(o->ready_fd) < 0) return 1;
   /* threads only now: they would not survive the fork to the background */
   if (viewlink_run() < 0) return 1;

@@ -7,6 +7,7 @@ typedef struct sbx_view_opts {
   bool allow_other; /* other host users may enter too (as the sandbox's root) */
   bool debug;
   bool no_passthrough; /* serve reads and writes here even where the kernel could pass them through */
+  bool no_uring; /* requests through /dev/fuse even where FUSE over io_uring could take them */
   int ready_fd;     /* written to once the view serves (-1: none) */
 } sbx_view_opts;
 

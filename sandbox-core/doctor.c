@@ -173,6 +173,13 @@ int sbx_doctor(FILE *out) {
                : root ? "not offered by this kernel (Linux 6.9+ with CONFIG_FUSE_PASSTHROUGH): the view's server "
                         "reads and writes"
                       : "needs root (CAP_SYS_ADMIN): the view's server reads and writes");
+    /* optional: without it requests go through /dev/fuse */
+    int on = sbx_fuse_uring_param();
+    fprintf(out, "%-4s %-22s %s\n", on == 1 ? "ok" : "--", "FUSE over io_uring",
+            on == 1   ? "on: the view takes requests on a ring per CPU, where their callers run"
+            : on < 0  ? "not in this kernel (Linux 6.14+ with CONFIG_FUSE_IO_URING): the view reads /dev/fuse"
+            : root    ? "off: sbx mount turns it on (the fuse module's enable_uring) unless given -o nouring"
+                      : "off: root can turn it on (echo Y > " SBX_FUSE_ENABLE_URING "); the view reads /dev/fuse");
   }
   bool pidfd = probe_pidfd();
   LINE(pidfd, "pidfd", pidfd ? "processes supervised by pidfd on the event loop" : "missing: sbx needs Linux >= 5.3");

@@ -245,6 +245,15 @@ int sbx_write_all(int fd, const void *p, size_t n) {
   return 0;
 }
 
+int sbx_fuse_uring_param(void) {
+  char v[8] = "";
+  FILE *f = fopen(SBX_FUSE_ENABLE_URING, "re");
+  if (!f) return -1;
+  if (!fgets(v, sizeof v, f)) v[0] = 0;
+  fclose(f);
+  return v[0] == 'Y';
+}
+
 int sbx_write_string(const char *path, const char *s) {
   _cleanup_close_ int fd = open(path, O_WRONLY | O_CLOEXEC);
   if (fd < 0) return -errno;

@@ -105,6 +105,10 @@ bool sbx_utf8_valid(const char *p, size_t n);
 
 int sbx_write_all(int fd, const void *p, size_t n);
 int sbx_write_string(const char *path, const char *s); /* -errno */
+#define SBX_FUSE_ENABLE_URING "/sys/module/fuse/parameters/enable_uring"
+/* The fuse module's enable_uring (FUSE over io_uring for new sessions):
+ * 1 on, 0 off, -1 not in this kernel. */
+int sbx_fuse_uring_param(void);
 /* Creates or truncates path (0644) and writes s. -errno. */
 int sbx_write_string_create(const char *path, const char *s);
 int sbx_mkdir_p(const char *path, mode_t mode);        /* -errno */

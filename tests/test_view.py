@@ -250,19 +250,95 @@ def test_chown_racing_destroy(t, x):
     t.ok(owners is not None and all(o[:2] == [0, 0] for o in owners), '/dev/null stayed root\'s in every one', owners)
 
 
+ENABLE_URING = '/sys/module/fuse/parameters/enable_uring'
+
+
+def rings_of(pid):
+    """How many io_uring instances a process holds."""
+    n = 0
+    for fd in os.listdir('/proc/%d/fd' % pid):
+        try:
+            n += os.readlink('/proc/%d/fd/%s' % (pid, fd)) == 'anon_inode:[io_uring]'
+        except OSError:
+            pass
+    return n
+
+
+def possible_cpus():
+    last = 0
+    for part in open('/sys/devices/system/cpu/possible').read().strip().split(','):
+        last = max(last, int(part.split('-')[-1]))
+    return last + 1
+
+
+def test_io_uring(t, x):
+    """Where the kernel has FUSE over io_uring, the view (as root) turns it
+    on and takes its requests on rings, a few per CPU; sbx doctor says so.
+    The rest of these tests then run over it."""
+    if not os.path.exists(ENABLE_URING):
+        t.skip('FUSE over io_uring', 'this kernel has none (Linux 6.14+, CONFIG_FUSE_IO_URING)')
+        return
+    t.eq(open(ENABLE_URING).read().strip(), 'Y', 'sbx mount turned the fuse module\'s enable_uring on')
+    p = os.path.join(x.mnt, 'v1', 'ring.txt')  # the first request waits for the INIT that sets the rings up
+    with open(p, 'w') as f:
+        f.write('through the ring\n')
+    t.eq(x.c.sh('cat /workspace/ring.txt')['stdout'], 'through the ring\n', 'the view serves')
+    t.eq(rings_of(view_pid(x.mnt)), 4 * possible_cpus(), 'through four rings per possible CPU')
+    line = [l for l in x.env.run(['doctor']).stdout.decode().splitlines() if 'FUSE over io_uring' in l]
+    t.ok(line and line[0].startswith('ok') and ' on:' in line[0], 'sbx doctor says it is on', line)
+
+
+def test_killed_mid_request(t, x):
+    """The view killed while a host process keeps it busy (requests on its
+    rings at that moment): the process gets errors, never hangs, and a new
+    sbx mount serves the place again."""
+    d = os.path.join(x.mnt, 'v1', 'busy')
+    os.makedirs(d, exist_ok=True)
+    out = {}
+
+    def busy():
+        i = 0
+        try:
+            while True:
+                with open(os.path.join(d, 'f%d' % (i % 500)), 'w') as f:
+                    f.write('x')
+                os.stat(d)
+                i += 1
+                if i == 200:
+                    out['going'] = True
+        except OSError as e:
+            out['e'] = e.errno
+    th = threading.Thread(target=busy, daemon=True)
+    th.start()
+    wait_until(lambda: 'going' in out or 'e' in out, 30, 'the host process to get going')
+    pid = view_pid(x.mnt)
+    os.kill(pid, signal.SIGKILL)
+    th.join(20)
+    t.ok(not th.is_alive(), 'the busy process does not hang when the view is killed')
+    t.ok(out.get('e') in (errno.ENOTCONN, errno.ECONNABORTED, errno.ECANCELED), 'it gets an error (ENOTCONN, '
+         'ECONNABORTED, or ECANCELED for a request on a ring)', out)
+    wait_until(lambda: gone(pid), 10, 'the view to die')
+    r = x.env.run(['mount', x.mnt])
+    t.ok(r.returncode == 0 and os.path.isdir(os.path.join(x.mnt, 'v1', 'busy')), 'a new sbx mount serves the place',
+         r.stderr)
+
+
 def test_syscall_suite(t, x):
     native = tempfile.mkdtemp(prefix='sbxt-native-', dir=x.env.root)
     a = subprocess.run([FSOPS, '--tap', native], capture_output=True, text=True, timeout=120)
     t.eq(a.returncode, 0, 'the syscall suite passes on a native directory (the control)', a.stdout[-2000:])
     na = a.stdout.count('\nok ')
-    # as root, open files are in passthrough mode; -o nopassthrough serves
-    # every read and write through sbx: both must answer as native
+    # as root, open files are in passthrough mode and requests come on
+    # io_uring where the kernel has it; -o nopassthrough,nouring serves every
+    # read and write through sbx, with requests read from /dev/fuse: both
+    # must answer as native
     plain = os.path.join(x.env.root, 'view-plain')
     os.makedirs(plain)
-    r = x.env.run(['mount', '-o', 'nopassthrough', plain])
-    t.eq(r.returncode, 0, 'a second view, -o nopassthrough', r.stderr)
+    r = x.env.run(['mount', '-o', 'nopassthrough,nouring', plain])
+    t.eq(r.returncode, 0, 'a second view, -o nopassthrough,nouring', r.stderr)
     try:
-        for mnt, how in ((x.mnt, 'the view'), (plain, 'the view without passthrough')):
+        t.eq(rings_of(view_pid(plain)), 0, '-o nouring: no ring, requests come through /dev/fuse')
+        for mnt, how in ((x.mnt, 'the view'), (plain, 'the view without passthrough nor io_uring')):
             inview = os.path.join(mnt, 'v1', 'fsops-%d' % len(how))
             os.makedirs(inview)
             b = subprocess.run([FSOPS, '--tap', inview], capture_output=True, text=True, timeout=120)
@@ -683,7 +759,7 @@ if __name__ == '__main__':
         print('1..0 # SKIP the view tests run as root (the rootless view is tested in test_rootless.py)')
         sys.exit(77)
     sys.exit(run_tests([test_listing, test_use_is_activity, test_other_users_files, test_no_acls, test_chown_racing_destroy,
-                        test_syscall_suite, test_passthrough, test_coherence, test_git_dubious_ownership,
+                        test_io_uring, test_syscall_suite, test_passthrough, test_coherence, test_git_dubious_ownership,
                         test_escapes,
-                        test_workloads, test_sandbox_cannot_stall_the_view, test_robustness, test_daemon_runs_the_view, test_held_across_restart,
+                        test_workloads, test_sandbox_cannot_stall_the_view, test_killed_mid_request, test_robustness, test_daemon_runs_the_view, test_held_across_restart,
                         test_doctor], Ctx))

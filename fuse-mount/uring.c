@@ -1,0 +1,278 @@
+#define _GNU_SOURCE
+#include "uring.h"
+#include "../sandbox-core/util.h"
+
+#include <errno.h>
+#include <linux/fuse.h>
+#include <linux/io_uring.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/* From the kernel's protocol 7.42, which Debian 12's headers predate. */
+#define URING_HDR_SZ 128
+#define URING_OP_SZ 128
+struct uring_ent_in_out {
+  uint64_t flags;
+  uint64_t commit_id;
+  uint32_t payload_sz;
+  uint32_t padding;
+  uint64_t reserved;
+};
+struct uring_req_header {
+  char in_out[URING_HDR_SZ]; /* fuse_in_header in, fuse_out_header out */
+  char op_in[URING_OP_SZ];   /* the request's first argument (its fixed part) */
+  struct uring_ent_in_out ent;
+};
+struct uring_cmd_req {
+  uint64_t flags;
+  uint64_t commit_id;
+  uint16_t qid;
+  uint8_t padding[6];
+};
+enum { CMD_REGISTER = 1, CMD_COMMIT_AND_FETCH = 2 };
+
+/* Threads a CPU: one request each at a time, so a handler that waits (on
+ * the daemon, say) holds up no other caller of that CPU. */
+#define PER_CPU 4
+/* Room before the payload for the request's header and first argument:
+ * they are copied there so that libfuse sees the request whole, as read
+ * from /dev/fuse, without moving the payload. */
+#define LEAD (sizeof(struct fuse_in_header) + URING_OP_SZ)
+
+typedef struct {
+  int fd; /* the ring */
+  unsigned *sq_tail, *sq_mask, *sq_array, *cq_head, *cq_tail, *cq_mask;
+  struct io_uring_sqe *sqes;
+  struct io_uring_cqe *cqes;
+  void *map;
+  size_t map_len;
+  uint16_t qid;
+  pthread_t thread;
+  struct uring_req_header hdr;
+  struct iovec iov[2];
+  char *buf; /* LEAD, then the payload */
+  size_t payload_max;
+  /* the request being handled */
+  uint64_t unique;
+  bool replied;
+} entry;
+
+static struct {
+  struct fuse_session *se;
+  int fuse_fd;
+  entry *ents;
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  bool go, abandon;
+  int ready, failed; /* threads whose ring is made, or could not be */
+} U = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+
+static __thread entry *cur;
+
+bool sbx_uring_enabled(bool turn_on) {
+  int on = sbx_fuse_uring_param();
+  if (on != 0) return on == 1;
+  /* as Docker turns on ip_forward: a setting of the host that the feature
+   * needs, asked for by root starting it (-o nouring does not) */
+  return turn_on && geteuid() == 0 && sbx_write_string(SBX_FUSE_ENABLE_URING, "Y") == 0;
+}
+
+static int ring_setup(entry *e) {
+  struct io_uring_params p = {.flags = IORING_SETUP_SQE128}; /* for the command's 24 bytes */
+  e->fd = (int)syscall(__NR_io_uring_setup, 2, &p);
+  if (e->fd < 0) return -errno;
+  if (!(p.features & IORING_FEAT_SINGLE_MMAP)) return -ENOSYS;
+  size_t sq = p.sq_off.array + p.sq_entries * sizeof(unsigned);
+  size_t cq = p.cq_off.cqes + p.cq_entries * sizeof(struct io_uring_cqe);
+  e->map_len = sq > cq ? sq : cq;
+  e->map = mmap(NULL, e->map_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, e->fd, IORING_OFF_SQ_RING);
+  if (e->map == MAP_FAILED) return -errno;
+  char *m = e->map;
+  e->sq_tail = (unsigned *)(m + p.sq_off.tail);
+  e->sq_mask = (unsigned *)(m + p.sq_off.ring_mask);
+  e->sq_array = (unsigned *)(m + p.sq_off.array);
+  e->cq_head = (unsigned *)(m + p.cq_off.head);
+  e->cq_tail = (unsigned *)(m + p.cq_off.tail);
+  e->cq_mask = (unsigned *)(m + p.cq_off.ring_mask);
+  e->cqes = (struct io_uring_cqe *)(m + p.cq_off.cqes);
+  /* SQE128: each entry is two io_uring_sqe long */
+  e->sqes = mmap(NULL, p.sq_entries * 2 * sizeof(struct io_uring_sqe), PROT_READ | PROT_WRITE,
+                 MAP_SHARED | MAP_POPULATE, e->fd, IORING_OFF_SQES);
+  if (e->sqes == MAP_FAILED) return -errno;
+  return 0;
+}
+
+/* Queues the entry's one command (register, or commit and fetch), waits
+ * for its completion: a request for this entry, or the end. */
+static int ring_cmd(entry *e, uint32_t op, uint64_t commit_id) {
+  unsigned tail = *e->sq_tail, i = tail & *e->sq_mask;
+  struct io_uring_sqe *sqe = &e->sqes[i * 2];
+  memset(sqe, 0, 2 * sizeof *sqe);
+  sqe->opcode = IORING_OP_URING_CMD;
+  sqe->fd = U.fuse_fd;
+  sqe->cmd_op = op;
+  sqe->addr = (uint64_t)(uintptr_t)e->iov;
+  sqe->len = 2;
+  struct uring_cmd_req *req = (void *)sqe->cmd;
+  req->qid = e->qid;
+  req->commit_id = commit_id;
+  e->sq_array[i] = i;
+  __atomic_store_n(e->sq_tail, tail + 1, __ATOMIC_RELEASE);
+  unsigned submit = 1;
+  for (;;) {
+    unsigned head = *e->cq_head;
+    if (head != __atomic_load_n(e->cq_tail, __ATOMIC_ACQUIRE)) {
+      int res = e->cqes[head & *e->cq_mask].res;
+      __atomic_store_n(e->cq_head, head + 1, __ATOMIC_RELEASE);
+      return res;
+    }
+    long r = syscall(__NR_io_uring_enter, e->fd, submit, 1, IORING_ENTER_GETEVENTS, NULL, 0);
+    if (r >= 0) submit = 0;
+    else if (errno == EAGAIN || errno == ENOMEM) usleep(1000); /* a commit must go out: its caller waits */
+    else if (errno != EINTR) return -errno;
+  }
+}
+
+/* The request in the entry, as libfuse would have read it from /dev/fuse:
+ * header and first argument copied in front of the payload. */
+static void handle(entry *e) {
+  const struct fuse_in_header *in = (const void *)e->hdr.in_out;
+  uint32_t payload = e->hdr.ent.payload_sz;
+  size_t lead = in->len >= sizeof *in + payload ? in->len - sizeof *in - payload : SIZE_MAX;
+  e->unique = in->unique;
+  e->replied = false;
+  if (lead <= URING_OP_SZ && payload <= e->payload_max) {
+    char *start = e->buf + LEAD - sizeof *in - lead;
+    memcpy(start, in, sizeof *in);
+    memcpy(start + sizeof *in, e->hdr.op_in, lead);
+    struct fuse_buf fb = {.mem = start, .size = in->len};
+    cur = e;
+    fuse_session_process_buf(U.se, &fb);
+    cur = NULL;
+  }
+  if (!e->replied) { /* nothing answered it (or it made no sense): it must end */
+    struct fuse_out_header oh = {.len = sizeof oh, .error = -EIO, .unique = e->unique};
+    memcpy(e->hdr.in_out, &oh, sizeof oh);
+    e->hdr.ent.payload_sz = 0;
+  }
+}
+
+bool sbx_uring_reply(const struct iovec *iov, int count) {
+  entry *e = cur;
+  const struct fuse_out_header *oh = iov[0].iov_base;
+  if (!e || e->replied || iov[0].iov_len < sizeof *oh || oh->unique != e->unique) return false;
+  size_t n = 0;
+  for (int i = 1; i < count; i++) n += iov[i].iov_len;
+  struct fuse_out_header h = *oh;
+  if (n > e->payload_max) { /* cannot be, with max_write the kernel's bound too */
+    h = (struct fuse_out_header){.len = sizeof h, .error = -EIO, .unique = oh->unique};
+    n = 0;
+  } else {
+    char *p = e->buf + LEAD;
+    for (int i = 1; i < count; i++) {
+      memmove(p, iov[i].iov_base, iov[i].iov_len); /* a reply may quote its request */
+      p += iov[i].iov_len;
+    }
+  }
+  memcpy(e->hdr.in_out, &h, sizeof h);
+  e->hdr.ent.payload_sz = (uint32_t)n;
+  e->replied = true;
+  return true;
+}
+
+/* Makes the kernel give up io_uring for the session and serve /dev/fuse
+ * instead: a registration it refuses does that (a queue that does not
+ * exist). Once io_uring is asked for at INIT, every request waits until all
+ * queues are registered, so a thread that cannot register must say so. */
+static void give_up(entry *e) {
+  e->qid = UINT16_MAX;
+  ring_cmd(e, CMD_REGISTER, 0);
+}
+
+static void *ring_main(void *arg) {
+  entry *e = arg;
+  long ncpu = sysconf(_SC_NPROCESSORS_CONF);
+  if (e->qid < ncpu) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(e->qid, &set);
+    pthread_setaffinity_np(pthread_self(), sizeof set, &set); /* an offline CPU: anywhere */
+  }
+  /* the ring is made here: its completions run on the thread that
+   * submits, and on its CPU */
+  int made = ring_setup(e);
+  pthread_mutex_lock(&U.lock);
+  U.ready += made == 0;
+  U.failed += made != 0;
+  pthread_cond_broadcast(&U.cond);
+  while (!U.go && !U.abandon) pthread_cond_wait(&U.cond, &U.lock);
+  bool abandon = U.abandon;
+  pthread_mutex_unlock(&U.lock);
+  if (abandon || made != 0) return NULL;
+  int r;
+  for (int tries = 0; (r = ring_cmd(e, CMD_REGISTER, 0)) == -EAGAIN && tries < 1000; tries++)
+    usleep(1000); /* INIT's reply not taken yet */
+  if (r < 0 && r != -ENOTCONN && r != -ECONNABORTED) give_up(e);
+  while (r >= 0) {
+    handle(e);
+    r = ring_cmd(e, CMD_COMMIT_AND_FETCH, e->hdr.ent.commit_id);
+  }
+  /* ENOTCONN or ECANCELED: the session ended */
+  return NULL;
+}
+
+bool sbx_uring_prepare(struct fuse_session *se, int fuse_fd, uint32_t max_write) {
+  long cpus = 0;
+  FILE *f = fopen("/sys/devices/system/cpu/possible", "re");
+  unsigned a, b;
+  char line[256];
+  /* the kernel wants a queue for every possible CPU: "0-1", "0-3,5" */
+  while (f && fgets(line, sizeof line, f)) {
+    for (char *t = strtok(line, ",\n"); t; t = strtok(NULL, ",\n")) {
+      int k = sscanf(t, "%u-%u", &a, &b);
+      if (k == 1) b = a;
+      if (k >= 1 && b + 1 > (unsigned long)cpus) cpus = b + 1;
+    }
+  }
+  if (f) fclose(f);
+  if (cpus <= 0 || cpus > 1024) return false;
+  size_t payload = max_write > 8192 ? max_write : 8192;
+  payload = (payload + 4095) / 4096 * 4096;
+  U.se = se;
+  U.fuse_fd = fuse_fd;
+  int n = (int)cpus * PER_CPU, started = 0;
+  U.ents = calloc((size_t)n, sizeof *U.ents);
+  if (!U.ents) return false;
+  for (; started < n; started++) {
+    entry *e = &U.ents[started];
+    e->fd = -1;
+    e->qid = (uint16_t)(started / PER_CPU);
+    e->payload_max = payload;
+    e->buf = malloc(LEAD + payload);
+    e->iov[0] = (struct iovec){&e->hdr, sizeof e->hdr};
+    e->iov[1] = (struct iovec){e->buf + LEAD, payload};
+    if (!e->buf || pthread_create(&e->thread, NULL, ring_main, e) != 0) break;
+  }
+  pthread_mutex_lock(&U.lock);
+  while (U.ready + U.failed < started) pthread_cond_wait(&U.cond, &U.lock);
+  bool ok = started == n && U.failed == 0;
+  if (!ok) { /* no start will come */
+    U.abandon = true;
+    pthread_cond_broadcast(&U.cond);
+  }
+  pthread_mutex_unlock(&U.lock);
+  return ok;
+}
+
+void sbx_uring_start(void) {
+  pthread_mutex_lock(&U.lock);
+  U.go = true;
+  pthread_cond_broadcast(&U.cond);
+  pthread_mutex_unlock(&U.lock);
+}
