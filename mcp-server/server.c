@@ -529,7 +529,7 @@ int sbx_daemon_main(const char *http_addr, bool http_allow_remote, const char *m
     unlink(d.paths.sock);
     return 1;
   }
-  if (sbx_preview_start(d.loop, conf.preview_port, err, sizeof err) < 0)
+  if (sbx_preview_start(d.loop, conf.preview_port, d.paths.state, err, sizeof err) < 0)
     fprintf(stderr, "sbx daemon: %s; everything else works, exposePort says so\n", err); /* not fatal */
   char pid[32];
   snprintf(pid, sizeof pid, "%d\n", getpid());

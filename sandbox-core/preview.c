@@ -2,6 +2,7 @@
 #include "preview.h"
 #include "httpparse.h"
 #include "config.h"
+#include "record.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -34,6 +35,8 @@ static struct {
   char problem[300];
   char revoked[REVOKED_KEPT][17];
   size_t nrevoked;
+  char revoked_path[4096]; /* where they are kept; empty: nowhere */
+  size_t appended;         /* lines appended since it was written whole */
   int conns;
   size_t queued; /* what all connections' queued writes hold */
   bool over;     /* it went past QUEUED_MAX: sources wait until it is half that */
@@ -56,9 +59,52 @@ void sbx_preview_url(const sbx_sandbox *sb, const sbx_exposure *e, char *out, si
   snprintf(out, len, "http://%d-%s-%s.localhost:%d/", e->port, sb->id, e->token, P.port ? P.port : 8787);
 }
 
-static void revoke_token(const char *token) {
-  snprintf(P.revoked[P.nrevoked % REVOKED_KEPT], 17, "%s", token);
+/* The revoked tokens, last first out, also kept in the state dir (a line
+ * each, appended; written anew from memory every REVOKED_KEPT) so that a
+ * URL revoked before a daemon restart still answers 410 after it. */
+static void remember_revoked(const char *token) {
+  snprintf(P.revoked[P.nrevoked % REVOKED_KEPT], 17, "%.16s", token);
   P.nrevoked++;
+}
+
+static void save_revoked(void) {
+  size_t n = P.nrevoked < REVOKED_KEPT ? P.nrevoked : REVOKED_KEPT;
+  char *text = malloc(n * 17 + 1), *w = text;
+  if (!text) return;
+  for (size_t i = P.nrevoked - n; i < P.nrevoked; i++) w += sprintf(w, "%s\n", P.revoked[i % REVOKED_KEPT]);
+  sbx_write_atomic(P.revoked_path, text, (size_t)(w - text));
+  free(text);
+}
+
+static void revoke_token(const char *token) {
+  remember_revoked(token);
+  if (!P.revoked_path[0]) return;
+  if (++P.appended >= REVOKED_KEPT) {
+    P.appended = 0;
+    return save_revoked();
+  }
+  char line[18];
+  int len = snprintf(line, sizeof line, "%s\n", token);
+  int fd = open(P.revoked_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+  if (fd >= 0) {
+    (void)!write(fd, line, (size_t)len);
+    close(fd);
+  }
+}
+
+static void load_revoked(const char *state_dir) {
+  snprintf(P.revoked_path, sizeof P.revoked_path, "%s/preview-revoked", state_dir);
+  FILE *f = fopen(P.revoked_path, "re");
+  char line[64];
+  while (f && fgets(line, sizeof line, f)) {
+    size_t len = strcspn(line, "\n");
+    if (len == 16) {
+      line[len] = 0;
+      remember_revoked(line);
+    }
+  }
+  if (f) fclose(f);
+  if (P.nrevoked > REVOKED_KEPT) save_revoked(); /* only the last ones count */
 }
 
 static void close_sandbox_conns(const char *id, int port);
@@ -928,9 +974,10 @@ static void retry_tick(uv_timer_t *t) {
   if (P.listening || P.stopping || try_listen() == 0) uv_timer_stop(t);
 }
 
-int sbx_preview_start(uv_loop_t *loop, int port, char *err, size_t errlen) {
+int sbx_preview_start(uv_loop_t *loop, int port, const char *state_dir, char *err, size_t errlen) {
   P.loop = loop;
   P.port = port;
+  if (state_dir) load_revoked(state_dir);
   if (!port) return 0;
   if (try_listen() == 0) return 0;
   snprintf(err, errlen, "%s", P.problem);

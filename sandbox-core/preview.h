@@ -18,8 +18,10 @@ typedef struct sbx_exposure {
 
 /* Starts the proxy (port from the configuration); a port in use is an
  * error the daemon logs, and the rest of it works on (the port is tried
- * again every few seconds and whenever its state is asked for). */
-int sbx_preview_start(uv_loop_t *loop, int port, char *err, size_t errlen);
+ * again every few seconds and whenever its state is asked for). The URLs
+ * revoked so far (unexposed, or of a sandbox reset or destroyed) are kept
+ * in state_dir/preview-revoked: they answer 410 across daemon restarts. */
+int sbx_preview_start(uv_loop_t *loop, int port, const char *state_dir, char *err, size_t errlen);
 /* Closes the proxy, its connections and its helpers (daemon shutdown). */
 void sbx_preview_stop(void);
 /* The proxy's state for doctor and exposePort: NULL when it listens (a

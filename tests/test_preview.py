@@ -453,6 +453,7 @@ def test_502_410(t, x):
     t.ok(code == 502 and b'9999' in body, 'nothing listening: 502 with a page that says so', body)
     x.c.ok('unexposePort', {'port': 9999})
     t.eq(request(x, host_of(r['url']))[0], 410, 'an unexposed port\'s URL answers 410')
+    x.revoked = [r['url']]
     t.eq(x.c.err('unexposePort', {'port': 9999}), 'PORT_NOT_EXPOSED', 'unexposing it again is PORT_NOT_EXPOSED')
     # a reset revokes every URL of the sandbox
     c = x.c
@@ -461,6 +462,7 @@ def test_502_410(t, x):
     c.request('logging/setLevel', {'level': 'notice'})
     c.next(lambda m: m.get('method') == 'notifications/message' and m['params']['data'].get('sandboxId') == 'nap', 30)
     t.eq(request(x, host_of(r['url']))[0], 410, 'after an idle reset the sandbox\'s URLs answer 410')
+    x.revoked.append(r['url'])
     t.eq(c.ok('getExposedPorts', {'sandboxId': 'nap'})['ports'], [], 'and it has no exposed ports')
 
 
@@ -510,6 +512,8 @@ def test_kept_across_restart(t, x):
     c.ok('startProcess', {'processId': 'web', 'command': 'exec python3 -u /srv/web.py 8000'})
     c.ok('waitForLog', {'processId': 'web', 'pattern': 'listening', 'timeout': 20000}, 40)
     t.eq(request(x, host_of(x.url), '/again')[0], 200, 'and the same URL reaches it again')
+    t.eq([request(x, host_of(u))[0] for u in getattr(x, 'revoked', [])], [410, 410],
+         'URLs revoked before the restart (unexposed, reset) still answer 410')
 
 
 def test_port_taken(t, x):
