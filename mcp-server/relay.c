@@ -223,10 +223,20 @@ int sbx_relay_main(const char *default_sandbox, const char *tools_csv, bool read
       ssize_t k = read(r.fd, buf, sizeof buf);
       if (k < 0 && errno == EINTR) continue;
       if (k <= 0) {
-        fprintf(stderr, "sbx mcp: the daemon closed the connection; the next request starts it again\n");
         disconnect();
-        fail_all("the sbx daemon stopped while this request was running (its effect is unknown); "
-                 "the next request reconnects: check the state and send it again");
+        /* a daemon that still listens dropped this connection: it does
+         * that to a client that leaves 256 MiB of replies unread (here:
+         * an agent that does not read this process's stdout) */
+        bool dropped = sbx_daemon_listening(&r.paths);
+        fprintf(stderr, "sbx mcp: %s\n",
+                dropped ? "the daemon dropped this connection (256 MiB of replies were waiting for the agent to read "
+                          "them); the next request reconnects"
+                        : "the daemon closed the connection; the next request starts it again");
+        fail_all(dropped ? "the sbx daemon dropped this connection while this request was running, because 256 MiB of "
+                           "replies were waiting for the agent to read them (its effect is unknown); the next request "
+                           "reconnects: check the state and send it again"
+                         : "the sbx daemon stopped while this request was running (its effect is unknown); "
+                           "the next request reconnects: check the state and send it again");
       } else {
         mcp_framer_feed(&r.from_daemon, buf, k, from_daemon, NULL);
       }

@@ -237,6 +237,55 @@ def test_relay_survives_upgrade(t, x):
         x.env.sbx = old_sbx
 
 
+def test_agent_not_reading(t, x):
+    """An agent that stops reading sbx mcp's stdout while big replies pile
+    up: past 256 MiB waiting, the daemon drops the connection (its memory
+    stays bounded); the calls in flight fail saying why, not that the daemon
+    stopped, and the next call works."""
+    x.c.sh('head -c 12000000 /dev/zero | tr "\\0" a > /workspace/big', sandbox='nr')
+    p = subprocess.Popen([SBX, 'mcp', '--sandbox', 'nr'], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=x.env.env)
+    try:
+        msgs = [{'jsonrpc': '2.0', 'id': 1, 'method': 'initialize',
+                 'params': {'protocolVersion': '2025-06-18', 'capabilities': {}, 'clientInfo': {'name': 't', 'version': '1'}}},
+                {'jsonrpc': '2.0', 'method': 'notifications/initialized'}]
+        reads = list(range(10, 40))  # 30 replies of 12 MB and more: past the daemon's 256 MiB
+        msgs += [{'jsonrpc': '2.0', 'id': i, 'method': 'tools/call', 'params': {'name': 'readFile', 'arguments': {'path': 'big'}}}
+                 for i in reads]
+        p.stdin.write(''.join(json.dumps(m) + '\n' for m in msgs).encode())
+        p.stdin.flush()
+        log = os.path.join(x.env.state, 'daemon.log')
+        t.ok(wait_until(lambda: 'dropping a client that does not read' in open(log).read(), 120, 'the drop'),
+             'the daemon drops a client that leaves its replies unread')
+        answers = {}
+
+        def read_answers():
+            for line in p.stdout:
+                m = json.loads(line)
+                if 'id' in m:
+                    answers[m['id']] = m
+                if all(i in answers for i in reads):
+                    return
+        th = threading.Thread(target=read_answers, daemon=True)
+        th.start()
+        th.join(120)
+        t.ok(all(i in answers for i in reads), 'every call in flight is answered once the agent reads again',
+             sorted(answers))
+        errs = [a['result']['structuredContent']['error']['message'] for a in answers.values()
+                if a.get('result', {}).get('isError')]
+        t.ok(errs and all('dropped this connection' in e and 'read' in e and 'stopped' not in e for e in errs),
+             'those the daemon did not answer fail saying it dropped a connection whose replies were not read', errs[:2])
+        p.stdin.write((json.dumps({'jsonrpc': '2.0', 'id': 50, 'method': 'tools/call',
+                                   'params': {'name': 'exec', 'arguments': {'command': 'echo again'}}}) + '\n').encode())
+        p.stdin.flush()
+        line = p.stdout.readline()
+        t.ok(json.loads(line)['result']['structuredContent']['stdout'] == 'again\n', 'and the next call works',
+             line[:300])
+    finally:
+        p.kill()
+        p.wait()
+
+
 def test_stdin_closed_early(t, x):
     """Requests written before stdin closes are all answered."""
     reqs = [{'jsonrpc': '2.0', 'id': 1, 'method': 'initialize',
@@ -338,5 +387,5 @@ def test_thousand(t, x):
 if __name__ == '__main__':
     sys.exit(run_tests([test_disk_is_disk, test_spills_on_disk, test_kill_9, test_daemon_stop, test_init_killed,
                         test_made_ahead,
-                        test_listed_after_restart, test_relay_survives, test_relay_survives_upgrade, test_stdin_closed_early, test_config,
+                        test_listed_after_restart, test_relay_survives, test_relay_survives_upgrade, test_agent_not_reading, test_stdin_closed_early, test_config,
                         test_thousand], Ctx))
