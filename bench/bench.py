@@ -581,6 +581,8 @@ def bench_view(size_mb=1024, opts=None):
         fio_iops('randread', 8)
         fio_iops('randwrite', 49)
         both('create 5,000 files', 'mkdir cr-%(n)s && cd cr-%(n)s && for i in $(seq 5000); do : > f$i; done', 'files/s', 5000)
+        both('look up 20,000 new names', 'python3 -c "import os; [os.path.lexists(\'nx-%(n)s-%%d\' %% i) '
+             'for i in range(20000)]"', 'names/s', 20000)
         both('stat 5,000 files (ls -l, twice)', 'cd cr-%(n)s && ls -l >/dev/null && ls -l > /dev/null', 'stat/s', 10000)
         timed('direct', 'mkdir tree && cd tree && git init -q && for d in $(seq 100); do mkdir d$d; for f in $(seq 100); '
               'do echo $d$f > d$d/f$f; done; done && git add -A && git -c gc.autoDetach=false -c user.email=b@b '

@@ -8,12 +8,32 @@
 #pragma once
 #define FUSE_USE_VERSION 314
 #include <fuse_lowlevel.h>
+#include <stdatomic.h>
 #include <stdbool.h>
+#include <stdint.h>
 
 /* Takes over the session's I/O on its /dev/fuse fd (after mounting, before
  * the loop); with passthrough, the INIT reply asks for it when the kernel
  * offers it. Returns 0 or -errno. */
 int sbx_fuse_io_attach(struct fuse_session *se, bool passthrough, bool uring);
+/* Looking for the next request a while before sleeping (see passthrough.c):
+ * one thread of a looker at a time, for as long as the looker's adaptive
+ * window says. */
+typedef struct {
+  atomic_bool looking;
+  _Atomic uint32_t window; /* ns */
+  atomic_uint shut_reads;  /* requests while the window was shut, since the last try */
+  atomic_uint probe_every; /* a shut window is tried after this many: doubles while tries miss */
+} sbx_looker;
+#define SBX_LOOKER_INIT {.probe_every = 8}
+/* How long this thread looks (ns), or 0: it does not (another does, or the
+ * window is shut); then nothing else to call. Otherwise sbx_look, then
+ * sbx_look_end with what it gave. */
+uint32_t sbx_look_begin(sbx_looker *l, bool *probe);
+/* Calls poll (1: found, 0: nothing yet, -1: an error) until it finds, fails
+ * or w ns passed, yielding the CPU between calls; returns its last answer. */
+int sbx_look(uint32_t w, int (*poll)(void *), void *ud);
+void sbx_look_end(sbx_looker *l, uint32_t w, bool probe, int found);
 /* Marks a name's cached entry expired, without dropping it (FUSE_EXPIRE_ONLY,
  * kernel 6.2+; libfuse 3.14 cannot say it): the next use of the name asks
  * the server again, and a process whose current directory is below it keeps

@@ -1,5 +1,6 @@
 #define _GNU_SOURCE
 #include "uring.h"
+#include "passthrough.h"
 #include "../sandbox-core/util.h"
 
 #include <errno.h>
@@ -7,6 +8,7 @@
 #include <linux/io_uring.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,8 +69,10 @@ static struct {
   struct fuse_session *se;
   int fuse_fd;
   entry *ents;
+  sbx_looker *lookers; /* a CPU's: one of its threads looks for the next request a while */
   pthread_mutex_t lock;
   pthread_cond_t cond;
+  _Atomic uint64_t arrivals; /* requests, on every ring */
   bool go, abandon;
   int ready, failed; /* threads whose ring is made, or could not be */
 } U = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
@@ -108,6 +112,13 @@ static int ring_setup(entry *e) {
   return 0;
 }
 
+/* A completion waits (the kernel posts it as this thread enters or leaves
+ * a system call: the yields between looks do). */
+static int cq_ready(void *ud) {
+  entry *e = ud;
+  return *e->cq_head != __atomic_load_n(e->cq_tail, __ATOMIC_ACQUIRE);
+}
+
 /* Queues the entry's one command (register, or commit and fetch), waits
  * for its completion: a request for this entry, or the end. */
 static int ring_cmd(entry *e, uint32_t op, uint64_t commit_id) {
@@ -125,6 +136,22 @@ static int ring_cmd(entry *e, uint32_t op, uint64_t commit_id) {
   e->sq_array[i] = i;
   __atomic_store_n(e->sq_tail, tail + 1, __ATOMIC_RELEASE);
   unsigned submit = 1;
+  /* a reply given: look for the next request a while before sleeping (the
+   * caller, woken, often sends it at once; see passthrough.c) */
+  bool probe;
+  uint32_t w = op == CMD_COMMIT_AND_FETCH ? sbx_look_begin(&U.lookers[e->qid], &probe) : 0;
+  if (w) {
+    uint64_t before = atomic_load_explicit(&U.arrivals, memory_order_relaxed);
+    int found = -1;
+    if (syscall(__NR_io_uring_enter, e->fd, 1, 0, 0, NULL, 0) >= 0) {
+      submit = 0;
+      found = sbx_look(w, cq_ready, e);
+      /* requests that came to the other CPUs meanwhile keep it looking too:
+       * a CPU kept awake is one a woken caller need not wait for */
+      if (found == 0 && atomic_load_explicit(&U.arrivals, memory_order_relaxed) != before) found = 1;
+    }
+    sbx_look_end(&U.lookers[e->qid], w, probe, found);
+  }
   for (;;) {
     unsigned head = *e->cq_head;
     if (head != __atomic_load_n(e->cq_tail, __ATOMIC_ACQUIRE)) {
@@ -152,6 +179,7 @@ static void handle(entry *e) {
     memcpy(start, in, sizeof *in);
     memcpy(start + sizeof *in, e->hdr.op_in, lead);
     struct fuse_buf fb = {.mem = start, .size = in->len};
+    atomic_fetch_add_explicit(&U.arrivals, 1, memory_order_relaxed);
     cur = e;
     fuse_session_process_buf(U.se, &fb);
     cur = NULL;
@@ -248,7 +276,9 @@ bool sbx_uring_prepare(struct fuse_session *se, int fuse_fd, uint32_t max_write)
   U.fuse_fd = fuse_fd;
   int n = (int)cpus * PER_CPU, started = 0;
   U.ents = calloc((size_t)n, sizeof *U.ents);
-  if (!U.ents) return false;
+  U.lookers = calloc((size_t)cpus, sizeof *U.lookers);
+  if (!U.ents || !U.lookers) return false;
+  for (long c = 0; c < cpus; c++) U.lookers[c] = (sbx_looker)SBX_LOOKER_INIT;
   for (; started < n; started++) {
     entry *e = &U.ents[started];
     e->fd = -1;

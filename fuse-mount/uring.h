@@ -5,6 +5,8 @@
  * a request wakes a thread on the caller's own CPU, and the reply wakes the
  * caller there, where /dev/fuse wakes whichever server thread sleeps on it,
  * most often on the other CPU (a halted vCPU to wake, twice a request).
+ * After a reply, one thread of the CPU looks for the next request a while
+ * before it sleeps, as the /dev/fuse reader does (passthrough.c).
  * libfuse 3.14 predates it: requests are handed to fuse_session_process_buf
  * as if read from /dev/fuse, and the session's writev (passthrough.c) gives
  * replies to sbx_uring_reply first. FORGETs, interrupts and notifications
