@@ -73,6 +73,8 @@ static struct {
   pthread_mutex_t lock;
   pthread_cond_t cond;
   _Atomic uint64_t arrivals; /* requests, on every ring */
+  atomic_int busy;          /* requests being handled */
+  atomic_bool stopping;
   bool go, abandon;
   int ready, failed; /* threads whose ring is made, or could not be */
 } U = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
@@ -174,7 +176,10 @@ static void handle(entry *e) {
   size_t lead = in->len >= sizeof *in + payload ? in->len - sizeof *in - payload : SIZE_MAX;
   e->unique = in->unique;
   e->replied = false;
-  if (lead <= URING_OP_SZ && payload <= e->payload_max) {
+  /* once the view stops, its session is going: nothing more reaches it */
+  atomic_fetch_add(&U.busy, 1);
+  bool stopping = atomic_load(&U.stopping);
+  if (!stopping && lead <= URING_OP_SZ && payload <= e->payload_max) {
     char *start = e->buf + LEAD - sizeof *in - lead;
     memcpy(start, in, sizeof *in);
     memcpy(start + sizeof *in, e->hdr.op_in, lead);
@@ -184,8 +189,13 @@ static void handle(entry *e) {
     fuse_session_process_buf(U.se, &fb);
     cur = NULL;
   }
+  if (atomic_fetch_sub(&U.busy, 1) == 1 && atomic_load(&U.stopping)) {
+    pthread_mutex_lock(&U.lock);
+    pthread_cond_broadcast(&U.cond);
+    pthread_mutex_unlock(&U.lock);
+  }
   if (!e->replied) { /* nothing answered it (or it made no sense): it must end */
-    struct fuse_out_header oh = {.len = sizeof oh, .error = -EIO, .unique = e->unique};
+    struct fuse_out_header oh = {.len = sizeof oh, .error = stopping ? -ENOTCONN : -EIO, .unique = e->unique};
     memcpy(e->hdr.in_out, &oh, sizeof oh);
     e->hdr.ent.payload_sz = 0;
   }
@@ -304,5 +314,16 @@ void sbx_uring_start(void) {
   pthread_mutex_lock(&U.lock);
   U.go = true;
   pthread_cond_broadcast(&U.cond);
+  pthread_mutex_unlock(&U.lock);
+}
+
+void sbx_uring_stop(void) {
+  atomic_store(&U.stopping, true);
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += 10; /* a handler waits on the daemon at most this long (viewlink) */
+  pthread_mutex_lock(&U.lock);
+  while (atomic_load(&U.busy) > 0 && pthread_cond_timedwait(&U.cond, &U.lock, &until) != ETIMEDOUT) {
+  }
   pthread_mutex_unlock(&U.lock);
 }

@@ -35,3 +35,8 @@ void sbx_uring_start(void);
 /* A reply on its way out: taken into this thread's ring entry if it answers
  * the request the thread is handling from its ring (then true). */
 bool sbx_uring_reply(const struct iovec *iov, int count);
+/* The session is ending (its loop returned): waits for the requests being
+ * handled on the rings, and answers later ones ENOTCONN without libfuse,
+ * so that the session and what its handlers use can go. The ring threads
+ * end with the process. */
+void sbx_uring_stop(void);

@@ -1710,6 +1710,7 @@ int sbx_view_main(const char *mountpoint, const sbx_view_opts *o) {
   if (V.fan >= 0) pthread_create(&fant, NULL, fanotify_main, NULL);
   viewlink_wait_listed(10000);
   int r = sbx_fuse_loop(V.se, o->ready_fd);
+  sbx_uring_stop(); /* before anything its handlers use goes */
   pthread_mutex_lock(&V.lock);
   V.stopping = true;
   pthread_cond_broadcast(&V.notify_cond);

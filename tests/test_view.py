@@ -323,6 +323,63 @@ def test_killed_mid_request(t, x):
          r.stderr)
 
 
+BUSY = r"""
+import os, sys, time
+os.chdir(sys.argv[1])
+n = 0
+end = time.monotonic() + 30
+while time.monotonic() < end:
+    try:
+        fd = os.open('c%d' % (n % 50), os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+        os.write(fd, b'x')
+        os.close(fd)
+        os.unlink('c%d' % (n % 50))
+        n += 1
+        if n == 100:
+            print('going', flush=True)
+    except OSError as e:
+        print('error', e.errno, flush=True)
+        break
+"""
+
+
+def test_terminated_mid_request(t, x):
+    """SIGTERM to a view that processes working inside it keep busy (their
+    cwd there, so the mount cannot go at once): it ends cleanly, and the
+    processes get errors, never hang."""
+    mnt = os.path.join(x.env.root, 'view-term')
+    os.makedirs(mnt)
+    v = subprocess.Popen([x.env.sbx, 'mount', '-f', mnt], env=x.env.env, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE)
+    busy = []
+    try:
+        wait_until(lambda: os.path.isdir(os.path.join(mnt, 'v1')), 20, 'the view to serve')
+        for i in range(4):
+            d = os.path.join(mnt, 'v1', 'term%d' % i)
+            os.makedirs(d, exist_ok=True)
+            busy.append(subprocess.Popen([sys.executable, '-c', BUSY, d], stdout=subprocess.PIPE, text=True))
+        for b in busy:
+            t.eq(b.stdout.readline().strip(), 'going', 'a process works in the view')
+        v.send_signal(signal.SIGTERM)
+        try:
+            rc = v.wait(30)
+        except subprocess.TimeoutExpired:
+            rc = 'still running'
+        t.eq(rc, 0, 'the view ends cleanly on SIGTERM while requests come', v.stderr.read()[-500:] if rc != 0 else '')
+        for b in busy:
+            try:
+                out = b.communicate(timeout=20)[0]
+            except subprocess.TimeoutExpired:
+                out = 'hung'
+            t.ok(out.startswith('error'), 'a process working in it gets an error, and does not hang', out)
+    finally:
+        for b in busy:
+            b.kill()
+        if v.poll() is None:
+            v.kill()
+        subprocess.run(['umount', '-l', mnt], capture_output=True)
+
+
 def test_syscall_suite(t, x):
     native = tempfile.mkdtemp(prefix='sbxt-native-', dir=x.env.root)
     a = subprocess.run([FSOPS, '--tap', native], capture_output=True, text=True, timeout=120)
@@ -761,5 +818,5 @@ if __name__ == '__main__':
     sys.exit(run_tests([test_listing, test_use_is_activity, test_other_users_files, test_no_acls, test_chown_racing_destroy,
                         test_io_uring, test_syscall_suite, test_passthrough, test_coherence, test_git_dubious_ownership,
                         test_escapes,
-                        test_workloads, test_sandbox_cannot_stall_the_view, test_killed_mid_request, test_robustness, test_daemon_runs_the_view, test_held_across_restart,
+                        test_workloads, test_sandbox_cannot_stall_the_view, test_killed_mid_request, test_terminated_mid_request, test_robustness, test_daemon_runs_the_view, test_held_across_restart,
                         test_doctor], Ctx))
