@@ -81,8 +81,9 @@ static const struct help {
      "-f stays in the foreground; SIGTERM or `sbx umount MOUNTPOINT` ends it. As root, reads\n"
      "and writes of open files go straight to the sandbox's disk (FUSE passthrough) where\n"
      "the kernel offers it; -o nopassthrough serves them through sbx instead. Requests come\n"
-     "on a ring per CPU (FUSE over io_uring, Linux 6.14+), which sbx mount turns on as root\n"
-     "(the fuse module's enable_uring); -o nouring reads them from /dev/fuse instead."},
+     "on rings of the CPUs their callers run on (FUSE over io_uring, Linux 6.14+: as root sbx\n"
+     "mount turns the fuse module's enable_uring on while it mounts); -o nouring reads them\n"
+     "from /dev/fuse instead."},
     {"umount", "sbx umount MOUNTPOINT", "Ends a view made by sbx mount."},
     {"version", "sbx --version", "Prints the version."},
     {"help", "sbx help [COMMAND]", "Says how to use sbx or one of its commands."},

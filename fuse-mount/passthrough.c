@@ -228,6 +228,7 @@ static ssize_t pt_writev(int fd, struct iovec *iov, int count, void *ud) {
   ssize_t n = writev(fd, iov, count);
   /* the kernel knows the session is initialized once it has the reply */
   if (uring) sbx_uring_start();
+  if (h->unique && h->unique == atomic_load(&pt.init_unique)) sbx_uring_restore(); /* needed no more */
   return n;
 }
 

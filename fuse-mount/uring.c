@@ -39,9 +39,12 @@ struct uring_cmd_req {
 };
 enum { CMD_REGISTER = 1, CMD_COMMIT_AND_FETCH = 2 };
 
-/* Threads a CPU: one request each at a time, so a handler that waits (on
- * the daemon, say) holds up no other caller of that CPU. */
-#define PER_CPU 4
+/* Threads a CPU: one request each at a time, and a request waits for one
+ * of its CPU's threads even while another CPU's are free, so a few
+ * handlers that wait (on the daemon for a sandbox to wake, up to a minute)
+ * must not hold up the other callers of that CPU: 64 threads in all as
+ * libfuse's loop has at most, from 4 to 16 a CPU. */
+static int per_cpu(long cpus) { return cpus >= 16 ? 4 : cpus <= 4 ? 16 : (int)(64 / cpus); }
 /* Room before the payload for the request's header and first argument:
  * they are copied there so that libfuse sees the request whole, as read
  * from /dev/fuse, without moving the payload. */
@@ -81,12 +84,21 @@ static struct {
 
 static __thread entry *cur;
 
+static atomic_bool turned_on; /* enable_uring was off, and this view turned it on */
+
 bool sbx_uring_enabled(bool turn_on) {
   int on = sbx_fuse_uring_param();
   if (on != 0) return on == 1;
-  /* as Docker turns on ip_forward: a setting of the host that the feature
-   * needs, asked for by root starting it (-o nouring does not) */
-  return turn_on && geteuid() == 0 && sbx_write_string(SBX_FUSE_ENABLE_URING, "Y") == 0;
+  /* a setting of the whole host that the feature needs, asked for by root
+   * starting the view (-o nouring does not), and only while it runs */
+  bool on_now = turn_on && geteuid() == 0 && sbx_write_string(SBX_FUSE_ENABLE_URING, "Y") == 0;
+  atomic_store(&turned_on, on_now);
+  return on_now;
+}
+
+void sbx_uring_restore(void) {
+  /* a session that has io_uring keeps it: the setting counts at INIT */
+  if (atomic_exchange(&turned_on, false)) sbx_write_string(SBX_FUSE_ENABLE_URING, "N");
 }
 
 static int ring_setup(entry *e) {
@@ -284,7 +296,7 @@ bool sbx_uring_prepare(struct fuse_session *se, int fuse_fd, uint32_t max_write)
   payload = (payload + 4095) / 4096 * 4096;
   U.se = se;
   U.fuse_fd = fuse_fd;
-  int n = (int)cpus * PER_CPU, started = 0;
+  int per = per_cpu(cpus), n = (int)cpus * per, started = 0;
   U.ents = calloc((size_t)n, sizeof *U.ents);
   U.lookers = calloc((size_t)cpus, sizeof *U.lookers);
   if (!U.ents || !U.lookers) return false;
@@ -292,7 +304,7 @@ bool sbx_uring_prepare(struct fuse_session *se, int fuse_fd, uint32_t max_write)
   for (; started < n; started++) {
     entry *e = &U.ents[started];
     e->fd = -1;
-    e->qid = (uint16_t)(started / PER_CPU);
+    e->qid = (uint16_t)(started / per);
     e->payload_max = payload;
     e->buf = malloc(LEAD + payload);
     e->iov[0] = (struct iovec){&e->hdr, sizeof e->hdr};

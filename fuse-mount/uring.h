@@ -1,7 +1,7 @@
 /* FUSE over io_uring (kernel 6.14+, with the fuse module's enable_uring on):
  * after INIT the kernel hands each request to a ring of the CPU its caller
  * runs on, and takes the reply from the same ring entry. The view keeps a
- * few threads per CPU, each pinned there with its own ring and one entry:
+ * several threads per CPU, each pinned there with its own ring and one entry:
  * a request wakes a thread on the caller's own CPU, and the reply wakes the
  * caller there, where /dev/fuse wakes whichever server thread sleeps on it,
  * most often on the other CPU (a halted vCPU to wake, twice a request).
@@ -24,6 +24,11 @@
 /* Whether the kernel allows FUSE over io_uring for new sessions (the fuse
  * module's enable_uring); as root, turn_on sets it first. */
 bool sbx_uring_enabled(bool turn_on);
+/* Sets enable_uring back off if sbx_uring_enabled turned it on: once the
+ * view's INIT is answered its session needs it no more, so the host has it
+ * on for as long as a view takes to mount (a view mounting meanwhile may
+ * find it off at its INIT, and reads /dev/fuse). */
+void sbx_uring_restore(void);
 /* Called with the INIT reply about to go out, on a loop thread, when the
  * kernel's INIT offered io_uring: makes the rings and their threads (which
  * wait for sbx_uring_start). False when it could not: the reply must then

@@ -573,7 +573,9 @@ static void *fanotify_main(void *arg) {
     if (n <= 0) continue;
     pthread_mutex_lock(&V.lock);
     for (struct fanotify_event_metadata *m = (void *)buf; FAN_EVENT_OK(m, n); m = FAN_EVENT_NEXT(m, n)) {
-      if (m->mask & FAN_Q_OVERFLOW) { /* changes were lost: every cached name and page of every sandbox goes */
+      uint64_t mask; /* events are 4-byte aligned (their file handles' lengths): not read as a u64 */
+      memcpy(&mask, (char *)m + offsetof(struct fanotify_event_metadata, mask), sizeof mask);
+      if (mask & FAN_Q_OVERFLOW) { /* changes were lost: every cached name and page of every sandbox goes */
         for (sbox *b = V.boxes; b; b = b->next)
           if (b->present) queue_inval(FUSE_ROOT_ID, b->id, 0); /* its whole tree of dentries */
         for (size_t h = 0; h < HASH_SIZE; h++)
@@ -584,7 +586,7 @@ static void *fanotify_main(void *arg) {
       if (m->pid == self) continue; /* our own doing: the kernel knows already */
       /* only these change a directory; a write or a chmod changes the
        * file alone, and the host's dentry of it stays right */
-      bool names = m->mask & (FAN_CREATE | FAN_DELETE | FAN_MOVED_FROM | FAN_MOVED_TO);
+      bool names = mask & (FAN_CREATE | FAN_DELETE | FAN_MOVED_FROM | FAN_MOVED_TO);
       for (char *p = (char *)(m + 1); p < (char *)m + m->event_len;) {
         struct fanotify_event_info_fid *fid = (void *)p;
         if (fid->hdr.len == 0) break;
@@ -1280,6 +1282,8 @@ static void v_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, struc
   else fuse_reply_lseek(req, r);
 }
 
+#define COPY_PIECE (64u << 20)
+
 static void v_copy_file_range(fuse_req_t req, fuse_ino_t ino_in, off_t off_in, struct fuse_file_info *fi_in,
                               fuse_ino_t ino_out, off_t off_out, struct fuse_file_info *fi_out, size_t len, int flags) {
   (void)ino_in;
@@ -1287,7 +1291,10 @@ static void v_copy_file_range(fuse_req_t req, fuse_ino_t ino_in, off_t off_in, s
   vfile *a = file_of(fi_in), *b = file_of(fi_out);
   if (!file_live(a) || !file_live(b)) return (void)fuse_reply_err(req, EIO);
   act_as(b->vn->sb);
-  ssize_t r = copy_file_range(a->fd, &off_in, b->fd, &off_out, len, flags);
+  /* a request at a time holds one of a few threads of its caller's CPU
+   * (uring.c): a copy of gigabytes is done a piece a request, as a copy
+   * that ends short is taken up again by its caller */
+  ssize_t r = copy_file_range(a->fd, &off_in, b->fd, &off_out, len < COPY_PIECE ? len : COPY_PIECE, flags);
   if (r < 0) fuse_reply_err(req, errno);
   else fuse_reply_write(req, (size_t)r);
 }
@@ -1695,13 +1702,16 @@ int sbx_view_main(const char *mountpoint, const sbx_view_opts *o) {
     fprintf(stderr, "sbx mount: cannot start a FUSE session\n");
     return 1;
   }
+  /* the kernel offers io_uring in the INIT it sends at mount */
+  bool uring = !o->no_uring && sbx_uring_enabled(true);
   if (sbx_fuse_mount(V.se, V.mountpoint, err, sizeof err) < 0) {
+    sbx_uring_restore();
     fprintf(stderr, "sbx mount: %s\n", err);
     return 1;
   }
   /* backing files need CAP_SYS_ADMIN: as root only */
   bool passthrough = !V.rootless && !o->no_passthrough;
-  V.passthrough = sbx_fuse_io_attach(V.se, passthrough, !o->no_uring && sbx_uring_enabled(true)) == 0 && passthrough;
+  V.passthrough = sbx_fuse_io_attach(V.se, passthrough, uring) == 0 && passthrough;
   if (!o->foreground && sbx_fuse_daemonize(o->ready_fd) < 0) return 1;
   /* threads only now: they would not survive the fork to the background */
   if (viewlink_run() < 0) return 1;
@@ -1721,6 +1731,7 @@ int sbx_view_main(const char *mountpoint, const sbx_view_opts *o) {
   fuse_session_unmount(V.se);
   if (V.rootless) sbx_fuse_unmount(V.mountpoint, true, err, sizeof err); /* fusermount3 mounted it */
   fuse_session_destroy(V.se);
+  sbx_uring_restore();
   fuse_opt_free_args(&fa.args);
   return r < 0 ? 1 : 0;
 }

@@ -175,10 +175,12 @@ int sbx_doctor(FILE *out) {
                       : "needs root (CAP_SYS_ADMIN): the view's server reads and writes");
     /* optional: without it requests go through /dev/fuse */
     int on = sbx_fuse_uring_param();
-    fprintf(out, "%-4s %-22s %s\n", on == 1 ? "ok" : "--", "FUSE over io_uring",
-            on == 1   ? "on: the view takes requests on a ring per CPU, where their callers run"
+    fprintf(out, "%-4s %-22s %s\n", on == 1 || (on == 0 && root) ? "ok" : "--", "FUSE over io_uring",
+            on == 1   ? "on (the fuse module's enable_uring): the view takes requests on rings of the CPUs their "
+                        "callers run on"
             : on < 0  ? "not in this kernel (Linux 6.14+ with CONFIG_FUSE_IO_URING): the view reads /dev/fuse"
-            : root    ? "off: sbx mount turns it on (the fuse module's enable_uring) unless given -o nouring"
+            : root    ? "available: sbx mount turns the fuse module's enable_uring on while it mounts (off again "
+                        "once mounted) and takes requests on rings of the CPUs their callers run on; -o nouring does not"
                       : "off: root can turn it on (echo Y > " SBX_FUSE_ENABLE_URING "); the view reads /dev/fuse");
   }
   bool pidfd = probe_pidfd();
