@@ -42,9 +42,9 @@ enum { CMD_REGISTER = 1, CMD_COMMIT_AND_FETCH = 2 };
 /* Threads a CPU: one request each at a time, and a request waits for one
  * of its CPU's threads even while another CPU's are free, so a few
  * handlers that wait (on the daemon for a sandbox to wake, up to a minute)
- * must not hold up the other callers of that CPU: 64 threads in all as
- * libfuse's loop has at most, from 4 to 16 a CPU. */
-static int per_cpu(long cpus) { return cpus >= 16 ? 4 : cpus <= 4 ? 16 : (int)(64 / cpus); }
+ * must not hold up the other callers of that CPU: 8 a CPU on small
+ * machines, 4 beyond (16 a CPU made creates no faster, maybe slower). */
+static int per_cpu(long cpus) { return cpus <= 4 ? 8 : 4; }
 /* Room before the payload for the request's header and first argument:
  * they are copied there so that libfuse sees the request whole, as read
  * from /dev/fuse, without moving the payload. */
