@@ -1121,7 +1121,11 @@ static bool file_live(vfile *f) { return f->vn && !f->vn->dead; }
  * host's open gets EAGAIN instead). O_NONBLOCK is taken off again unless
  * asked for. */
 static void open_flags(struct fuse_file_info *fi, int *flags) {
-  *flags = fi->flags & ~(O_CREAT | O_EXCL | O_NOCTTY | O_NOFOLLOW);
+  /* O_DIRECT is the kernel's to keep on the view's side (it then sends
+   * reads and writes as they come, or passes them through with it): the
+   * server's own buffers are not aligned as direct I/O to the sandbox's
+   * disk would want (every write was EINVAL) */
+  *flags = fi->flags & ~(O_CREAT | O_EXCL | O_NOCTTY | O_NOFOLLOW | O_DIRECT);
   *flags |= O_CLOEXEC | O_NONBLOCK;
 }
 
@@ -1130,7 +1134,7 @@ static void open_flags(struct fuse_file_info *fi, int *flags) {
 static int opened_regular(int fd, const struct fuse_file_info *fi, struct stat *st) {
   if (fstat(fd, st) < 0) return errno;
   if (!S_ISREG(st->st_mode)) return S_ISDIR(st->st_mode) ? EISDIR : EACCES;
-  if (!(fi->flags & O_NONBLOCK)) fcntl(fd, F_SETFL, fi->flags); /* what F_SETFL takes of them is as opened */
+  if (!(fi->flags & O_NONBLOCK)) fcntl(fd, F_SETFL, fi->flags & ~O_DIRECT); /* what F_SETFL takes of them is as opened */
   return 0;
 }
 

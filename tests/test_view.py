@@ -396,6 +396,20 @@ def test_syscall_suite(t, x):
     t.eq(r.returncode, 0, 'a second view, -o nopassthrough,nouring', r.stderr)
     try:
         t.eq(rings_of(view_pid(plain)), 0, '-o nouring: no ring, requests come through /dev/fuse')
+        import mmap
+        for mnt, how in ((x.mnt, 'the view'), (plain, 'the view without passthrough')):
+            buf = mmap.mmap(-1, 65536)  # aligned, as O_DIRECT wants
+            buf.write(b'd' * 65536)
+            p = os.path.join(mnt, 'v1', 'direct-%d.bin' % len(how))
+            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
+            try:
+                n = os.write(fd, buf)
+            except OSError as e:
+                n = e
+            os.close(fd)
+            t.eq(n, 65536, how + ': an O_DIRECT write of aligned memory')
+            r = x.c.sh('wc -c < /workspace/direct-%d.bin' % len(how))
+            t.eq(r['stdout'].strip(), '65536', 'and the sandbox has it')
         for mnt, how in ((x.mnt, 'the view'), (plain, 'the view without passthrough nor io_uring')):
             inview = os.path.join(mnt, 'v1', 'fsops-%d' % len(how))
             os.makedirs(inview)
