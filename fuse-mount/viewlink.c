@@ -86,12 +86,21 @@ static bool on_line(void *ud, const char *msg, size_t len) {
     pthread_mutex_unlock(&L.lock);
   } else if (json_is_integer(id)) {
     pthread_mutex_lock(&L.lock);
+    json_t *res = json_object_get(m, "result");
+    /* the fd that came with this answer: taken off the queue whether or
+     * not its asker still waits (one that gave up, after the daemon took
+     * over a minute, left it there for the next answer to take: the next
+     * sandbox opened showed this one's files) */
+    int fd = -1;
+    if (res && L.nfdq > 0) {
+      fd = L.fdq[0];
+      memmove(L.fdq, L.fdq + 1, --L.nfdq * sizeof(int));
+    }
     for (pending *p = L.pending; p; p = p->next) {
-      if (p->id != json_integer_value(id)) continue;
-      json_t *res = json_object_get(m, "result");
-      if (res && L.nfdq > 0) {
-        p->fd = L.fdq[0];
-        memmove(L.fdq, L.fdq + 1, --L.nfdq * sizeof(int));
+      if (p->id != json_integer_value(id) || p->done) continue;
+      if (fd >= 0) {
+        p->fd = fd;
+        fd = -1;
         p->uid = (uid_t)json_integer_value(json_object_get(res, "uid"));
         p->gid = (gid_t)json_integer_value(json_object_get(res, "gid"));
         p->uids = (unsigned)json_integer_value(json_object_get(res, "uids"));
@@ -100,6 +109,7 @@ static bool on_line(void *ud, const char *msg, size_t len) {
       }
       p->done = true;
     }
+    if (fd >= 0) close(fd);
     pthread_cond_broadcast(&L.cond);
     pthread_mutex_unlock(&L.lock);
   }

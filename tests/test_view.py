@@ -381,6 +381,38 @@ def test_terminated_mid_request(t, x):
         subprocess.run(['umount', '-l', mnt], capture_output=True)
 
 
+def test_late_answer(t, x):
+    """The daemon answers an open of a sandbox's files after the view gave
+    up waiting for it (a minute): the fd that late answer brings is not
+    taken for the next sandbox opened (which then showed the first one's
+    files, and took what was written for it)."""
+    x.c.sh('echo from-A > /workspace/who', sandbox='late-a')
+    x.c.sh('echo from-B > /workspace/who', sandbox='late-b')
+    mnt = os.path.join(x.env.root, 'view-late')  # a view of its own: neither sandbox is open in it yet
+    os.makedirs(mnt)
+    r = x.env.run(['mount', mnt])
+    t.eq(r.returncode, 0, 'a second view', r.stderr)
+    try:
+        wait_until(lambda: os.path.isdir(os.path.join(mnt, 'late-b')), 20, 'the listing')
+        d = x.env.daemon_pid()
+        os.kill(d, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            try:
+                got = open(os.path.join(mnt, 'late-a', 'who')).read()
+            except OSError as e:
+                got = e.errno
+            t.ok(got in (errno.ETIMEDOUT, errno.EIO), 'with the daemon stopped, a sandbox\'s files cannot be '
+                 'opened through the view: it fails after the view\'s wait (%.0f s)' % (time.monotonic() - t0), got)
+        finally:
+            os.kill(d, signal.SIGCONT)
+        t.eq(open(os.path.join(mnt, 'late-b', 'who')).read(), 'from-B\n',
+             'once the daemon goes on, the next sandbox opened shows its own files, not those of the late answer')
+        t.eq(open(os.path.join(mnt, 'late-a', 'who')).read(), 'from-A\n', 'and the first one its own')
+    finally:
+        x.env.run(['umount', mnt])
+
+
 def test_syscall_suite(t, x):
     native = tempfile.mkdtemp(prefix='sbxt-native-', dir=x.env.root)
     a = subprocess.run([FSOPS, '--tap', native], capture_output=True, text=True, timeout=120)
@@ -833,5 +865,5 @@ if __name__ == '__main__':
     sys.exit(run_tests([test_listing, test_use_is_activity, test_other_users_files, test_no_acls, test_chown_racing_destroy,
                         test_io_uring, test_syscall_suite, test_passthrough, test_coherence, test_git_dubious_ownership,
                         test_escapes,
-                        test_workloads, test_sandbox_cannot_stall_the_view, test_killed_mid_request, test_terminated_mid_request, test_robustness, test_daemon_runs_the_view, test_held_across_restart,
+                        test_workloads, test_sandbox_cannot_stall_the_view, test_killed_mid_request, test_terminated_mid_request, test_late_answer, test_robustness, test_daemon_runs_the_view, test_held_across_restart,
                         test_doctor], Ctx))
