@@ -206,7 +206,7 @@ static ssize_t pt_writev(int fd, struct iovec *iov, int count, void *ud) {
   (void)ud;
   const struct fuse_out_header *h = iov[0].iov_base;
   if (reply_fd >= 0) fd = reply_fd; /* notifications, from threads that read nothing: either */
-  bool uring = false;
+  bool init = h->unique && h->unique == atomic_load(&pt.init_unique), uring = false;
   if (count == 2 && h->error == 0) {
     if (pt.wanted && reply_backing > 0 &&
         (iov[1].iov_len == sizeof(struct fuse_open_out) ||
@@ -215,8 +215,7 @@ static ssize_t pt_writev(int fd, struct iovec *iov, int count, void *ud) {
           (void *)((char *)iov[1].iov_base + iov[1].iov_len - sizeof(struct fuse_open_out));
       o->open_flags |= SBX_FOPEN_PASSTHROUGH;
       o->padding = (uint32_t)reply_backing; /* backing_id */
-    } else if (h->unique && h->unique == atomic_load(&pt.init_unique) &&
-               iov[1].iov_len >= sizeof(struct fuse_init_out)) {
+    } else if (init && iov[1].iov_len >= sizeof(struct fuse_init_out)) {
       uring = amend_init(iov[1].iov_base);
     }
   }
@@ -228,7 +227,7 @@ static ssize_t pt_writev(int fd, struct iovec *iov, int count, void *ud) {
   ssize_t n = writev(fd, iov, count);
   /* the kernel knows the session is initialized once it has the reply */
   if (uring) sbx_uring_start();
-  if (h->unique && h->unique == atomic_load(&pt.init_unique)) sbx_uring_restore(); /* needed no more */
+  if (init) sbx_uring_restore(); /* needed no more */
   return n;
 }
 

@@ -55,10 +55,7 @@ typedef struct {
   unsigned *sq_tail, *sq_mask, *sq_array, *cq_head, *cq_tail, *cq_mask;
   struct io_uring_sqe *sqes;
   struct io_uring_cqe *cqes;
-  void *map;
-  size_t map_len;
   uint16_t qid;
-  pthread_t thread;
   struct uring_req_header hdr;
   struct iovec iov[2];
   char *buf; /* LEAD, then the payload */
@@ -108,10 +105,8 @@ static int ring_setup(entry *e) {
   if (!(p.features & IORING_FEAT_SINGLE_MMAP)) return -ENOSYS;
   size_t sq = p.sq_off.array + p.sq_entries * sizeof(unsigned);
   size_t cq = p.cq_off.cqes + p.cq_entries * sizeof(struct io_uring_cqe);
-  e->map_len = sq > cq ? sq : cq;
-  e->map = mmap(NULL, e->map_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, e->fd, IORING_OFF_SQ_RING);
-  if (e->map == MAP_FAILED) return -errno;
-  char *m = e->map;
+  char *m = mmap(NULL, sq > cq ? sq : cq, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, e->fd, IORING_OFF_SQ_RING);
+  if (m == MAP_FAILED) return -errno;
   e->sq_tail = (unsigned *)(m + p.sq_off.tail);
   e->sq_mask = (unsigned *)(m + p.sq_off.ring_mask);
   e->sq_array = (unsigned *)(m + p.sq_off.array);
@@ -167,8 +162,8 @@ static int ring_cmd(entry *e, uint32_t op, uint64_t commit_id) {
     sbx_look_end(&U.lookers[e->qid], w, probe, found);
   }
   for (;;) {
-    unsigned head = *e->cq_head;
-    if (head != __atomic_load_n(e->cq_tail, __ATOMIC_ACQUIRE)) {
+    if (cq_ready(e)) {
+      unsigned head = *e->cq_head;
       int res = e->cqes[head & *e->cq_mask].res;
       __atomic_store_n(e->cq_head, head + 1, __ATOMIC_RELEASE);
       return res;
@@ -247,13 +242,10 @@ static void give_up(entry *e) {
 
 static void *ring_main(void *arg) {
   entry *e = arg;
-  long ncpu = sysconf(_SC_NPROCESSORS_CONF);
-  if (e->qid < ncpu) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(e->qid, &set);
-    pthread_setaffinity_np(pthread_self(), sizeof set, &set); /* an offline CPU: anywhere */
-  }
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(e->qid, &set);
+  pthread_setaffinity_np(pthread_self(), sizeof set, &set); /* an offline CPU refuses it: anywhere then */
   /* the ring is made here: its completions run on the thread that
    * submits, and on its CPU */
   int made = ring_setup(e);
@@ -309,7 +301,8 @@ bool sbx_uring_prepare(struct fuse_session *se, int fuse_fd, uint32_t max_write)
     e->buf = malloc(LEAD + payload);
     e->iov[0] = (struct iovec){&e->hdr, sizeof e->hdr};
     e->iov[1] = (struct iovec){e->buf + LEAD, payload};
-    if (!e->buf || pthread_create(&e->thread, NULL, ring_main, e) != 0) break;
+    pthread_t t; /* never joined: the threads end with the process (sbx_uring_stop) */
+    if (!e->buf || pthread_create(&t, NULL, ring_main, e) != 0) break;
   }
   pthread_mutex_lock(&U.lock);
   while (U.ready + U.failed < started) pthread_cond_wait(&U.cond, &U.lock);
@@ -333,7 +326,7 @@ void sbx_uring_stop(void) {
   atomic_store(&U.stopping, true);
   struct timespec until;
   clock_gettime(CLOCK_REALTIME, &until);
-  until.tv_sec += 10; /* a handler waits on the daemon at most this long (viewlink) */
+  until.tv_sec += 10; /* a bound: a handler waiting on the daemon (up to a minute) is not waited for */
   pthread_mutex_lock(&U.lock);
   while (atomic_load(&U.busy) > 0 && pthread_cond_timedwait(&U.cond, &U.lock, &until) != ETIMEDOUT) {
   }
