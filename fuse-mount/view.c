@@ -654,6 +654,8 @@ static bool too_many_nodes(void) {
 
 static vfile *file_of(struct fuse_file_info *fi) { return (vfile *)(uintptr_t)fi->fh; }
 
+static int entry_at(vnode *parent, int pfd, const char *name, const struct stat *made, struct fuse_entry_param *e);
+
 static int do_lookup(fuse_req_t req, vnode *parent, const char *name, struct fuse_entry_param *e) {
   memset(e, 0, sizeof *e);
   e->attr_timeout = e->entry_timeout = V.timeout;
@@ -701,11 +703,21 @@ static int do_lookup(fuse_req_t req, vnode *parent, const char *name, struct fus
   int pfd = node_fd(parent);
   if (pfd < 0) return -pfd;
   act_as_node(parent); /* search permission: the directory's owner's */
+  return entry_at(parent, pfd, name, NULL, e);
+}
+
+/* The entry of parent's name (parent_fd pfd), with a reference for the
+ * kernel. made: what the caller just opened or made by that name, then
+ * looked for as it is (EAGAIN if the name is another file by now: renamed
+ * over meanwhile, inside). */
+static int entry_at(vnode *parent, int pfd, const char *name, const struct stat *made, struct fuse_entry_param *e) {
+  memset(e, 0, sizeof *e);
   struct stat st;
   /* a file that already has a node (the kernel forgot the name, or a
    * listing names it again) is found by what it is, with no fd opened:
    * the node's fd holds that very inode, so its number is not reused */
-  if (fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) return errno;
+  if (made) st = *made;
+  else if (fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) return errno;
   pthread_mutex_lock(&V.lock);
   vnode *v = parent->dead || parent->gen != parent->sb->gen ? NULL : node_find(parent->sb, &st);
   pthread_mutex_unlock(&V.lock);
@@ -719,6 +731,10 @@ static int do_lookup(fuse_req_t req, vnode *parent, const char *name, struct fus
       int err = errno;
       close(fd);
       return err;
+    }
+    if (made && (st.st_dev != made->st_dev || st.st_ino != made->st_ino)) {
+      close(fd);
+      return EAGAIN;
     }
   }
   pthread_mutex_lock(&V.lock);
@@ -1178,24 +1194,21 @@ static void v_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t
   act_as(p->sb);
   int flags;
   open_flags(fi, &flags);
-  int fd = openat(pfd, name, flags | O_CREAT | O_NOFOLLOW | (fi->flags & O_EXCL), mode);
+  /* the kernel found the name absent: made new, a regular file no open
+   * waits on (O_NONBLOCK is not needed), in one system call; a name that
+   * came meanwhile is opened as open does */
+  int fd = openat(pfd, name, (flags & ~O_NONBLOCK) | (fi->flags & O_NONBLOCK) | O_CREAT | O_EXCL | O_NOFOLLOW, mode);
+  bool made = fd >= 0;
+  if (!made && errno == EEXIST && !(fi->flags & O_EXCL)) fd = openat(pfd, name, flags | O_CREAT | O_NOFOLLOW, mode);
   if (fd < 0) return (void)fuse_reply_err(req, errno);
   struct stat st;
-  int err = opened_regular(fd, fi, &st);
-  if (err) {
-    close(fd);
-    return (void)fuse_reply_err(req, err);
-  }
+  int err = made ? (fstat(fd, &st) < 0 ? errno : 0) : opened_regular(fd, fi, &st);
   struct fuse_entry_param e;
-  err = do_lookup(req, p, name, &e);
-  struct stat made = st;
-  present_attr(p->sb, &made); /* as do_lookup presents what it found */
-  if (!err && (e.attr.st_dev != made.st_dev || e.attr.st_ino != made.st_ino)) {
-    node_forget(node_of(e.ino), 1); /* the name was renamed over meanwhile, inside */
-    err = EAGAIN;
-  }
+  if (!err) err = entry_at(p, pfd, name, &st, &e);
   if (err) {
-    if (fi->flags & O_EXCL) unlinkat(pfd, name, 0); /* made here for this create: not left behind */
+    /* made here for this create: not left behind (unless the name is
+     * another file by now) */
+    if (made && err != EAGAIN) unlinkat(pfd, name, 0);
     close(fd);
     return (void)fuse_reply_err(req, err);
   }
