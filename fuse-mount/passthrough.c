@@ -69,10 +69,10 @@ static __thread int reply_backing;
  * of a CPU for a request every 0.3 ms).
  * The same look serves the rings of FUSE over io_uring (uring.c), one
  * looker per CPU; there a look also counts as found when a request came to
- * another CPU meanwhile: what it saves is mostly a halted CPU for the
- * woken caller, who the scheduler moves to an idle CPU (20,000 lookups of
- * new names one by one: 18-22 us each with it, 45-57 without, 22-34
- * through /dev/fuse).
+ * another CPU meanwhile, and goes on while they come (up to 2 ms): what it
+ * saves is mostly a halted CPU for the woken caller, who the scheduler
+ * moves to an idle CPU (20,000 lookups of new names one by one: 18-22 us
+ * each with it, 45-57 without, 22-34 through /dev/fuse).
  * A reply goes to the fd its request was read from (the kernel matches
  * them per fd). */
 
