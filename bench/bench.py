@@ -564,10 +564,12 @@ def bench_view(size_mb=1024, opts=None):
             rows.append((name, amount / b, amount / a, unit))
         both('sequential write %d MiB' % size_mb, 'dd if=/dev/zero of=seq-%%(n)s bs=1M count=%d conv=fsync status=none'
              % size_mb, 'MiB/s', size_mb)
-        # each file read cold once each way, crossed: where a file lies on the
-        # disk (and what the host under this machine still caches of it) moved
-        # one side's figure by half between runs
+        # each file read cold once each way, crossed, after one untimed read
+        # of both: where a file lies on the disk, and whether its blocks have
+        # been read back from the host under this machine since they were
+        # written, moved one side's figure by half between runs
         read = 'dd if=seq-%s of=/dev/null bs=1M status=none'
+        timed('direct', 'cat seq-d seq-v >/dev/null')
         d1, _ = timed('direct', read % 'd')
         v1, _ = timed('view', read % 'v')
         d2, _ = timed('direct', read % 'v')
