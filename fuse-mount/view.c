@@ -119,6 +119,7 @@ static struct {
   bool allow_other;
   double timeout; /* attribute and entry cache */
   unsigned long all_nodes, max_all; /* every sandbox's together: seven eighths of the fds (open files need some) */
+  bool soft_armed; /* below three quarters of the fds since the last drop there (too_many_nodes) */
   bool stateless_dirs; /* no opendir (v_opendir) */
   int fan;        /* fanotify (root), or -1 */
   bool passthrough; /* as root: regular files in FUSE passthrough mode */
@@ -621,33 +622,47 @@ static void *fanotify_main(void *arg) {
 /* ---- how many nodes ------------------------------------------------------ */
 
 /* Every node the kernel knows holds an fd, and as root the kernel keeps
- * names for a day. Once the nodes of all sandboxes take seven eighths of
- * the fds, a new name gets ENFILE and the tree of the sandbox holding the
- * most is dropped from the kernel's cache (at most once a second), whose
- * FORGETs give the fds back: no sandbox keeps the others from being
- * served, and a host walk of a huge tree goes on after a moment. A share
- * per sandbox would fail ordinary work (git status of a big repository)
- * where the fd limit cannot be raised. */
+ * names for a day. Past three quarters of the fds, the tree of the
+ * sandbox holding the most nodes is dropped from the kernel's cache, once
+ * each time the nodes go past that line: the FORGETs of what nothing uses
+ * give the fds back before a create needs them (20,000 files made in a
+ * loop through the view, with a limit of 20,000 fds, got ENFILE at the
+ * 17,500th). Once the nodes of all sandboxes take seven eighths of the
+ * fds, a new name gets ENFILE, and the biggest tree is dropped again (at
+ * most once a second): no sandbox keeps the others from being served, and
+ * a host walk of a huge tree goes on after a moment. A share per sandbox
+ * would fail ordinary work (git status of a big repository) where the fd
+ * limit cannot be raised. */
+static void drop_biggest(bool soft) {
+  sbox *flush = NULL;
+  for (sbox *b = V.boxes; b; b = b->next)
+    if (!flush || b->nodes > flush->nodes) flush = b;
+  time_t now = time(NULL);
+  if (!flush || !flush->present || (!soft && flush->flushed == now)) return;
+  flush->flushed = now;
+  queue_inval(FUSE_ROOT_ID, flush->id, 0); /* all of its tree no process is in */
+  struct inval *deep = calloc(1, sizeof *deep);
+  if (deep) { /* and what a process's cwd keeps (deep_flush) */
+    deep->deep = flush;
+    queue_inval_of(deep);
+  }
+}
+
 static bool too_many_nodes(void) {
   /* the common answer without the lock: a lookup is a hot path */
-  if (__atomic_load_n(&V.all_nodes, __ATOMIC_RELAXED) < V.max_all) return false;
+  unsigned long n = __atomic_load_n(&V.all_nodes, __ATOMIC_RELAXED), soft = V.max_all / 7 * 6;
+  if (n < soft) {
+    if (!__atomic_load_n(&V.soft_armed, __ATOMIC_RELAXED)) __atomic_store_n(&V.soft_armed, true, __ATOMIC_RELAXED);
+    return false;
+  }
   pthread_mutex_lock(&V.lock);
-  sbox *flush = NULL;
-  if (V.all_nodes >= V.max_all)
-    for (sbox *b = V.boxes; b; b = b->next)
-      if (!flush || b->nodes > flush->nodes) flush = b;
-  time_t now = time(NULL);
-  if (flush && flush->present && flush->flushed != now) {
-    flush->flushed = now;
-    queue_inval(FUSE_ROOT_ID, flush->id, 0); /* all of its tree no process is in */
-    struct inval *deep = calloc(1, sizeof *deep);
-    if (deep) { /* and what a process's cwd keeps (deep_flush) */
-      deep->deep = flush;
-      queue_inval_of(deep);
-    }
+  bool full = V.all_nodes >= V.max_all;
+  if (full || (V.all_nodes >= soft && __atomic_load_n(&V.soft_armed, __ATOMIC_RELAXED))) {
+    drop_biggest(!full);
+    __atomic_store_n(&V.soft_armed, false, __ATOMIC_RELAXED);
   }
   pthread_mutex_unlock(&V.lock);
-  return flush != NULL;
+  return full;
 }
 
 /* ---- replies ----------------------------------------------------------- */

@@ -625,6 +625,34 @@ def test_workloads(t, x):
     t.eq(b.returncode, 0, 'and on the view', b.stdout[-800:] + b.stderr[-500:])
 
 
+def test_many_creates(t, x):
+    """More files made through the view, one after another as tar makes
+    them, than it may hold nodes for (seven eighths of its fds): the names
+    nothing uses are dropped from the kernel's cache before a create needs
+    their fds, so none gets ENFILE."""
+    limit = int([l.split()[3] for l in open('/proc/%d/limits' % view_pid(x.mnt)) if l.startswith('Max open files')][0])
+    many = min(limit * 7 // 8 + 2500, 60000)
+    pid = view_pid(x.mnt)
+    before = len(os.listdir('/proc/%d/fd' % pid))
+    x.c.ok('createSandbox', {'sandboxId': 'v-many'})
+    t.ok(wait_until(lambda: os.path.isdir(os.path.join(x.mnt, 'v-many')), 20, 'the sandbox in the view'), 'a sandbox')
+    d = os.path.join(x.mnt, 'v-many', 'm')
+    os.mkdir(d)
+    made, err = 0, None
+    for i in range(many):
+        try:
+            os.close(os.open(os.path.join(d, 'f%d' % i), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            made += 1
+        except OSError as e:
+            err = e
+            break
+    t.eq(made, many, '%d files made through the view in a loop (its fd limit %d)' % (many, limit), err)
+    t.eq(x.c.sh('ls /workspace/m | wc -l', sandbox='v-many')['stdout'].strip(), str(many), 'all of them there inside')
+    x.c.ok('destroySandbox', {'sandboxId': 'v-many'})
+    t.ok(wait_until(lambda: len(os.listdir('/proc/%d/fd' % pid)) < before + 500, 60, 'the view to let go of its nodes'),
+         'and the view lets go of their fds once the sandbox is destroyed')
+
+
 def test_robustness(t, x):
     x.c.sh('echo keep > /workspace/held.txt', sandbox='v-gone')
     p = os.path.join(x.mnt, 'v-gone', 'held.txt')
@@ -865,5 +893,5 @@ if __name__ == '__main__':
     sys.exit(run_tests([test_listing, test_use_is_activity, test_other_users_files, test_no_acls, test_chown_racing_destroy,
                         test_io_uring, test_syscall_suite, test_passthrough, test_coherence, test_git_dubious_ownership,
                         test_escapes,
-                        test_workloads, test_sandbox_cannot_stall_the_view, test_killed_mid_request, test_terminated_mid_request, test_late_answer, test_robustness, test_daemon_runs_the_view, test_held_across_restart,
+                        test_workloads, test_many_creates, test_sandbox_cannot_stall_the_view, test_killed_mid_request, test_terminated_mid_request, test_late_answer, test_robustness, test_daemon_runs_the_view, test_held_across_restart,
                         test_doctor], Ctx))
