@@ -120,6 +120,7 @@ static struct {
   double timeout; /* attribute and entry cache */
   unsigned long all_nodes, max_all; /* every sandbox's together: seven eighths of the fds (open files need some) */
   bool soft_armed; /* below three quarters of the fds since the last drop there (too_many_nodes) */
+  unsigned long events; /* how many of the daemon's events have come (do_lookup) */
   bool stateless_dirs; /* no opendir (v_opendir) */
   int fan;        /* fanotify (root), or -1 */
   bool passthrough; /* as root: regular files in FUSE passthrough mode */
@@ -380,6 +381,20 @@ static void queue_inval_of(struct inval *i) {
   V.inval_tail = i;
 }
 
+/* A node an invalidation names is kept (a reference of the view's own)
+ * until the invalidation has gone out: freed meanwhile (the kernel forgot
+ * it), its address could be a new node's by then, and the invalidation
+ * would drop that one's names (opens in a new sandbox got ENOENT while a
+ * destroyed sandbox's 20,000 nodes were let go). Lock held. */
+static void node_pin(fuse_ino_t ino) {
+  if (ino && ino != FUSE_ROOT_ID) node_of(ino)->nlookup++;
+}
+
+/* Lock not held. */
+static void node_unpin(fuse_ino_t ino) {
+  if (ino && ino != FUSE_ROOT_ID) node_forget(node_of(ino), 1);
+}
+
 static void queue_inval_as(fuse_ino_t parent, const char *name, fuse_ino_t ino, bool expire) {
   uint64_t h = (parent * 0x9e3779b97f4a7c15ull) ^ (ino * 0xc2b2ae3d27d4eb4full);
   for (const char *c = name ? name : ""; *c; c++) h = (h ^ (unsigned char)*c) * 0x100000001b3ull;
@@ -391,6 +406,8 @@ static void queue_inval_as(fuse_ino_t parent, const char *name, fuse_ino_t ino, 
   if (!i) return;
   i->parent = parent;
   i->ino = ino;
+  node_pin(parent);
+  node_pin(ino);
   if (name) snprintf(i->name, sizeof i->name, "%s", name);
   i->bucket = b;
   i->expire = expire;
@@ -428,25 +445,26 @@ static void deep_flush(sbox *sb) {
         dirs = d;
       }
       int fd = node_fd_copy(v); /* the node may be forgotten and its fd number reused meanwhile */
-      if (fd >= 0) dirs[n++] = (struct dir_node){.ino = (fuse_ino_t)(uintptr_t)v, .fd = fd, .dev = v->dev};
+      if (fd >= 0) {
+        node_pin((fuse_ino_t)(uintptr_t)v); /* and its address a new node's: kept until done */
+        dirs[n++] = (struct dir_node){.ino = (fuse_ino_t)(uintptr_t)v, .fd = fd, .dev = v->dev};
+      }
     }
   pthread_mutex_unlock(&V.lock);
   for (size_t k = 0; k < n; k++) {
     int dfd = openat(dirs[k].fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NONBLOCK);
     close(dirs[k].fd);
     DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
-    if (!d) {
-      if (dfd >= 0) close(dfd);
-      continue;
-    }
-    for (struct dirent *e; (e = readdir(d));) {
+    if (!d && dfd >= 0) close(dfd);
+    for (struct dirent *e; d && (e = readdir(d));) {
       if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
       pthread_mutex_lock(&V.lock);
       bool held = node_at(sb, dirs[k].dev, e->d_ino) != NULL;
       pthread_mutex_unlock(&V.lock);
       if (held) fuse_lowlevel_notify_inval_entry(V.se, dirs[k].ino, e->d_name, strlen(e->d_name));
     }
-    closedir(d);
+    if (d) closedir(d);
+    node_unpin(dirs[k].ino);
   }
   free(dirs);
 }
@@ -481,6 +499,10 @@ static void *notifier_main(void *arg) {
           fuse_lowlevel_notify_inval_entry(V.se, i->parent, i->name, strlen(i->name));
         if (i->ino) fuse_lowlevel_notify_inval_inode(V.se, i->ino, 0, 0);
       }
+      if (!i->deep) {
+        node_unpin(i->parent);
+        node_unpin(i->ino);
+      }
       free(i);
     }
     pthread_mutex_lock(&V.lock);
@@ -510,6 +532,7 @@ static sbox *box_add(const char *id) {
 static void on_reset_all(void *ud, const char *const *ids, size_t n) {
   (void)ud;
   pthread_mutex_lock(&V.lock);
+  V.events++;
   for (sbox *b = V.boxes; b; b = b->next) b->present = false;
   for (size_t i = 0; i < n; i++) box_add(ids[i]);
   for (sbox *b = V.boxes; b; b = b->next)
@@ -524,6 +547,7 @@ static void on_reset_all(void *ud, const char *const *ids, size_t n) {
 static void on_changed(void *ud, const char *id, const char *event) {
   (void)ud;
   pthread_mutex_lock(&V.lock);
+  V.events++;
   sbox *b = box_find(id);
   if (!strcmp(event, "created")) {
     box_add(id);
@@ -540,6 +564,7 @@ static void on_lost(void *ud) {
   (void)ud;
   /* a daemon that stops takes its sandboxes' mounts down: let them go */
   pthread_mutex_lock(&V.lock);
+  V.events++;
   for (sbox *b = V.boxes; b; b = b->next) {
     box_kill(b);
     queue_inval(FUSE_ROOT_ID, b->id, 0);
@@ -677,6 +702,23 @@ static int do_lookup(fuse_req_t req, vnode *parent, const char *name, struct fus
   if (parent == &V.root) {
     pthread_mutex_lock(&V.lock);
     sbox *sb = box_find(name);
+    if ((!sb || !sb->present) && sbx_valid_id(name)) {
+      /* the daemon's event of a sandbox made a moment ago may not have
+       * come yet (3 lookups in 100 right after createSandbox's answer
+       * missed it): a name a sandbox can have is asked for */
+      unsigned long events = V.events;
+      pthread_mutex_unlock(&V.lock);
+      uid_t uid;
+      gid_t gid;
+      unsigned uids;
+      int fd = viewlink_open(name, &uid, &gid, &uids);
+      if (fd >= 0) close(fd);
+      pthread_mutex_lock(&V.lock);
+      sb = box_find(name);
+      /* taken as the daemon's answer says only when no event came since
+       * (one that did may be this sandbox's own, destroyed meanwhile) */
+      if (fd >= 0 && events == V.events && !(sb && sb->present)) sb = box_add(name);
+    }
     if (!sb || !sb->present) {
       pthread_mutex_unlock(&V.lock);
       return ENOENT;

@@ -70,6 +70,15 @@ def test_listing(t, x):
     t.ok(wait_until(lambda: 'v-new' in os.listdir(x.mnt), 10, 'the new sandbox to appear'), 'a new sandbox appears')
     x.c.ok('destroySandbox', {'sandboxId': 'v-new'})
     t.ok(wait_until(lambda: 'v-new' not in os.listdir(x.mnt), 10, 'it to go'), 'a destroyed one goes')
+    missed = []
+    for i in range(60):  # the daemon's event may come after createSandbox's answer: the view asks it
+        x.c.ok('createSandbox', {'sandboxId': 'v-at-once-%d' % i})
+        if not os.path.isdir(os.path.join(x.mnt, 'v-at-once-%d' % i)):
+            missed.append(i)
+    t.eq(missed, [], 'a sandbox is in the view as soon as createSandbox has answered (60 creates)')
+    for i in range(60):
+        x.c.ok('destroySandbox', {'sandboxId': 'v-at-once-%d' % i})
+    t.ok(not os.path.exists(os.path.join(x.mnt, 'no-such-sandbox')), 'a name no sandbox has is not there')
     shown = 0
     for _ in range(5):  # sbx mount returns once the view knows the daemon's list
         x.env.run(['umount', x.mnt])
