@@ -100,13 +100,15 @@ static bool is_mountpoint(const char *mnt, const char *fstype, void *ud) {
 
 bool sbx_fuse_is_ours(const char *mountpoint) { return sbx_fuse_each_mount(is_mountpoint, (void *)mountpoint); }
 
+bool sbx_fuse_dead(int err) { return err == ENOTCONN || err == ECONNABORTED || err == ECANCELED; }
+
 int sbx_fuse_mount(struct fuse_session *se, const char *mountpoint, char *err, size_t errlen) {
   struct stat st;
   struct statfs sf;
   /* statfs always reaches a FUSE server (a stat may be answered from
-   * cache): a dead one says ENOTCONN */
+   * cache): a dead one says so (sbx_fuse_dead) */
   if (statfs(mountpoint, &sf) < 0 || stat(mountpoint, &st) < 0) {
-    if (errno != ENOTCONN) {
+    if (!sbx_fuse_dead(errno)) {
       snprintf(err, errlen, "%s: %s", mountpoint, strerror(errno));
       return -1;
     }

@@ -13,6 +13,9 @@ typedef struct sbx_fuse_args {
 
 /* nosuid, nodev, the filesystem's name, allow_other when asked. */
 void sbx_fuse_args_init(sbx_fuse_args *a, const char *subtype, bool allow_other, bool kernel_perms, bool debug);
+/* Whether an errno is what a killed server's mount point answers:
+ * ENOTCONN, or over io_uring ECONNABORTED or ECANCELED. */
+bool sbx_fuse_dead(int err);
 /* Mounts the session, first detaching what a killed server left there
  * ("Transport endpoint is not connected"); refuses a live mount. */
 int sbx_fuse_mount(struct fuse_session *se, const char *mountpoint, char *err, size_t errlen);

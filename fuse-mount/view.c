@@ -1732,6 +1732,19 @@ static const struct fuse_lowlevel_ops ops = {
     .removexattr = v_removexattr,
 };
 
+/* The place of a killed view's mount, which cannot be resolved through
+ * (sbx_fuse_mount takes it over): its parent resolved, and its name. */
+static bool dead_place(const char *mountpoint) {
+  char copy[PATH_MAX], parent[PATH_MAX];
+  snprintf(copy, sizeof copy, "%s", mountpoint);
+  char *slash = strrchr(copy, '/');
+  const char *name = slash ? slash + 1 : copy;
+  if (slash) *slash = 0;
+  if (!*name || !realpath(slash ? (*copy ? copy : "/") : ".", parent)) return false;
+  return snprintf(V.mountpoint, sizeof V.mountpoint, "%s/%s", strcmp(parent, "/") ? parent : "", name) <
+         (int)sizeof V.mountpoint;
+}
+
 int sbx_view_main(const char *mountpoint, const sbx_view_opts *o) {
   V.uid = getuid();
   V.gid = getgid();
@@ -1753,7 +1766,7 @@ int sbx_view_main(const char *mountpoint, const sbx_view_opts *o) {
   if (V.max_all < 448) V.max_all = 448;
   V.null_path = open("/dev/null", O_PATH | O_CLOEXEC);
   V.null_rw = open("/dev/null", O_RDWR | O_CLOEXEC);
-  if (!realpath(mountpoint, V.mountpoint)) {
+  if (!realpath(mountpoint, V.mountpoint) && !(sbx_fuse_dead(errno) && dead_place(mountpoint))) {
     fprintf(stderr, "sbx mount: %s: %s\n", mountpoint, strerror(errno));
     return 1;
   }
