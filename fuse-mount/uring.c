@@ -4,9 +4,11 @@
 #include "../sandbox-core/util.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <linux/fuse.h>
 #include <linux/io_uring.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -96,6 +98,25 @@ bool sbx_uring_enabled(bool turn_on) {
 void sbx_uring_restore(void) {
   /* a session that has io_uring keeps it: the setting counts at INIT */
   if (atomic_exchange(&turned_on, false)) sbx_write_string(SBX_FUSE_ENABLE_URING, "N");
+}
+
+/* Async-signal-safe: open, write, close. */
+static void restore_and_die(int sig) {
+  if (atomic_exchange(&turned_on, false)) {
+    int fd = open(SBX_FUSE_ENABLE_URING, O_WRONLY | O_CLOEXEC);
+    if (fd >= 0) {
+      (void)!write(fd, "N", 1);
+      close(fd);
+    }
+  }
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+void sbx_uring_guard(bool on) {
+  static const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+  for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+    signal(sigs[i], on && atomic_load(&turned_on) ? restore_and_die : SIG_DFL);
 }
 
 static int ring_setup(entry *e) {
@@ -287,15 +308,20 @@ bool sbx_uring_prepare(struct fuse_session *se, int fuse_fd, uint32_t max_write)
   unsigned a, b;
   char line[256];
   /* the kernel wants a queue for every possible CPU: "0-1", "0-3,5" */
+  long count = 0;
   while (f && fgets(line, sizeof line, f)) {
     for (char *t = strtok(line, ",\n"); t; t = strtok(NULL, ",\n")) {
       int k = sscanf(t, "%u-%u", &a, &b);
       if (k == 1) b = a;
+      if (k >= 1 && b >= a) count += b - a + 1;
       if (k >= 1 && b + 1 > (unsigned long)cpus) cpus = b + 1;
     }
   }
   if (f) fclose(f);
-  if (cpus <= 0 || cpus > 1024) return false;
+  /* the kernel makes as many queues as there are possible CPUs and takes a
+   * request's queue by its CPU's number: with a gap in the numbers the
+   * highest CPU's queue is refused, after the others made the ring ready */
+  if (cpus <= 0 || cpus > 1024 || count != cpus) return false;
   size_t payload = max_write > 8192 ? max_write : 8192;
   payload = (payload + 4095) / 4096 * 4096;
   U.se = se;
@@ -334,7 +360,7 @@ void sbx_uring_start(void) {
   pthread_mutex_unlock(&U.lock);
 }
 
-void sbx_uring_stop(void) {
+bool sbx_uring_stop(void) {
   atomic_store(&U.stopping, true);
   struct timespec until;
   clock_gettime(CLOCK_REALTIME, &until);
@@ -342,5 +368,7 @@ void sbx_uring_stop(void) {
   pthread_mutex_lock(&U.lock);
   while (atomic_load(&U.busy) > 0 && pthread_cond_timedwait(&U.cond, &U.lock, &until) != ETIMEDOUT) {
   }
+  bool settled = atomic_load(&U.busy) == 0;
   pthread_mutex_unlock(&U.lock);
+  return settled;
 }

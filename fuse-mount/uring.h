@@ -29,6 +29,11 @@ bool sbx_uring_enabled(bool turn_on);
  * on for as long as a view takes to mount (a view mounting meanwhile may
  * find it off at its INIT, and reads /dev/fuse). */
 void sbx_uring_restore(void);
+/* While a view mounts (from sbx_uring_enabled to its loop, whose own
+ * handlers end it cleanly): SIGINT, SIGTERM and SIGHUP set enable_uring
+ * back off before they end the process (on), or are left to the loop
+ * (off). */
+void sbx_uring_guard(bool on);
 /* Called with the INIT reply about to go out, on a loop thread, when the
  * kernel's INIT offered io_uring: makes the rings and their threads (which
  * wait for sbx_uring_start). False when it could not: the reply must then
@@ -41,7 +46,9 @@ void sbx_uring_start(void);
  * the request the thread is handling from its ring (then true). */
 bool sbx_uring_reply(const struct iovec *iov, int count);
 /* The session is ending (its loop returned): waits for the requests being
- * handled on the rings, and answers later ones ENOTCONN without libfuse,
- * so that the session and what its handlers use can go. The ring threads
- * end with the process. */
-void sbx_uring_stop(void);
+ * handled on the rings (10 s at most), and answers later ones ENOTCONN
+ * without libfuse, so that the session and what its handlers use can go.
+ * False when a handler is still running: the session must then be left
+ * alone (the process ends without freeing it). The ring threads end with
+ * the process. */
+bool sbx_uring_stop(void);

@@ -702,10 +702,11 @@ static int do_lookup(fuse_req_t req, vnode *parent, const char *name, struct fus
   if (parent == &V.root) {
     pthread_mutex_lock(&V.lock);
     sbox *sb = box_find(name);
-    if ((!sb || !sb->present) && sbx_valid_id(name)) {
+    if ((!sb || !sb->present) && sbx_valid_id(name) && viewlink_connected()) {
       /* the daemon's event of a sandbox made a moment ago may not have
        * come yet (3 lookups in 100 right after createSandbox's answer
-       * missed it): a name a sandbox can have is asked for */
+       * missed it): a name a sandbox can have is asked for, while the
+       * daemon is there (none to start for a name that may be nothing) */
       unsigned long events = V.events;
       pthread_mutex_unlock(&V.lock);
       uid_t uid;
@@ -1791,6 +1792,7 @@ int sbx_view_main(const char *mountpoint, const sbx_view_opts *o) {
   }
   /* the kernel offers io_uring in the INIT it sends at mount */
   bool uring = !o->no_uring && sbx_uring_enabled(true);
+  sbx_uring_guard(true); /* killed before its INIT is answered, it still sets it back */
   if (sbx_fuse_mount(V.se, V.mountpoint, err, sizeof err) < 0) {
     sbx_uring_restore();
     fprintf(stderr, "sbx mount: %s\n", err);
@@ -1799,21 +1801,38 @@ int sbx_view_main(const char *mountpoint, const sbx_view_opts *o) {
   /* backing files need CAP_SYS_ADMIN: as root only */
   bool passthrough = !V.rootless && !o->no_passthrough;
   V.passthrough = sbx_fuse_io_attach(V.se, passthrough, uring) == 0 && passthrough;
-  if (!o->foreground && sbx_fuse_daemonize(o->ready_fd) < 0) return 1;
+  if (!o->foreground && sbx_fuse_daemonize(o->ready_fd) < 0) {
+    sbx_uring_restore();
+    return 1;
+  }
   /* threads only now: they would not survive the fork to the background */
-  if (viewlink_run() < 0) return 1;
+  if (viewlink_run() < 0) {
+    sbx_uring_restore();
+    return 1;
+  }
   pthread_create(&V.notifier, NULL, notifier_main, NULL);
   pthread_t fant;
   if (V.fan >= 0) pthread_create(&fant, NULL, fanotify_main, NULL);
   viewlink_wait_listed(10000);
+  sbx_uring_guard(false); /* the loop's own handlers from now on */
   int r = sbx_fuse_loop(V.se, o->ready_fd);
-  sbx_uring_stop(); /* before anything its handlers use goes */
+  bool settled = sbx_uring_stop(); /* before anything its handlers use goes */
   pthread_mutex_lock(&V.lock);
   V.stopping = true;
   pthread_cond_broadcast(&V.notify_cond);
   pthread_mutex_unlock(&V.lock);
   pthread_join(V.notifier, NULL);
   if (V.fan >= 0) pthread_join(fant, NULL);
+  if (!settled) {
+    /* a handler still waits (on the daemon, up to a minute): the session
+     * stays its own, the place is let go and the process ends (freed, the
+     * session's reply made a use after free) */
+    fuse_session_unmount(V.se);
+    if (V.rootless) sbx_fuse_unmount(V.mountpoint, true, err, sizeof err);
+    sbx_uring_restore();
+    fflush(NULL);
+    _exit(r < 0 ? 1 : 0);
+  }
   viewlink_stop();
   fuse_session_unmount(V.se);
   if (V.rootless) sbx_fuse_unmount(V.mountpoint, true, err, sizeof err); /* fusermount3 mounted it */

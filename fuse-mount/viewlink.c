@@ -292,6 +292,13 @@ int viewlink_open(const char *id, uid_t *uid, gid_t *gid, unsigned *uids) {
   return p.fd;
 }
 
+bool viewlink_connected(void) {
+  pthread_mutex_lock(&L.lock);
+  bool up = L.fd >= 0;
+  pthread_mutex_unlock(&L.lock);
+  return up;
+}
+
 void viewlink_touch(const char *id) {
   json_t *m = json_pack("{s:s, s:s, s:{s:s}}", "jsonrpc", "2.0", "method", "sbx/view/touch", "params", "sandboxId", id);
   char *s = m ? json_dumps(m, JSON_COMPACT) : NULL;

@@ -31,4 +31,6 @@ int viewlink_open(const char *id, uid_t *uid, gid_t *gid, unsigned *uids);
 /* Tells the daemon that a sandbox's files are in use through the view, so
  * that it is not reset for being idle meanwhile. Never blocks. */
 void viewlink_touch(const char *id);
+/* Whether the daemon is connected now. */
+bool viewlink_connected(void);
 void viewlink_stop(void);

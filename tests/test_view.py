@@ -298,6 +298,38 @@ def test_io_uring(t, x):
     t.ok(line and line[0].startswith('ok') and 'rings' in line[0], 'sbx doctor says the view uses it', line)
 
 
+def test_uring_setting_restored(t, x):
+    """A view ended (SIGTERM) while it mounts, before its INIT is answered
+    (here: waiting for a stopped daemon's list), still sets the host's
+    enable_uring back off."""
+    if not os.path.exists(ENABLE_URING):
+        t.skip('FUSE over io_uring', 'this kernel has none')
+        return
+    # the view this test runs on sets it back once its INIT is answered
+    t.ok(wait_until(lambda: open(ENABLE_URING).read().strip() == 'N', 10, 'enable_uring off'), 'enable_uring is off')
+    dpid = x.env.daemon_pid()
+    mnt = os.path.join(x.env.root, 'guarded')
+    os.makedirs(mnt, exist_ok=True)
+    os.kill(dpid, signal.SIGSTOP)
+    p = None
+    try:
+        p = subprocess.Popen([x.env.sbx, 'mount', '-f', mnt], env=x.env.env, stderr=subprocess.DEVNULL)
+        t.ok(wait_until(lambda: open(ENABLE_URING).read().strip() == 'Y', 10, 'the view to turn it on'),
+             'the view turns enable_uring on while it mounts')
+        p.send_signal(signal.SIGTERM)
+        p.wait(20)
+    finally:
+        os.kill(dpid, signal.SIGCONT)
+        if p and p.poll() is None:
+            p.kill()
+        subprocess.run(['umount', '-l', mnt], capture_output=True)
+    after = open(ENABLE_URING).read().strip()
+    if after != 'N':  # for the tests after this one
+        with open(ENABLE_URING, 'w') as f:
+            f.write('N')
+    t.eq(after, 'N', 'and sets it back off when ended before its INIT is answered')
+
+
 def test_killed_mid_request(t, x):
     """The view killed while a host process keeps it busy (requests on its
     rings at that moment): the process gets errors, never hangs, and a new
@@ -902,5 +934,5 @@ if __name__ == '__main__':
     sys.exit(run_tests([test_listing, test_use_is_activity, test_other_users_files, test_no_acls, test_chown_racing_destroy,
                         test_io_uring, test_syscall_suite, test_passthrough, test_coherence, test_git_dubious_ownership,
                         test_escapes,
-                        test_workloads, test_many_creates, test_sandbox_cannot_stall_the_view, test_killed_mid_request, test_terminated_mid_request, test_late_answer, test_robustness, test_daemon_runs_the_view, test_held_across_restart,
+                        test_workloads, test_many_creates, test_uring_setting_restored, test_sandbox_cannot_stall_the_view, test_killed_mid_request, test_terminated_mid_request, test_late_answer, test_robustness, test_daemon_runs_the_view, test_held_across_restart,
                         test_doctor], Ctx))
