@@ -47,6 +47,12 @@ enum { CMD_REGISTER = 1, CMD_COMMIT_AND_FETCH = 2 };
  * must not hold up the other callers of that CPU: 8 a CPU on small
  * machines, 4 beyond (16 a CPU made creates no faster, maybe slower). */
 static int per_cpu(long cpus) { return cpus <= 4 ? 8 : 4; }
+/* When every thread of a CPU is handling a request, one more is started
+ * for it (and stays), up to this many a CPU in all, as the /dev/fuse loop
+ * grows: 8 handlers waiting on a stopped daemon (a minute each) held up
+ * every request made on their CPU, a lookup in a sandbox already open
+ * there too. */
+#define PER_CPU_MAX 64
 /* Room before the payload for the request's header and first argument:
  * they are copied there so that libfuse sees the request whole, as read
  * from /dev/fuse, without moving the payload. */
@@ -65,6 +71,7 @@ typedef struct {
   /* the request being handled */
   uint64_t unique;
   bool replied;
+  bool spare; /* started while its CPU's threads were all busy */
 } entry;
 
 static struct {
@@ -76,6 +83,8 @@ static struct {
   pthread_cond_t cond;
   _Atomic uint64_t arrivals; /* requests, on every ring */
   atomic_int busy;          /* requests being handled */
+  atomic_int *qbusy, *qthreads; /* a CPU's: requests being handled, threads serving */
+  size_t payload;
   atomic_bool stopping;
   bool go, abandon;
   int ready, failed; /* threads whose ring is made, or could not be */
@@ -208,6 +217,8 @@ static int ring_cmd(entry *e, uint32_t op, uint64_t commit_id) {
   }
 }
 
+static void spare_for(uint16_t qid);
+
 /* The request in the entry, as libfuse would have read it from /dev/fuse:
  * header and first argument copied in front of the payload. */
 static void handle(entry *e) {
@@ -218,6 +229,7 @@ static void handle(entry *e) {
   e->replied = false;
   /* once the view stops, its session is going: nothing more reaches it */
   atomic_fetch_add(&U.busy, 1);
+  if (atomic_fetch_add(&U.qbusy[e->qid], 1) + 1 >= atomic_load(&U.qthreads[e->qid])) spare_for(e->qid);
   bool stopping = atomic_load(&U.stopping);
   if (!stopping && lead <= URING_OP_SZ && payload <= e->payload_max) {
     char *start = e->buf + LEAD - sizeof *in - lead;
@@ -229,6 +241,7 @@ static void handle(entry *e) {
     fuse_session_process_buf(U.se, &fb);
     cur = NULL;
   }
+  atomic_fetch_sub(&U.qbusy[e->qid], 1);
   if (atomic_fetch_sub(&U.busy, 1) == 1 && atomic_load(&U.stopping)) {
     pthread_mutex_lock(&U.lock);
     pthread_cond_broadcast(&U.cond);
@@ -289,10 +302,18 @@ static void *ring_main(void *arg) {
   while (!U.go && !U.abandon) pthread_cond_wait(&U.cond, &U.lock);
   bool abandon = U.abandon;
   pthread_mutex_unlock(&U.lock);
+  int r = made;
+  if (!abandon && made == 0)
+    for (int tries = 0; (r = ring_cmd(e, CMD_REGISTER, 0)) == -EAGAIN && tries < 1000; tries++)
+      usleep(1000); /* INIT's reply not taken yet */
+  if (r < 0 && e->spare) { /* the ring serves without it: this thread goes */
+    atomic_fetch_sub(&U.qthreads[e->qid], 1);
+    if (e->fd >= 0) close(e->fd);
+    free(e->buf);
+    free(e);
+    return NULL;
+  }
   if (abandon || made != 0) return NULL;
-  int r;
-  for (int tries = 0; (r = ring_cmd(e, CMD_REGISTER, 0)) == -EAGAIN && tries < 1000; tries++)
-    usleep(1000); /* INIT's reply not taken yet */
   if (r < 0 && r != -ENOTCONN && r != -ECONNABORTED) give_up(e);
   while (r >= 0) {
     handle(e);
@@ -300,6 +321,38 @@ static void *ring_main(void *arg) {
   }
   /* ENOTCONN or ECANCELED: the session ended */
   return NULL;
+}
+
+static void entry_init(entry *e, uint16_t qid) {
+  e->fd = -1;
+  e->qid = qid;
+  e->payload_max = U.payload;
+  e->iov[0] = (struct iovec){&e->hdr, sizeof e->hdr};
+  e->iov[1] = (struct iovec){e->buf + LEAD, U.payload};
+}
+
+static void spare_for(uint16_t qid) {
+  int n = atomic_load(&U.qthreads[qid]);
+  do
+    if (n >= PER_CPU_MAX || atomic_load(&U.stopping)) return;
+  while (!atomic_compare_exchange_weak(&U.qthreads[qid], &n, n + 1));
+  entry *e = calloc(1, sizeof *e);
+  char *buf = e ? malloc(LEAD + U.payload) : NULL;
+  pthread_t t;
+  pthread_attr_t a;
+  pthread_attr_init(&a);
+  pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+  if (buf) {
+    e->buf = buf;
+    entry_init(e, qid);
+    e->spare = true;
+  }
+  if (!buf || pthread_create(&t, &a, ring_main, e) != 0) {
+    atomic_fetch_sub(&U.qthreads[qid], 1);
+    free(buf);
+    free(e);
+  }
+  pthread_attr_destroy(&a);
 }
 
 bool sbx_uring_prepare(struct fuse_session *se, int fuse_fd, uint32_t max_write) {
@@ -329,16 +382,18 @@ bool sbx_uring_prepare(struct fuse_session *se, int fuse_fd, uint32_t max_write)
   int per = per_cpu(cpus), n = (int)cpus * per, started = 0;
   U.ents = calloc((size_t)n, sizeof *U.ents);
   U.lookers = calloc((size_t)cpus, sizeof *U.lookers);
-  if (!U.ents || !U.lookers) return false;
-  for (long c = 0; c < cpus; c++) U.lookers[c] = (sbx_looker)SBX_LOOKER_INIT;
+  U.qbusy = calloc((size_t)cpus, sizeof *U.qbusy);
+  U.qthreads = calloc((size_t)cpus, sizeof *U.qthreads);
+  if (!U.ents || !U.lookers || !U.qbusy || !U.qthreads) return false;
+  U.payload = payload;
+  for (long c = 0; c < cpus; c++) {
+    U.lookers[c] = (sbx_looker)SBX_LOOKER_INIT;
+    atomic_store(&U.qthreads[c], per);
+  }
   for (; started < n; started++) {
     entry *e = &U.ents[started];
-    e->fd = -1;
-    e->qid = (uint16_t)(started / per);
-    e->payload_max = payload;
     e->buf = malloc(LEAD + payload);
-    e->iov[0] = (struct iovec){&e->hdr, sizeof e->hdr};
-    e->iov[1] = (struct iovec){e->buf + LEAD, payload};
+    entry_init(e, (uint16_t)(started / per));
     pthread_t t; /* never joined: the threads end with the process (sbx_uring_stop) */
     if (!e->buf || pthread_create(&t, NULL, ring_main, e) != 0) break;
   }

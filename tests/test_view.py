@@ -330,6 +330,52 @@ def test_uring_setting_restored(t, x):
     t.eq(after, 'N', 'and sets it back off when ended before its INIT is answered')
 
 
+def test_waiters_hold_no_cpu(t, x):
+    """Requests waiting on a stopped daemon (8 host processes on one CPU,
+    each entering a sandbox the view has not opened, as many as that CPU's
+    rings have threads) do not hold up the other requests made on that
+    CPU: a thread more is started while all are busy."""
+    if not os.path.exists(ENABLE_URING):
+        t.skip('FUSE over io_uring', 'this kernel has none')
+        return
+    ids = ['v-w%d' % i for i in range(9)]
+    for i in ids:
+        x.c.ok('createSandbox', {'sandboxId': i})
+    t.ok(wait_until(lambda: all(os.path.isdir(os.path.join(x.mnt, i)) for i in ids), 20, 'the sandboxes in the view'),
+         'nine sandboxes')
+    os.listdir(os.path.join(x.mnt, ids[0]))  # this one is open in the view
+    dpid = x.env.daemon_pid()
+    os.kill(dpid, signal.SIGSTOP)
+    waiters = []
+    try:
+        waiters = [subprocess.Popen(['taskset', '-c', '0', 'stat', os.path.join(x.mnt, i, 'x')],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in ids[1:]]
+
+        def waiting():
+            try:
+                return all(p.poll() is None and open('/proc/%d/stat' % p.pid).read().rsplit(')', 1)[1].split()[0] in 'SD'
+                           and open('/proc/%d/wchan' % p.pid).read() in ('request_wait_answer', 'fuse_uring_cmd') for p in waiters)
+            except OSError:
+                return False
+        t.ok(wait_until(waiting, 20, 'the 8 to wait in the view'), '8 processes on CPU 0 wait on the stopped daemon')
+        try:
+            r = subprocess.run(['taskset', '-c', '0', 'stat', os.path.join(x.mnt, ids[0], 'nothing')],
+                               capture_output=True, timeout=20)
+            done = r.returncode == 1 and b'No such file' in r.stderr
+        except subprocess.TimeoutExpired:
+            done = False
+        t.ok(done, 'a lookup in the open sandbox from that CPU is answered meanwhile')
+    finally:
+        os.kill(dpid, signal.SIGCONT)
+        for p in waiters:
+            try:
+                p.wait(90)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    for i in ids:
+        x.c.ok('destroySandbox', {'sandboxId': i})
+
+
 def test_killed_mid_request(t, x):
     """The view killed while a host process keeps it busy (requests on its
     rings at that moment): the process gets errors, never hangs, and a new
@@ -934,5 +980,5 @@ if __name__ == '__main__':
     sys.exit(run_tests([test_listing, test_use_is_activity, test_other_users_files, test_no_acls, test_chown_racing_destroy,
                         test_io_uring, test_syscall_suite, test_passthrough, test_coherence, test_git_dubious_ownership,
                         test_escapes,
-                        test_workloads, test_many_creates, test_uring_setting_restored, test_sandbox_cannot_stall_the_view, test_killed_mid_request, test_terminated_mid_request, test_late_answer, test_robustness, test_daemon_runs_the_view, test_held_across_restart,
+                        test_workloads, test_many_creates, test_uring_setting_restored, test_waiters_hold_no_cpu, test_sandbox_cannot_stall_the_view, test_killed_mid_request, test_terminated_mid_request, test_late_answer, test_robustness, test_daemon_runs_the_view, test_held_across_restart,
                         test_doctor], Ctx))
