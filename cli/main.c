@@ -904,7 +904,7 @@ static int cmd_umount(int argc, char **argv) {
   }
   char err[600], real[PATH_MAX];
   bool resolved = realpath(argv[1], real) != NULL;
-  if (!resolved && !sbx_fuse_dead(errno)) { /* a killed view's mount point answers ENOTCONN */
+  if (!resolved && !sbx_fuse_dead(errno)) { /* a killed view's mount point answers so (sbx_fuse_dead) */
     fprintf(stderr, "sbx umount: %s: %s\n", argv[1], strerror(errno));
     return 1;
   }

@@ -4,7 +4,6 @@
 #include "../sandbox-core/util.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <linux/fuse.h>
 #include <linux/io_uring.h>
 #include <pthread.h>
@@ -77,7 +76,6 @@ typedef struct {
 static struct {
   struct fuse_session *se;
   int fuse_fd;
-  entry *ents;
   sbx_looker *lookers; /* a CPU's: one of its threads looks for the next request a while */
   pthread_mutex_t lock;
   pthread_cond_t cond;
@@ -109,15 +107,9 @@ void sbx_uring_restore(void) {
   if (atomic_exchange(&turned_on, false)) sbx_write_string(SBX_FUSE_ENABLE_URING, "N");
 }
 
-/* Async-signal-safe: open, write, close. */
+/* sbx_uring_restore is async-signal-safe: an atomic, open, write, close. */
 static void restore_and_die(int sig) {
-  if (atomic_exchange(&turned_on, false)) {
-    int fd = open(SBX_FUSE_ENABLE_URING, O_WRONLY | O_CLOEXEC);
-    if (fd >= 0) {
-      (void)!write(fd, "N", 1);
-      close(fd);
-    }
-  }
+  sbx_uring_restore();
   signal(sig, SIG_DFL);
   raise(sig);
 }
@@ -323,12 +315,29 @@ static void *ring_main(void *arg) {
   return NULL;
 }
 
-static void entry_init(entry *e, uint16_t qid) {
-  e->fd = -1;
-  e->qid = qid;
-  e->payload_max = U.payload;
+/* An entry of CPU qid and its thread (never joined: the threads end with
+ * the process, see sbx_uring_stop); false when it could not be started. */
+static bool entry_start(uint16_t qid, bool spare) {
+  entry *e = calloc(1, sizeof *e);
+  char *buf = e ? malloc(LEAD + U.payload) : NULL;
+  if (!buf) {
+    free(e);
+    return false;
+  }
+  *e = (entry){.fd = -1, .qid = qid, .buf = buf, .payload_max = U.payload, .spare = spare};
   e->iov[0] = (struct iovec){&e->hdr, sizeof e->hdr};
-  e->iov[1] = (struct iovec){e->buf + LEAD, U.payload};
+  e->iov[1] = (struct iovec){buf + LEAD, U.payload};
+  pthread_t t;
+  pthread_attr_t a;
+  pthread_attr_init(&a);
+  pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+  bool ok = pthread_create(&t, &a, ring_main, e) == 0;
+  pthread_attr_destroy(&a);
+  if (!ok) {
+    free(buf);
+    free(e);
+  }
+  return ok;
 }
 
 static void spare_for(uint16_t qid) {
@@ -336,23 +345,7 @@ static void spare_for(uint16_t qid) {
   do
     if (n >= PER_CPU_MAX || atomic_load(&U.stopping)) return;
   while (!atomic_compare_exchange_weak(&U.qthreads[qid], &n, n + 1));
-  entry *e = calloc(1, sizeof *e);
-  char *buf = e ? malloc(LEAD + U.payload) : NULL;
-  pthread_t t;
-  pthread_attr_t a;
-  pthread_attr_init(&a);
-  pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-  if (buf) {
-    e->buf = buf;
-    entry_init(e, qid);
-    e->spare = true;
-  }
-  if (!buf || pthread_create(&t, &a, ring_main, e) != 0) {
-    atomic_fetch_sub(&U.qthreads[qid], 1);
-    free(buf);
-    free(e);
-  }
-  pthread_attr_destroy(&a);
+  if (!entry_start(qid, true)) atomic_fetch_sub(&U.qthreads[qid], 1);
 }
 
 bool sbx_uring_prepare(struct fuse_session *se, int fuse_fd, uint32_t max_write) {
@@ -380,23 +373,17 @@ bool sbx_uring_prepare(struct fuse_session *se, int fuse_fd, uint32_t max_write)
   U.se = se;
   U.fuse_fd = fuse_fd;
   int per = per_cpu(cpus), n = (int)cpus * per, started = 0;
-  U.ents = calloc((size_t)n, sizeof *U.ents);
   U.lookers = calloc((size_t)cpus, sizeof *U.lookers);
   U.qbusy = calloc((size_t)cpus, sizeof *U.qbusy);
   U.qthreads = calloc((size_t)cpus, sizeof *U.qthreads);
-  if (!U.ents || !U.lookers || !U.qbusy || !U.qthreads) return false;
+  if (!U.lookers || !U.qbusy || !U.qthreads) return false;
   U.payload = payload;
   for (long c = 0; c < cpus; c++) {
     U.lookers[c] = (sbx_looker)SBX_LOOKER_INIT;
     atomic_store(&U.qthreads[c], per);
   }
-  for (; started < n; started++) {
-    entry *e = &U.ents[started];
-    e->buf = malloc(LEAD + payload);
-    entry_init(e, (uint16_t)(started / per));
-    pthread_t t; /* never joined: the threads end with the process (sbx_uring_stop) */
-    if (!e->buf || pthread_create(&t, NULL, ring_main, e) != 0) break;
-  }
+  for (; started < n; started++)
+    if (!entry_start((uint16_t)(started / per), false)) break;
   pthread_mutex_lock(&U.lock);
   while (U.ready + U.failed < started) pthread_cond_wait(&U.cond, &U.lock);
   bool ok = started == n && U.failed == 0;

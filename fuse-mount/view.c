@@ -1746,7 +1746,7 @@ static bool dead_place(const char *mountpoint) {
          (int)sizeof V.mountpoint;
 }
 
-int sbx_view_main(const char *mountpoint, const sbx_view_opts *o) {
+static int view_main(const char *mountpoint, const sbx_view_opts *o) {
   V.uid = getuid();
   V.gid = getgid();
   V.rootless = geteuid() != 0;
@@ -1794,22 +1794,15 @@ int sbx_view_main(const char *mountpoint, const sbx_view_opts *o) {
   bool uring = !o->no_uring && sbx_uring_enabled(true);
   sbx_uring_guard(true); /* killed before its INIT is answered, it still sets it back */
   if (sbx_fuse_mount(V.se, V.mountpoint, err, sizeof err) < 0) {
-    sbx_uring_restore();
     fprintf(stderr, "sbx mount: %s\n", err);
     return 1;
   }
   /* backing files need CAP_SYS_ADMIN: as root only */
   bool passthrough = !V.rootless && !o->no_passthrough;
   V.passthrough = sbx_fuse_io_attach(V.se, passthrough, uring) == 0 && passthrough;
-  if (!o->foreground && sbx_fuse_daemonize(o->ready_fd) < 0) {
-    sbx_uring_restore();
-    return 1;
-  }
+  if (!o->foreground && sbx_fuse_daemonize(o->ready_fd) < 0) return 1;
   /* threads only now: they would not survive the fork to the background */
-  if (viewlink_run() < 0) {
-    sbx_uring_restore();
-    return 1;
-  }
+  if (viewlink_run() < 0) return 1;
   pthread_create(&V.notifier, NULL, notifier_main, NULL);
   pthread_t fant;
   if (V.fan >= 0) pthread_create(&fant, NULL, fanotify_main, NULL);
@@ -1837,7 +1830,12 @@ int sbx_view_main(const char *mountpoint, const sbx_view_opts *o) {
   fuse_session_unmount(V.se);
   if (V.rootless) sbx_fuse_unmount(V.mountpoint, true, err, sizeof err); /* fusermount3 mounted it */
   fuse_session_destroy(V.se);
-  sbx_uring_restore();
   fuse_opt_free_args(&fa.args);
   return r < 0 ? 1 : 0;
+}
+
+int sbx_view_main(const char *mountpoint, const sbx_view_opts *o) {
+  int r = view_main(mountpoint, o);
+  sbx_uring_restore(); /* whichever way it ended, if it turned it on */
+  return r;
 }
