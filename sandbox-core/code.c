@@ -4,6 +4,7 @@
 #include "driver_node.h"
 #include "driver_python.h"
 
+#include <inttypes.h>
 #include <signal.h>
 
 #define MAX_LINE (8u * 1024 * 1024)    /* one message from a driver (a big plot) */
@@ -272,10 +273,15 @@ void sbx_code_cancel(sbx_code_run *r) {
   }
   if (r->cancelled) return;
   r->cancelled = true;
-  /* Python's driver turns the line into SIGINT for itself; Node's main
-   * thread may be in a busy loop, so it gets the signal (breakOnSigint) */
-  if (!c->dead && !strcmp(c->language, "python")) sbx_exec_write(c->x, "{\"interrupt\":true}\n", 19);
-  else if (!c->dead) sbx_exec_signal_command(c->x, SIGINT);
+  /* Python's driver turns the line (naming the run) into SIGINT for its
+   * main thread; Node's main thread may be in a busy loop, so it gets the
+   * signal (breakOnSigint) */
+  if (!c->dead && !strcmp(c->language, "python")) {
+    char line[48];
+    int n = snprintf(line, sizeof line, "{\"interrupt\":%" PRIu64 "}\n", r->id);
+    sbx_exec_write(c->x, line, (size_t)n);
+  } else if (!c->dead)
+    sbx_exec_signal_command(c->x, SIGINT);
   if (!uv_is_active((uv_handle_t *)&r->timer) || uv_timer_get_due_in(&r->timer) > STOP_GRACE_MS)
     uv_timer_start(&r->timer, backstop, STOP_GRACE_MS, 0);
 }

@@ -76,6 +76,28 @@ def test_timeout_and_cancel(t, x):
     t.eq(r['results'][0]['text'], '(True, 41)', 'a cancelled run is interrupted; the next one runs with the state kept')
 
 
+
+def test_interrupt_sent_again(t, x):
+    # A SIGINT that lands just before a blocking call (between Python's last
+    # look at signals and time.sleep) is seen only when the call returns. The
+    # code here swallows the first one to stand for that: the interrupt must
+    # come again until the run takes it, for a timeout as for a cancel.
+    swallow = ('import signal, time\nprev = signal.getsignal(signal.SIGINT)\n'
+               'signal.signal(signal.SIGINT, lambda *a: signal.signal(signal.SIGINT, prev))\n')
+    run(x, 'kept = "yes"')
+    r = run(x, swallow + 'time.sleep(1000)', timeout=500)
+    t.eq(r.get('error', {}).get('name'), 'TimeoutError', 'a timeout whose first SIGINT is lost still interrupts', r)
+    c = x.c
+    i = next(c.ids)
+    c.send({'jsonrpc': '2.0', 'id': i, 'method': 'tools/call',
+            'params': {'name': 'runCode', 'arguments': {'code': swallow + 'print("go", flush=True)\ntime.sleep(1000)'},
+                       '_meta': {'progressToken': 'pl'}}})
+    c.next(lambda m: m.get('method') == 'notifications/progress' and m['params'].get('progressToken') == 'pl', 60)
+    c.notify('notifications/cancelled', {'requestId': i, 'reason': 'test'})
+    r = run(x, 'kept')
+    t.eq((r['results'][0]['text'], r.get('contextRestarted')), ("'yes'", None),
+         'so does a cancel, and the context keeps its state (not ended for a run that did not stop)')
+
 def test_contexts_independent(t, x):
     a = x.c.ok('createCodeContext', {'language': 'python'})
     b = x.c.ok('createCodeContext', {'language': 'python', 'cwd': '/tmp'})
@@ -319,6 +341,6 @@ def test_missing_interpreter(t, x):
 
 
 if __name__ == '__main__':
-    sys.exit(run_tests([test_state_and_results, test_exception, test_plot_and_dataframe, test_timeout_and_cancel,
+    sys.exit(run_tests([test_state_and_results, test_exception, test_plot_and_dataframe, test_timeout_and_cancel, test_interrupt_sent_again,
                         test_contexts_independent, test_javascript, test_big_output, test_lying_driver, test_floods_bounded, test_queued_run_cancelled, test_reset_ends_contexts,
                         test_contexts_across_restart, test_missing_interpreter], setup=lambda: Ctx('code')))

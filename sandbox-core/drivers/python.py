@@ -1,6 +1,6 @@
 # sbx's Python code context: one process per context, inside the sandbox.
 # Requests come as JSON lines on fd 0 ({"id", "code", "timeout"} or
-# {"interrupt": true}); everything goes back as JSON lines on fd 1:
+# {"interrupt": id}); everything goes back as JSON lines on fd 1:
 # {"ready"}, then per run {"id", "stream", "text"}, {"id", "result"} and
 # {"id", "done", "error"}. User code gets /dev/null as stdin, and its fd 1
 # and 2 (subprocesses included) are pumped into stream messages.
@@ -274,7 +274,33 @@ def _run(code):
 
 
 _requests = queue.Queue()
-_running = threading.Event()
+_main = threading.get_ident()
+_live = [None]  # the id of the run whose code is executing (KeyboardInterrupt is for it)
+_took = [None]  # the id of the run that has raised its KeyboardInterrupt
+_ilock = threading.Lock()  # a run starts, or SIGINT is sent for one, under it
+
+
+def _on_sigint(signum, frame):
+    """SIGINT while a run's code executes is its KeyboardInterrupt; between
+    runs it is nothing (the driver's own code is not cut short)."""
+    run = _live[0]
+    if run is not None:
+        _took[0] = run
+        raise KeyboardInterrupt
+
+
+def _interrupt(run):
+    """Interrupts a run. SIGINT goes to the main thread itself, not to the
+    process (which may hand it to any thread), and again every 50 ms until
+    the run has raised it or ended: a signal that lands between Python's
+    last look at signals and a blocking call (time.sleep, a read) is only
+    seen when that call returns, which may be never."""
+    while True:
+        with _ilock:
+            if _live[0] != run or _took[0] == run:
+                return
+            signal.pthread_kill(_main, signal.SIGINT)
+        time.sleep(0.05)
 
 
 def _reader():
@@ -294,15 +320,14 @@ def _reader():
                 req = json.loads(line)
             except ValueError:
                 continue
-            if req.get('interrupt'):
-                if _running.is_set():
-                    os.kill(os.getpid(), signal.SIGINT)
+            if 'interrupt' in req:
+                threading.Thread(target=_interrupt, args=(req['interrupt'],), daemon=True).start()
             else:
                 _requests.put(req)
 
 
 threading.Thread(target=_reader, daemon=True).start()
-signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.signal(signal.SIGINT, _on_sigint)
 _send({'ready': True, 'pid': os.getpid(), 'version': sys.version.split()[0]})
 
 def _cut(text, keep=65536):
@@ -322,11 +347,13 @@ while True:
     timed_out = []
     timeout = req.get('timeout') or 0
 
-    def _expire():
+    def _expire(run=_current[0], timed_out=timed_out):  # (this run's, should the timer fire late)
         timed_out.append(True)
-        os.kill(os.getpid(), signal.SIGINT)
+        _interrupt(run)
     try:
-        _running.set()
+        with _ilock:
+            _live[0] = _current[0]
+            _took[0] = None
         if timeout > 0:
             timer = threading.Timer(timeout / 1000.0, _expire)
             timer.daemon = True
@@ -335,10 +362,11 @@ while True:
             _run(req.get('code', ''))
             _flush_figures()
         finally:
-            _running.clear()
+            _live[0] = None
             if timer:
                 timer.cancel()
     except BaseException as e:  # noqa: B902 (KeyboardInterrupt too: the context lives on)
+        _live[0] = None  # (an interrupt may have landed in the finally above)
         if isinstance(e, SystemExit):
             error = {'name': 'SystemExit', 'value': str(e.code), 'traceback': []}
         else:
