@@ -43,6 +43,11 @@ typedef struct s3_err {
   char msg[300];  /* for people; never holds a secret */
 } s3_err;
 
+/* Whether a body sent to the endpoint arrives as sent without its SHA-256
+ * in the signature: over TLS, or to this host (loopback). Uploads from a
+ * file are sent UNSIGNED-PAYLOAD there. */
+bool s3_body_protected(const s3_conf *c);
+
 /* A listing entry: a key (relative to the listed prefix) or, for is_dir, a
  * common prefix without its trailing delimiter. */
 typedef void (*s3_list_cb)(void *ud, const char *name, bool is_dir, uint64_t size, int64_t mtime_ns);

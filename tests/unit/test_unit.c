@@ -1,5 +1,6 @@
 /* Unit tests of the side-effect-free helpers, as TAP. */
 #define _GNU_SOURCE
+#include "../../fuse-mount/s3.h"
 #include "../../fuse-mount/sha256.h"
 #include "../../mcp-server/framing.h"
 #include "../../mcp-server/schema.h"
@@ -477,8 +478,26 @@ static void test_sha256(void) {
   OK(same == total, "sha256: the CPU's rounds and the portable ones agree on %d of %d inputs", same, total);
 }
 
+static void test_s3_body_protected(void) {
+  static const struct {
+    const char *endpoint;
+    bool unsigned_ok;
+  } cases[] = {{"https://abc.r2.cloudflarestorage.com", true}, {"HTTPS://s3.amazonaws.com", true},
+               {"http://127.0.0.1:9000", true}, {"http://localhost:9000", true}, {"http://[::1]:9000", true},
+               {"http://127.0.0.1", true}, {"http://10.0.0.5:9000", false}, {"http://s3.example.com", false},
+               {"http://127.evil.example:80", false}, {"http://localhost.evil.example", false},
+               {"http://[::1].x", false}, {"http://[::1", false}, {"ftp://127.0.0.1", false}, {"127.0.0.1:9000", false}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    s3_conf c = {0};
+    snprintf(c.endpoint, sizeof c.endpoint, "%s", cases[i].endpoint);
+    OK(s3_body_protected(&c) == cases[i].unsigned_ok, "s3: a body to %s is %s", cases[i].endpoint,
+       cases[i].unsigned_ok ? "sent unsigned (TLS or this host)" : "signed with its hash");
+  }
+}
+
 int main(void) {
   test_sha256();
+  test_s3_body_protected();
   test_headtail();
   test_utf8();
   test_misc();
