@@ -1,5 +1,5 @@
-/* SHA-256 (FIPS 180-4), for the x-amz-content-sha256 of every S3 request:
- * the bucket checks what it stored is what was sent. */
+/* SHA-256 (FIPS 180-4), for the x-amz-content-sha256 of S3 requests whose
+ * body is signed: the bucket checks what it stored is what was sent. */
 #include "sha256.h"
 
 #include <pthread.h>
@@ -45,7 +45,8 @@ static void blocks_c(sha256_ctx *c, const uint8_t *p, size_t n) {
 
 /* The same rounds with the CPU's SHA extensions (SHA-NI: Intel since Ice
  * Lake and Goldmont, AMD since Zen), about three times the speed of the C
- * above: every byte a bucket mount uploads is hashed for its signature.
+ * above: every byte a bucket mount uploads over plain HTTP to another host
+ * is hashed for its signature.
  * The state lives as ABEF and CDGH, the order sha256rnds2 works on. */
 __attribute__((target("sha,sse4.1,ssse3"))) static void blocks_ni(sha256_ctx *c, const uint8_t *p, size_t n) {
   const __m128i bswap = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);

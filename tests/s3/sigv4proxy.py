@@ -74,7 +74,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             ok, why = False, 'unparseable: %r' % e
         with log_lock, open(LOG, 'a') as f:
             f.write(json.dumps({'method': self.command, 'path': urllib.parse.unquote(self.path.split('?')[0]),
-                                'query': self.path.partition('?')[2], 'ok': ok, 'why': why}) + '\n')
+                                'query': self.path.partition('?')[2], 'ok': ok, 'why': why,
+                                'unsigned': self.headers.get('X-Amz-Content-SHA256') == 'UNSIGNED-PAYLOAD'}) + '\n')
         if not ok:
             msg = b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SignatureDoesNotMatch</Code>' \
                   b'<Message>checked by the test proxy</Message></Error>'
