@@ -278,14 +278,9 @@ static void present_attr(const sbox *sb, struct stat *st) {
 static bool watched(const sbox *sb, dev_t dev) { return V.fan >= 0 && sb && dev == sb->dev; }
 static double cache_time(const sbox *sb, dev_t dev) { return watched(sb, dev) ? V.timeout : 1.0; }
 
-/* A sandbox's root node, opened through the daemon when it was lazy. */
-static int resolve_root(vnode *v) {
-  if (!v->lazy) return 0;
-  uid_t uid;
-  gid_t gid;
-  unsigned uids;
-  int fd = viewlink_open(v->sb->id, &uid, &gid, &uids);
-  if (fd < 0) return fd;
+/* A lazy root node takes fd, its sandbox's /workspace as the daemon gave
+ * it (closed if another thread resolved the node first). */
+static int root_adopt(vnode *v, int fd, uid_t uid, gid_t gid, unsigned uids) {
   struct stat st;
   struct statfs sf;
   if (fstat(fd, &st) < 0 || fstatfs(fd, &sf) < 0) {
@@ -320,6 +315,16 @@ static int resolve_root(vnode *v) {
   pthread_mutex_unlock(&V.lock);
   if (fd >= 0) close(fd);
   return dead ? -ENOENT : 0;
+}
+
+/* A sandbox's root node, opened through the daemon when it was lazy. */
+static int resolve_root(vnode *v) {
+  if (!v->lazy) return 0;
+  uid_t uid;
+  gid_t gid;
+  unsigned uids;
+  int fd = viewlink_open(v->sb->id, &uid, &gid, &uids);
+  return fd < 0 ? fd : root_adopt(v, fd, uid, gid, uids);
 }
 
 /* Work on a sandbox's files through the view is activity, as a tool call
@@ -700,6 +705,10 @@ static int do_lookup(fuse_req_t req, vnode *parent, const char *name, struct fus
   memset(e, 0, sizeof *e);
   e->attr_timeout = e->entry_timeout = V.timeout;
   if (parent == &V.root) {
+    int opened = -1; /* the sandbox's /workspace, when the daemon was asked for it */
+    uid_t uid;
+    gid_t gid;
+    unsigned uids;
     pthread_mutex_lock(&V.lock);
     sbox *sb = box_find(name);
     if ((!sb || !sb->present) && sbx_valid_id(name) && viewlink_connected()) {
@@ -709,16 +718,14 @@ static int do_lookup(fuse_req_t req, vnode *parent, const char *name, struct fus
        * daemon is there (none to start for a name that may be nothing) */
       unsigned long events = V.events;
       pthread_mutex_unlock(&V.lock);
-      uid_t uid;
-      gid_t gid;
-      unsigned uids;
       int fd = viewlink_open(name, &uid, &gid, &uids);
-      if (fd >= 0) close(fd);
       pthread_mutex_lock(&V.lock);
       sb = box_find(name);
       /* taken as the daemon's answer says only when no event came since
-       * (one that did may be this sandbox's own, destroyed meanwhile) */
-      if (fd >= 0 && events == V.events && !(sb && sb->present)) sb = box_add(name);
+       * (one that did may be this sandbox's own, destroyed meanwhile); its
+       * root then keeps the fd the daemon gave */
+      if (fd >= 0 && events == V.events && !(sb && sb->present) && (sb = box_add(name))) opened = fd;
+      else if (fd >= 0) close(fd);
     }
     if (!sb || !sb->present) {
       pthread_mutex_unlock(&V.lock);
@@ -729,6 +736,7 @@ static int do_lookup(fuse_req_t req, vnode *parent, const char *name, struct fus
       v = calloc(1, sizeof *v);
       if (!v) {
         pthread_mutex_unlock(&V.lock);
+        if (opened >= 0) close(opened);
         return ENOMEM;
       }
       *v = (vnode){.fd = -1, .sb = sb, .gen = sb->gen, .lazy = true};
@@ -738,6 +746,11 @@ static int do_lookup(fuse_req_t req, vnode *parent, const char *name, struct fus
     pthread_mutex_unlock(&V.lock);
     e->ino = (uintptr_t)v;
     e->entry_timeout = 1.0; /* the list of sandboxes changes */
+    int r = opened >= 0 ? root_adopt(v, opened, uid, gid, uids) : 0;
+    if (r < 0) {
+      node_forget(v, 1);
+      return -r;
+    }
     if (v->lazy) {
       e->attr.st_mode = S_IFDIR | 0755;
       e->attr.st_nlink = 2;
