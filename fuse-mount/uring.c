@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -66,6 +67,8 @@ typedef struct {
   struct uring_req_header hdr;
   struct iovec iov[2];
   char *buf; /* LEAD, then the payload */
+  void *rings, *sqes_map; /* the ring's mappings, and their lengths */
+  size_t rings_len, sqes_len;
   size_t payload_max;
   /* the request being handled */
   uint64_t unique;
@@ -129,6 +132,8 @@ static int ring_setup(entry *e) {
   size_t cq = p.cq_off.cqes + p.cq_entries * sizeof(struct io_uring_cqe);
   char *m = mmap(NULL, sq > cq ? sq : cq, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, e->fd, IORING_OFF_SQ_RING);
   if (m == MAP_FAILED) return -errno;
+  e->rings = m;
+  e->rings_len = sq > cq ? sq : cq;
   e->sq_tail = (unsigned *)(m + p.sq_off.tail);
   e->sq_mask = (unsigned *)(m + p.sq_off.ring_mask);
   e->sq_array = (unsigned *)(m + p.sq_off.array);
@@ -140,7 +145,19 @@ static int ring_setup(entry *e) {
   e->sqes = mmap(NULL, p.sq_entries * 2 * sizeof(struct io_uring_sqe), PROT_READ | PROT_WRITE,
                  MAP_SHARED | MAP_POPULATE, e->fd, IORING_OFF_SQES);
   if (e->sqes == MAP_FAILED) return -errno;
+  e->sqes_map = e->sqes;
+  e->sqes_len = p.sq_entries * 2 * sizeof(struct io_uring_sqe);
   return 0;
+}
+
+/* An entry that serves no more (its ring never made, never registered, or
+ * given up): its ring, mappings and memory go. */
+static void entry_free(entry *e) {
+  if (e->sqes_map) munmap(e->sqes_map, e->sqes_len);
+  if (e->rings) munmap(e->rings, e->rings_len);
+  if (e->fd >= 0) close(e->fd);
+  free(e->buf);
+  free(e);
 }
 
 /* How many windows in a row a look goes on while requests come to other
@@ -300,13 +317,19 @@ static void *ring_main(void *arg) {
       usleep(1000); /* INIT's reply not taken yet */
   if (r < 0 && e->spare) { /* the ring serves without it: this thread goes */
     atomic_fetch_sub(&U.qthreads[e->qid], 1);
-    if (e->fd >= 0) close(e->fd);
-    free(e->buf);
-    free(e);
+    entry_free(e);
     return NULL;
   }
-  if (abandon || made != 0) return NULL;
-  if (r < 0 && r != -ENOTCONN && r != -ECONNABORTED) give_up(e);
+  if (abandon || made != 0) { /* no io_uring for this session */
+    entry_free(e);
+    return NULL;
+  }
+  if (r < 0) { /* its CPU has one thread fewer */
+    atomic_fetch_sub(&U.qthreads[e->qid], 1);
+    if (r != -ENOTCONN && r != -ECONNABORTED) give_up(e);
+    entry_free(e);
+    return NULL;
+  }
   while (r >= 0) {
     handle(e);
     r = ring_cmd(e, CMD_COMMIT_AND_FETCH, e->hdr.ent.commit_id);
@@ -373,6 +396,10 @@ bool sbx_uring_prepare(struct fuse_session *se, int fuse_fd, uint32_t max_write)
   U.se = se;
   U.fuse_fd = fuse_fd;
   int per = per_cpu(cpus), n = (int)cpus * per, started = 0;
+  /* every ring is an fd: at most an eighth of them, the rest are the
+   * files the view opens (rings that took them all left it answering EIO) */
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && (rlim_t)n * 8 > rl.rlim_cur) return false;
   U.lookers = calloc((size_t)cpus, sizeof *U.lookers);
   U.qbusy = calloc((size_t)cpus, sizeof *U.qbusy);
   U.qthreads = calloc((size_t)cpus, sizeof *U.qthreads);

@@ -298,6 +298,31 @@ def test_io_uring(t, x):
     t.ok(line and line[0].startswith('ok') and 'rings' in line[0], 'sbx doctor says the view uses it', line)
 
 
+def test_low_fd_limit(t, x):
+    """A view started under a low fd limit serves its files: its rings, an
+    fd each, take at most an eighth of them (16 rings under a limit of 24
+    left it answering EIO to every read, the rings it had made kept)."""
+    with open(os.path.join(x.mnt, 'v1', 'lowfd.txt'), 'w') as f:
+        f.write('served\n')
+    for limit in (24, 64):
+        mnt = os.path.join(x.env.root, 'lowfd%d' % limit)
+        os.makedirs(mnt, exist_ok=True)
+        p = subprocess.Popen(['prlimit', '--nofile=%d:%d' % (limit, limit), x.env.sbx, 'mount', '-f', mnt],
+                             env=x.env.env, stderr=subprocess.DEVNULL)
+        try:
+            t.ok(wait_until(lambda: os.path.ismount(mnt), 20, 'the view mounted'), 'a view under %d fds mounts' % limit)
+            try:
+                got = open(os.path.join(mnt, 'v1', 'lowfd.txt')).read()
+            except OSError as e:
+                got = repr(e)
+            t.eq(got, 'served\n', 'and serves a file under %d fds' % limit)
+            t.eq(rings_of(p.pid), 0, 'through /dev/fuse, holding no ring')
+        finally:
+            subprocess.run(['umount', '-l', mnt], capture_output=True)
+            p.kill()
+            p.wait()
+
+
 def test_uring_setting_restored(t, x):
     """A view ended (SIGTERM) while it mounts, before its INIT is answered
     (here: waiting for a stopped daemon's list), still sets the host's
@@ -980,5 +1005,5 @@ if __name__ == '__main__':
     sys.exit(run_tests([test_listing, test_use_is_activity, test_other_users_files, test_no_acls, test_chown_racing_destroy,
                         test_io_uring, test_syscall_suite, test_passthrough, test_coherence, test_git_dubious_ownership,
                         test_escapes,
-                        test_workloads, test_many_creates, test_uring_setting_restored, test_waiters_hold_no_cpu, test_sandbox_cannot_stall_the_view, test_killed_mid_request, test_terminated_mid_request, test_late_answer, test_robustness, test_daemon_runs_the_view, test_held_across_restart,
+                        test_workloads, test_many_creates, test_low_fd_limit, test_uring_setting_restored, test_waiters_hold_no_cpu, test_sandbox_cannot_stall_the_view, test_killed_mid_request, test_terminated_mid_request, test_late_answer, test_robustness, test_daemon_runs_the_view, test_held_across_restart,
                         test_doctor], Ctx))
