@@ -97,6 +97,34 @@ def test_interrupt_sent_again(t, x):
     r = run(x, 'kept')
     t.eq((r['results'][0]['text'], r.get('contextRestarted')), ("'yes'", None),
          'so does a cancel, and the context keeps its state (not ended for a run that did not stop)')
+    # a SIGINT handler an earlier run set is not the next run's: its cleanup
+    # after one KeyboardInterrupt is not cut short by more
+    run(x, 'signal.signal(signal.SIGINT, signal.default_int_handler)')
+    i = next(c.ids)
+    c.send({'jsonrpc': '2.0', 'id': i, 'method': 'tools/call',
+            'params': {'name': 'runCode', 'arguments': {'code': 'try:\n    print("go", flush=True)\n    time.sleep(1000)\n'
+                                                                 'finally:\n    time.sleep(0.3)\n    cleaned = True'},
+                       '_meta': {'progressToken': 'ph'}}})
+    c.next(lambda m: m.get('method') == 'notifications/progress' and m['params'].get('progressToken') == 'ph', 60)
+    c.notify('notifications/cancelled', {'requestId': i, 'reason': 'test'})
+    r = run(x, "globals().get('cleaned')")
+    t.eq(r['results'][0]['text'] if r.get('results') else r, 'True', 'a cancelled run\'s finally runs whole')
+
+
+def test_cancel_at_once(t, x):
+    # a call cancelled as soon as it is sent (a client that gives up at
+    # once): its line and the interrupt can reach the interpreter together,
+    # before the run starts; the run must not go on (nor the context end)
+    c = x.c
+    run(x, 'import time\nkept = 7\nran = 0')
+    for k in range(8):
+        i = next(c.ids)
+        c.send({'jsonrpc': '2.0', 'id': i, 'method': 'tools/call',
+                'params': {'name': 'runCode', 'arguments': {'code': 'time.sleep(30)\nran += 1'}}})
+        c.notify('notifications/cancelled', {'requestId': i, 'reason': 'test'})
+    r = run(x, '(kept, ran)')
+    t.eq((r['results'][0]['text'], r.get('contextRestarted')), ('(7, 0)', None),
+         'eight runs cancelled at once: none ran on, and the context kept its state', r)
 
 def test_contexts_independent(t, x):
     a = x.c.ok('createCodeContext', {'language': 'python'})
@@ -341,6 +369,6 @@ def test_missing_interpreter(t, x):
 
 
 if __name__ == '__main__':
-    sys.exit(run_tests([test_state_and_results, test_exception, test_plot_and_dataframe, test_timeout_and_cancel, test_interrupt_sent_again,
+    sys.exit(run_tests([test_state_and_results, test_exception, test_plot_and_dataframe, test_timeout_and_cancel, test_interrupt_sent_again, test_cancel_at_once,
                         test_contexts_independent, test_javascript, test_big_output, test_lying_driver, test_floods_bounded, test_queued_run_cancelled, test_reset_ends_contexts,
                         test_contexts_across_restart, test_missing_interpreter], setup=lambda: Ctx('code')))

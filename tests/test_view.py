@@ -120,8 +120,13 @@ def test_use_is_activity(t, x):
     x.c.sh('true', sandbox='v-busy')
     wait_until(lambda: os.path.isdir(os.path.join(x.mnt, 'v-busy')), 10, 'the new sandbox in the view')
     path = os.path.join(x.mnt, 'v-busy', 'notes.txt')
+    with open(path, 'w') as f:
+        f.write('line 0\n')
+    # a call now takes any reset the setup itself may have let happen (on a
+    # loaded machine more than 2 s can pass before the first write)
+    x.c.sh('test -s /workspace/notes.txt', sandbox='v-busy')
     t0 = time.monotonic()
-    lines = 0
+    lines = 1
     while time.monotonic() - t0 < 6:  # three times sleepAfter, a line every 0.2 s
         with open(path, 'a') as f:
             f.write('line %d\n' % lines)

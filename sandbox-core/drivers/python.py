@@ -277,6 +277,8 @@ _requests = queue.Queue()
 _main = threading.get_ident()
 _live = [None]  # the id of the run whose code is executing (KeyboardInterrupt is for it)
 _took = [None]  # the id of the run that has raised its KeyboardInterrupt
+_started = [0]  # the id of the last run started (ids grow)
+_early = [None]  # a run interrupted before it started: it does not run
 _ilock = threading.Lock()  # a run starts, or SIGINT is sent for one, under it
 
 
@@ -295,8 +297,13 @@ def _interrupt(run):
     the run has raised it or ended: a signal that lands between Python's
     last look at signals and a blocking call (time.sleep, a read) is only
     seen when that call returns, which may be never."""
+    if not isinstance(run, int):
+        return
     while True:
         with _ilock:
+            if run > _started[0]:  # its line came before it started (a cancel at once)
+                _early[0] = run
+                return
             if _live[0] != run or _took[0] == run:
                 return
             signal.pthread_kill(_main, signal.SIGINT)
@@ -321,7 +328,12 @@ def _reader():
             except ValueError:
                 continue
             if 'interrupt' in req:
-                threading.Thread(target=_interrupt, args=(req['interrupt'],), daemon=True).start()
+                try:
+                    threading.Thread(target=_interrupt, args=(req['interrupt'],), daemon=True).start()
+                except RuntimeError:  # no thread to be had (the code used them up): one try, from here
+                    with _ilock:
+                        if _live[0] == req['interrupt']:
+                            signal.pthread_kill(_main, signal.SIGINT)
             else:
                 _requests.put(req)
 
@@ -351,9 +363,19 @@ while True:
         timed_out.append(True)
         _interrupt(run)
     try:
+        # a handler an earlier run set is not this one's: KeyboardInterrupt
+        # is (as Jupyter runs each cell with Python's default one)
+        if signal.getsignal(signal.SIGINT) is not _on_sigint:
+            signal.signal(signal.SIGINT, _on_sigint)
         with _ilock:
-            _live[0] = _current[0]
+            run = _current[0]
+            early = isinstance(run, int) and _early[0] == run
+            if isinstance(run, int):
+                _started[0] = run
+            _live[0] = run
             _took[0] = None
+        if early:  # cancelled before it started: it does not run
+            raise KeyboardInterrupt
         if timeout > 0:
             timer = threading.Timer(timeout / 1000.0, _expire)
             timer.daemon = True
@@ -362,11 +384,16 @@ while True:
             _run(req.get('code', ''))
             _flush_figures()
         finally:
+            # one the code set goes with it, before an interrupt it was sent for is seen
+            if signal.getsignal(signal.SIGINT) is not _on_sigint:
+                signal.signal(signal.SIGINT, _on_sigint)
             _live[0] = None
             if timer:
                 timer.cancel()
     except BaseException as e:  # noqa: B902 (KeyboardInterrupt too: the context lives on)
         _live[0] = None  # (an interrupt may have landed in the finally above)
+        if timer:
+            timer.cancel()
         if isinstance(e, SystemExit):
             error = {'name': 'SystemExit', 'value': str(e.code), 'traceback': []}
         else:
