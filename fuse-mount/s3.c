@@ -274,6 +274,24 @@ static int errno_for(long status, const char *code) {
   return EIO;
 }
 
+/* Whether the endpoint's host is this host's loopback, by name or address
+ * (localhost, 127/8 as a dotted quad, [::1]). */
+static bool endpoint_loopback(const s3_conf *c) {
+  const char *h = strstr(c->endpoint, "://");
+  if (!h) return false;
+  h += 3;
+  size_t n = h[0] == '[' ? strcspn(h, "]") : strcspn(h, ":/");
+  if (h[0] == '[' && h[n++] != ']') return false;
+  if (h[n] && h[n] != ':' && h[n] != '/') return false;
+  if ((n == 9 && !strncasecmp(h, "localhost", 9)) || (n == 5 && !strncmp(h, "[::1]", 5))) return true;
+  char ip[16];
+  struct in_addr a;
+  if (n >= sizeof ip) return false;
+  memcpy(ip, h, n);
+  ip[n] = 0;
+  return inet_pton(AF_INET, ip, &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
+}
+
 /* One request, retried a little when the service or the network falters. */
 static int perform(const s3_conf *c, const req *q, resp *r, s3_err *e) {
   tls *t = tls_get();
@@ -318,6 +336,7 @@ static int perform(const s3_conf *c, const req *q, resp *r, s3_err *e) {
     curl_easy_setopt(h, CURLOPT_PASSWORD, c->secret_key);
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
     curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
+    if (endpoint_loopback(c)) curl_easy_setopt(h, CURLOPT_NOPROXY, "*"); /* this host's: never through a proxy */
     curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, 10L);
@@ -454,13 +473,7 @@ int s3_get(const s3_conf *c, const char *key, uint64_t off, uint64_t len, int fd
 
 bool s3_body_protected(const s3_conf *c) {
   if (!strncasecmp(c->endpoint, "https://", 8)) return true;
-  if (strncasecmp(c->endpoint, "http://", 7)) return false;
-  const char *h = c->endpoint + 7;
-  size_t n = h[0] == '[' ? strcspn(h, "]") : strcspn(h, ":/");
-  if (h[0] == '[' && h[n++] != ']') return false;
-  if (h[n] && h[n] != ':' && h[n] != '/') return false;
-  return (n == 9 && !strncasecmp(h, "localhost", 9)) || (n == 5 && !strncmp(h, "[::1]", 5)) ||
-         (n >= 7 && !strncmp(h, "127.", 4) && strspn(h, "0123456789.") == n);
+  return !strncasecmp(c->endpoint, "http://", 7) && endpoint_loopback(c);
 }
 
 /* One PUT of [off, off+len) of fd: an object, or a part (query names it);

@@ -44,8 +44,9 @@ typedef struct s3_err {
 } s3_err;
 
 /* Whether a body sent to the endpoint arrives as sent without its SHA-256
- * in the signature: over TLS, or to this host (loopback). Uploads from a
- * file are sent UNSIGNED-PAYLOAD there. */
+ * in the signature: over TLS, or to this host (loopback by name or dotted
+ * address, reached without a proxy). Uploads from a file are sent
+ * UNSIGNED-PAYLOAD there. */
 bool s3_body_protected(const s3_conf *c);
 
 /* A listing entry: a key (relative to the listed prefix) or, for is_dir, a

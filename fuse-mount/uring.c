@@ -85,6 +85,8 @@ static struct {
   _Atomic uint64_t arrivals; /* requests, on every ring */
   atomic_int busy;          /* requests being handled */
   atomic_int *qbusy, *qthreads; /* a CPU's: requests being handled, threads serving */
+  atomic_int rings;             /* threads serving, every CPU's: an fd each */
+  int rings_max;                /* an eighth of the fds at most */
   size_t payload;
   atomic_bool stopping;
   bool go, abandon;
@@ -317,6 +319,7 @@ static void *ring_main(void *arg) {
       usleep(1000); /* INIT's reply not taken yet */
   if (r < 0 && e->spare) { /* the ring serves without it: this thread goes */
     atomic_fetch_sub(&U.qthreads[e->qid], 1);
+    atomic_fetch_sub(&U.rings, 1);
     entry_free(e);
     return NULL;
   }
@@ -326,6 +329,7 @@ static void *ring_main(void *arg) {
   }
   if (r < 0) { /* its CPU has one thread fewer */
     atomic_fetch_sub(&U.qthreads[e->qid], 1);
+    atomic_fetch_sub(&U.rings, 1);
     if (r != -ENOTCONN && r != -ECONNABORTED) give_up(e);
     entry_free(e);
     return NULL;
@@ -368,7 +372,10 @@ static void spare_for(uint16_t qid) {
   do
     if (n >= PER_CPU_MAX || atomic_load(&U.stopping)) return;
   while (!atomic_compare_exchange_weak(&U.qthreads[qid], &n, n + 1));
-  if (!entry_start(qid, true)) atomic_fetch_sub(&U.qthreads[qid], 1);
+  if (atomic_fetch_add(&U.rings, 1) >= U.rings_max || !entry_start(qid, true)) {
+    atomic_fetch_sub(&U.rings, 1);
+    atomic_fetch_sub(&U.qthreads[qid], 1);
+  }
 }
 
 bool sbx_uring_prepare(struct fuse_session *se, int fuse_fd, uint32_t max_write) {
@@ -399,7 +406,11 @@ bool sbx_uring_prepare(struct fuse_session *se, int fuse_fd, uint32_t max_write)
   /* every ring is an fd: at most an eighth of them, the rest are the
    * files the view opens (rings that took them all left it answering EIO) */
   struct rlimit rl;
-  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && (rlim_t)n * 8 > rl.rlim_cur) return false;
+  U.rings_max = PER_CPU_MAX * (int)cpus; /* spares included */
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur / 8 < (rlim_t)U.rings_max)
+    U.rings_max = (int)(rl.rlim_cur / 8);
+  if (n > U.rings_max) return false;
+  atomic_store(&U.rings, n);
   U.lookers = calloc((size_t)cpus, sizeof *U.lookers);
   U.qbusy = calloc((size_t)cpus, sizeof *U.qbusy);
   U.qthreads = calloc((size_t)cpus, sizeof *U.qthreads);

@@ -485,7 +485,8 @@ static void test_s3_body_protected(void) {
   } cases[] = {{"https://abc.r2.cloudflarestorage.com", true}, {"HTTPS://s3.amazonaws.com", true},
                {"http://127.0.0.1:9000", true}, {"http://localhost:9000", true}, {"http://[::1]:9000", true},
                {"http://127.0.0.1", true}, {"http://10.0.0.5:9000", false}, {"http://s3.example.com", false},
-               {"http://127.evil.example:80", false}, {"http://localhost.evil.example", false},
+               {"http://127.evil.example:80", false}, {"http://127.0.0.1.5:80", false}, {"http://127.1:80", false},
+               {"http://127.255.0.9/", true}, {"http://localhost.evil.example", false},
                {"http://[::1].x", false}, {"http://[::1", false}, {"ftp://127.0.0.1", false}, {"127.0.0.1:9000", false}};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     s3_conf c = {0};
