@@ -67,7 +67,7 @@ typedef struct {
   struct uring_req_header hdr;
   struct iovec iov[2];
   char *buf; /* LEAD, then the payload */
-  void *rings, *sqes_map; /* the ring's mappings, and their lengths */
+  void *rings; /* the ring's mapping; it and the sqes' have these lengths once made */
   size_t rings_len, sqes_len;
   size_t payload_max;
   /* the request being handled */
@@ -147,7 +147,6 @@ static int ring_setup(entry *e) {
   e->sqes = mmap(NULL, p.sq_entries * 2 * sizeof(struct io_uring_sqe), PROT_READ | PROT_WRITE,
                  MAP_SHARED | MAP_POPULATE, e->fd, IORING_OFF_SQES);
   if (e->sqes == MAP_FAILED) return -errno;
-  e->sqes_map = e->sqes;
   e->sqes_len = p.sq_entries * 2 * sizeof(struct io_uring_sqe);
   return 0;
 }
@@ -155,8 +154,8 @@ static int ring_setup(entry *e) {
 /* An entry that serves no more (its ring never made, never registered, or
  * given up): its ring, mappings and memory go. */
 static void entry_free(entry *e) {
-  if (e->sqes_map) munmap(e->sqes_map, e->sqes_len);
-  if (e->rings) munmap(e->rings, e->rings_len);
+  if (e->sqes_len) munmap(e->sqes, e->sqes_len);
+  if (e->rings_len) munmap(e->rings, e->rings_len);
   if (e->fd >= 0) close(e->fd);
   free(e->buf);
   free(e);
@@ -313,24 +312,16 @@ static void *ring_main(void *arg) {
   while (!U.go && !U.abandon) pthread_cond_wait(&U.cond, &U.lock);
   bool abandon = U.abandon;
   pthread_mutex_unlock(&U.lock);
-  int r = made;
-  if (!abandon && made == 0)
+  int r = abandon ? -ECANCELED : made; /* abandoned: no io_uring for this session */
+  bool registering = r == 0;
+  if (registering)
     for (int tries = 0; (r = ring_cmd(e, CMD_REGISTER, 0)) == -EAGAIN && tries < 1000; tries++)
       usleep(1000); /* INIT's reply not taken yet */
-  if (r < 0 && e->spare) { /* the ring serves without it: this thread goes */
+  if (r < 0) { /* this thread does not serve: its CPU has one fewer */
     atomic_fetch_sub(&U.qthreads[e->qid], 1);
     atomic_fetch_sub(&U.rings, 1);
-    entry_free(e);
-    return NULL;
-  }
-  if (abandon || made != 0) { /* no io_uring for this session */
-    entry_free(e);
-    return NULL;
-  }
-  if (r < 0) { /* its CPU has one thread fewer */
-    atomic_fetch_sub(&U.qthreads[e->qid], 1);
-    atomic_fetch_sub(&U.rings, 1);
-    if (r != -ENOTCONN && r != -ECONNABORTED) give_up(e);
+    /* a spare's refusal is its own (the ring serves without it) */
+    if (registering && !e->spare && r != -ENOTCONN && r != -ECONNABORTED) give_up(e);
     entry_free(e);
     return NULL;
   }
@@ -360,10 +351,7 @@ static bool entry_start(uint16_t qid, bool spare) {
   pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
   bool ok = pthread_create(&t, &a, ring_main, e) == 0;
   pthread_attr_destroy(&a);
-  if (!ok) {
-    free(buf);
-    free(e);
-  }
+  if (!ok) entry_free(e);
   return ok;
 }
 

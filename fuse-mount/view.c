@@ -1829,19 +1829,17 @@ static int view_main(const char *mountpoint, const sbx_view_opts *o) {
   pthread_mutex_unlock(&V.lock);
   pthread_join(V.notifier, NULL);
   if (V.fan >= 0) pthread_join(fant, NULL);
+  if (settled) viewlink_stop();
+  fuse_session_unmount(V.se);
+  if (V.rootless) sbx_fuse_unmount(V.mountpoint, true, err, sizeof err); /* fusermount3 mounted it */
   if (!settled) {
     /* a handler still waits (on the daemon, up to a minute): the session
      * stays its own, the place is let go and the process ends (freed, the
      * session's reply made a use after free) */
-    fuse_session_unmount(V.se);
-    if (V.rootless) sbx_fuse_unmount(V.mountpoint, true, err, sizeof err);
     sbx_uring_restore();
     fflush(NULL);
     _exit(r < 0 ? 1 : 0);
   }
-  viewlink_stop();
-  fuse_session_unmount(V.se);
-  if (V.rootless) sbx_fuse_unmount(V.mountpoint, true, err, sizeof err); /* fusermount3 mounted it */
   fuse_session_destroy(V.se);
   fuse_opt_free_args(&fa.args);
   return r < 0 ? 1 : 0;

@@ -14,6 +14,17 @@ def run(x, code, **kw):
     return x.c.ok('runCode', dict(code=code, **kw), 120)
 
 
+def cancel_once_printing(x, code, token):
+    """Sends a runCode whose code prints first, waits for that output (the
+    run is under way), then cancels the call."""
+    c = x.c
+    i = next(c.ids)
+    c.send({'jsonrpc': '2.0', 'id': i, 'method': 'tools/call',
+            'params': {'name': 'runCode', 'arguments': {'code': code}, '_meta': {'progressToken': token}}})
+    c.next(lambda m: m.get('method') == 'notifications/progress' and m['params'].get('progressToken') == token, 60)
+    c.notify('notifications/cancelled', {'requestId': i, 'reason': 'test'})
+
+
 def test_state_and_results(t, x):
     r = run(x, 'x = 20\ny = x * 2\nprint("hello")\ny + 2')
     t.eq(r['logs']['stdout'], ['hello\n'], 'print goes to logs.stdout, a line an entry')
@@ -65,16 +76,9 @@ def test_timeout_and_cancel(t, x):
     t.ok(time.monotonic() - t0 < 30, 'and answers')
     t.eq(run(x, 'counter + 1')['results'][0]['text'], '42', 'the context keeps its earlier variables')
     # cancellation: notifications/cancelled interrupts like a timeout
-    c = x.c
-    i = next(c.ids)
-    c.send({'jsonrpc': '2.0', 'id': i, 'method': 'tools/call',
-            'params': {'name': 'runCode', 'arguments': {'code': 'import time\nstarted = True\nprint("go", flush=True)\n'
-                                                                 'time.sleep(1000)'}, '_meta': {'progressToken': 'pc'}}})
-    c.next(lambda m: m.get('method') == 'notifications/progress' and m['params'].get('progressToken') == 'pc', 60)
-    c.notify('notifications/cancelled', {'requestId': i, 'reason': 'test'})
+    cancel_once_printing(x, 'import time\nstarted = True\nprint("go", flush=True)\ntime.sleep(1000)', 'pc')
     r = run(x, 'started, counter')
     t.eq(r['results'][0]['text'], '(True, 41)', 'a cancelled run is interrupted; the next one runs with the state kept')
-
 
 
 def test_interrupt_sent_again(t, x):
@@ -87,26 +91,15 @@ def test_interrupt_sent_again(t, x):
     run(x, 'kept = "yes"')
     r = run(x, swallow + 'time.sleep(1000)', timeout=500)
     t.eq(r.get('error', {}).get('name'), 'TimeoutError', 'a timeout whose first SIGINT is lost still interrupts', r)
-    c = x.c
-    i = next(c.ids)
-    c.send({'jsonrpc': '2.0', 'id': i, 'method': 'tools/call',
-            'params': {'name': 'runCode', 'arguments': {'code': swallow + 'print("go", flush=True)\ntime.sleep(1000)'},
-                       '_meta': {'progressToken': 'pl'}}})
-    c.next(lambda m: m.get('method') == 'notifications/progress' and m['params'].get('progressToken') == 'pl', 60)
-    c.notify('notifications/cancelled', {'requestId': i, 'reason': 'test'})
+    cancel_once_printing(x, swallow + 'print("go", flush=True)\ntime.sleep(1000)', 'pl')
     r = run(x, 'kept')
     t.eq((r['results'][0]['text'], r.get('contextRestarted')), ("'yes'", None),
          'so does a cancel, and the context keeps its state (not ended for a run that did not stop)')
     # a SIGINT handler an earlier run set is not the next run's: its cleanup
     # after one KeyboardInterrupt is not cut short by more
     run(x, 'signal.signal(signal.SIGINT, signal.default_int_handler)')
-    i = next(c.ids)
-    c.send({'jsonrpc': '2.0', 'id': i, 'method': 'tools/call',
-            'params': {'name': 'runCode', 'arguments': {'code': 'try:\n    print("go", flush=True)\n    time.sleep(1000)\n'
-                                                                 'finally:\n    time.sleep(0.3)\n    cleaned = True'},
-                       '_meta': {'progressToken': 'ph'}}})
-    c.next(lambda m: m.get('method') == 'notifications/progress' and m['params'].get('progressToken') == 'ph', 60)
-    c.notify('notifications/cancelled', {'requestId': i, 'reason': 'test'})
+    cancel_once_printing(x, 'try:\n    print("go", flush=True)\n    time.sleep(1000)\n'
+                            'finally:\n    time.sleep(0.3)\n    cleaned = True', 'ph')
     r = run(x, "globals().get('cleaned')")
     t.eq(r['results'][0]['text'] if r.get('results') else r, 'True', 'a cancelled run\'s finally runs whole')
 
@@ -125,6 +118,7 @@ def test_cancel_at_once(t, x):
     r = run(x, '(kept, ran)')
     t.eq((r['results'][0]['text'], r.get('contextRestarted')), ('(7, 0)', None),
          'eight runs cancelled at once: none ran on, and the context kept its state', r)
+
 
 def test_contexts_independent(t, x):
     a = x.c.ok('createCodeContext', {'language': 'python'})

@@ -285,6 +285,11 @@ def possible_cpus():
     return last + 1
 
 
+def rings_per_cpu(cpus):
+    """How many rings the view makes for each possible CPU (uring.c's per_cpu)."""
+    return 8 if cpus <= 4 else 4
+
+
 def test_io_uring(t, x):
     """Where the kernel has FUSE over io_uring, the view (as root) turns it
     on while it mounts and takes its requests on rings, several per CPU;
@@ -297,7 +302,7 @@ def test_io_uring(t, x):
         f.write('through the ring\n')
     t.eq(x.c.sh('cat /workspace/ring.txt')['stdout'], 'through the ring\n', 'the view serves')
     cpus = possible_cpus()
-    per = 8 if cpus <= 4 else 4
+    per = rings_per_cpu(cpus)
     t.eq(rings_of(view_pid(x.mnt)), per * cpus, 'through %d rings per possible CPU' % per)
     line = [l for l in x.env.run(['doctor']).stdout.decode().splitlines() if 'FUSE over io_uring' in l]
     t.ok(line and line[0].startswith('ok') and 'rings' in line[0], 'sbx doctor says the view uses it', line)
@@ -311,7 +316,7 @@ def test_low_fd_limit(t, x):
     with open(os.path.join(x.mnt, 'v1', 'lowfd.txt'), 'w') as f:
         f.write('served\n')
     cpus = possible_cpus()
-    rings = (8 if cpus <= 4 else 4) * cpus
+    rings = rings_per_cpu(cpus) * cpus
     for limit in (24, 64, 8 * rings):
         mnt = os.path.join(x.env.root, 'lowfd%d' % limit)
         os.makedirs(mnt, exist_ok=True)

@@ -291,23 +291,37 @@ def _on_sigint(signum, frame):
         raise KeyboardInterrupt
 
 
+def _interrupt_once(run):
+    """SIGINT to the main thread for a run (its id), if it is running and has
+    not raised it yet; a run not started yet is marked not to run. True
+    while it should be sent again."""
+    if not isinstance(run, int):
+        return False
+    with _ilock:
+        if run > _started[0]:  # its line came before it started (a cancel at once)
+            _early[0] = run
+            return False
+        if _live[0] != run or _took[0] == run:
+            return False
+        signal.pthread_kill(_main, signal.SIGINT)
+        return True
+
+
 def _interrupt(run):
     """Interrupts a run. SIGINT goes to the main thread itself, not to the
     process (which may hand it to any thread), and again every 50 ms until
     the run has raised it or ended: a signal that lands between Python's
     last look at signals and a blocking call (time.sleep, a read) is only
     seen when that call returns, which may be never."""
-    if not isinstance(run, int):
-        return
-    while True:
-        with _ilock:
-            if run > _started[0]:  # its line came before it started (a cancel at once)
-                _early[0] = run
-                return
-            if _live[0] != run or _took[0] == run:
-                return
-            signal.pthread_kill(_main, signal.SIGINT)
+    while _interrupt_once(run):
         time.sleep(0.05)
+
+
+def _own_sigint():
+    """SIGINT is the driver's again: a handler a run set lasts for that run
+    (as Jupyter runs each cell with Python's default one)."""
+    if signal.getsignal(signal.SIGINT) is not _on_sigint:
+        signal.signal(signal.SIGINT, _on_sigint)
 
 
 def _reader():
@@ -331,9 +345,7 @@ def _reader():
                 try:
                     threading.Thread(target=_interrupt, args=(req['interrupt'],), daemon=True).start()
                 except RuntimeError:  # no thread to be had (the code used them up): one try, from here
-                    with _ilock:
-                        if _live[0] == req['interrupt']:
-                            signal.pthread_kill(_main, signal.SIGINT)
+                    _interrupt_once(req['interrupt'])
             else:
                 _requests.put(req)
 
@@ -363,10 +375,7 @@ while True:
         timed_out.append(True)
         _interrupt(run)
     try:
-        # a handler an earlier run set is not this one's: KeyboardInterrupt
-        # is (as Jupyter runs each cell with Python's default one)
-        if signal.getsignal(signal.SIGINT) is not _on_sigint:
-            signal.signal(signal.SIGINT, _on_sigint)
+        _own_sigint()  # (should an interrupt have cut the last run's finally short)
         with _ilock:
             run = _current[0]
             early = isinstance(run, int) and _early[0] == run
@@ -384,9 +393,7 @@ while True:
             _run(req.get('code', ''))
             _flush_figures()
         finally:
-            # one the code set goes with it, before an interrupt it was sent for is seen
-            if signal.getsignal(signal.SIGINT) is not _on_sigint:
-                signal.signal(signal.SIGINT, _on_sigint)
+            _own_sigint()  # before an interrupt sent for the run is seen
             _live[0] = None
             if timer:
                 timer.cancel()
