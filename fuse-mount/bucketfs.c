@@ -43,6 +43,7 @@
 #define PREFETCH_MAX (512u * 1024)
 #define PREFETCH_AHEAD 32
 #define PREFETCH_KEPT 4096 /* fetched ahead and not looked up yet, at most */
+#define HELD_MAX 8192      /* files the kernel forgot whose clean cached data stays, at most */
 #define LIST_TTL_MS 5000     /* a directory's listing is trusted this long */
 #define LIST_SETTLE_MS 2000  /* what we put in a directory this long before a listing began is kept past it */
 #define MAX_LIST 200000      /* entries of one directory */
@@ -61,6 +62,7 @@ typedef struct lentry {
   bool dir;
   uint64_t size;
   int64_t modified_ns; /* LastModified */
+  uint64_t etag;       /* s3_etag_hash of its ETag (0: not known) */
   uint64_t added_ms;   /* put there by us (not a listing): when */
   int32_t next;        /* the next entry of its chain in an lindex */
 } lentry;
@@ -92,11 +94,13 @@ typedef struct bnode {
   int fetching;  /* chunk fetches writing into its cache file */
   bool remote;   /* the bucket has it, as far as we know */
   bool kept;     /* fetched ahead: kept (with no reference) for a lookup to come */
+  bool held;     /* forgotten by the kernel: kept for its clean cached data */
   bool meta_pending; /* made ahead of its lookup: mode, owner, mtime not known yet */
   bool unlinked; /* removed: only the kernel's references and open files keep it */
   uint64_t size;
   int64_t mtime_ns;
-  int64_t remote_modified_ns; /* the object's LastModified when we last saw it */
+  int64_t remote_modified_ns; /* the object's LastModified when we last saw it (0: not known) */
+  uint64_t etag;              /* its ETag's s3_etag_hash then (0: not known) */
   mode_t mode;                /* permission bits */
   uid_t uid, gid;             /* as the sandbox sees them */
   char *target;               /* a symlink's */
@@ -110,6 +114,7 @@ typedef struct bnode {
   size_t nchunks;
   uint64_t cached; /* bytes of the cache file we account for */
   nlink lru_link; /* on B.lru while it has cached data */
+  nlink held_link; /* on B.held while held */
   bool stale;        /* the bucket's object changed: drop the cache when closed */
   uint64_t seq_off; /* where a sequential reader goes next */
   uint64_t uploaded_ms; /* when it last went up (a listing older than that lacks it) */
@@ -175,6 +180,7 @@ static struct {
   uid_t uid_base; /* the host uid of sandbox root (rootless: 0, ids are the namespace's) */
   uint64_t cache_max, cache_used;
   nlist lru; /* nodes with cached data, least recently used first */
+  nlist held; /* nodes held with no reference, the oldest first */
   uint64_t njournal; /* journal entries: dirty nodes and deletions not done yet */
   uint64_t journal_extra; /* what entries bigger than JOURNAL_COST take past it */
   uint64_t fetching_bytes; /* of fetches under way: theirs already */
@@ -191,7 +197,7 @@ static struct {
   char *busy_paths[UPLOADERS]; /* one operation per path at a time, in order */
   fitem *fetchq;   /* chunks a reader wants soon: first */
   fitem *aheadq;   /* small files fetched ahead */
-  size_t nkept;
+  size_t nkept, nheld;
   nlist fds; /* nodes whose cache file is open, oldest first */
   size_t nfds, fds_max;         /* past fds_max, those not in use are closed */
   int inflight;
@@ -429,6 +435,7 @@ static void cache_close(bnode *n);
 #define NLINK(n, off) ((nlink *)((char *)(n) + (off)))
 #define FD_LINK offsetof(bnode, fd_link)
 #define LRU_LINK offsetof(bnode, lru_link)
+#define HELD_LINK offsetof(bnode, held_link)
 
 static void nlist_remove(nlist *l, bnode *n, size_t off) {
   nlink *k = NLINK(n, off);
@@ -485,16 +492,56 @@ static void cache_drop(bnode *n, bool unlink_file) {
   n->nchunks = 0;
 }
 
-/* Freed once nothing refers to it: the kernel, an open file, an upload,
- * a fetch. Its clean cached data goes with it. */
-static void node_maybe_free(bnode *n) {
-  if (n == &B.root || n->nlookup || n->opens || n->busy || n->dirty || n->queued || n->kept) return;
+static void unkeep(bnode *n);
+static void node_maybe_free(bnode *n);
+
+/* Whether something refers to n: the kernel, an open file, an upload, a
+ * fetch, or it is kept for a lookup to come. */
+static bool node_referenced(const bnode *n) {
+  return n == &B.root || n->nlookup || n->opens || n->busy || n->dirty || n->queued || n->kept || n->held;
+}
+
+static void node_free(bnode *n) {
   if (node_find(n->path) == n) node_unhash(n);
   cache_drop(n, true); /* its cache file, unless its path names another node now */
   list_free(n);
   free(n->target);
   free(n->path);
   free(n);
+}
+
+/* What the kernel forgot stays known for a lookup to come, which then
+ * needs no HEAD: a file with clean cached data keeps it (in the cache's
+ * LRU like any other's; the listing says then whether the bucket's object
+ * is still the one cached), a directory its metadata (its listing, read
+ * again anyway once older than LIST_TTL_MS, goes unless it holds names we
+ * just put there). At most HELD_MAX of them: past that the one held
+ * longest goes. Lock held. */
+static bool hold(bnode *n) {
+  if (!n->remote || n->unlinked || n->stale || n->meta_pending || node_find(n->path) != n) return false;
+  if (n->type == T_DIR) {
+    uint64_t now = sbx_now_ms();
+    bool settling = false;
+    for (size_t i = 0; i < n->nlist && !settling; i++) settling = n->list[i].added_ms + LIST_SETTLE_MS >= now;
+    if (!settling) list_free(n);
+  } else if (n->type != T_FILE || !n->cached) {
+    return false;
+  }
+  if (B.nheld >= HELD_MAX) {
+    bnode *old = B.held.head;
+    unkeep(old);
+    if (!node_referenced(old)) node_free(old);
+  }
+  cache_close(n); /* its file stays, not its descriptor */
+  n->held = true;
+  B.nheld++;
+  nlist_append(&B.held, n, HELD_LINK);
+  return true;
+}
+
+/* Freed once nothing refers to it, unless it is held (above). */
+static void node_maybe_free(bnode *n) {
+  if (!node_referenced(n) && !hold(n)) node_free(n);
 }
 
 static bnode *node_of(fuse_ino_t ino) { return ino == FUSE_ROOT_ID ? &B.root : (bnode *)(uintptr_t)ino; }
@@ -923,10 +970,12 @@ static void set_bit(uint8_t *m, size_t i, bool v) {
   else m[i / 8] &= (uint8_t)~(1u << (i % 8));
 }
 
-/* A node fetched ahead is no longer kept for a lookup: it lives on as any
- * other (node_maybe_free frees it once nothing refers to it). Lock held. */
+/* A node fetched ahead or held is no longer kept for a lookup: it lives on
+ * as any other (node_maybe_free frees it once nothing refers to it). Lock
+ * held. */
 static void unkeep(bnode *n) {
   if (n->kept) n->kept = false, B.nkept--;
+  if (n->held) n->held = false, B.nheld--, nlist_remove(&B.held, n, HELD_LINK);
 }
 
 /* What the mount takes of its cap: cached data and the journal. */
@@ -948,7 +997,7 @@ static void evict(uint64_t want) {
       victim = victim->lru_link.next;
     if (!victim) return;
     cache_drop(victim, true);
-    if (victim->kept) { /* fetched ahead and never looked up: goes whole */
+    if (victim->kept || victim->held) { /* no reference to it: goes whole */
       unkeep(victim);
       node_maybe_free(victim);
     }
@@ -1093,6 +1142,7 @@ static void fetch_ahead(bnode *n) {
   /* what the listing said, still: the data and metadata are the file's */
   if (r == 0 && got == st.size && st.size == n->size && n->cfd == fd && n->meta_pending && !n->dirty) {
     n->remote_modified_ns = st.modified_ns;
+    n->etag = st.etag;
     n->mtime_ns = st.mtime_ns;
     apply_meta(n, &st.meta);
     n->meta_pending = false;
@@ -1131,6 +1181,7 @@ static void fetch_after(bnode *d, size_t i) {
     n->remote = n->kept = n->meta_pending = true;
     n->size = e->size;
     n->remote_modified_ns = e->modified_ns;
+    n->etag = e->etag;
     if (e->modified_ns > 0) n->mtime_ns = e->modified_ns;
     B.nkept++;
     n->busy++;
@@ -1198,7 +1249,7 @@ static int truncate_to_empty(bnode *n) {
 
 /* Puts a node's content (file, link target, directory marker). Lock held,
  * dropped during the request. */
-static int put_node(bnode *n, const char *key, s3_err *e) {
+static int put_node(bnode *n, const char *key, uint64_t *etag, s3_err *e) {
   s3_meta m = meta_of(n);
   uint64_t size = n->size;
   ntype type = n->type;
@@ -1220,7 +1271,7 @@ static int put_node(bnode *n, const char *key, s3_err *e) {
       snprintf(e->msg, sizeof e->msg, "the cache file of %s is gone", key);
       rc = -1;
     } else {
-      rc = s3_put_fd(&B.s3, key, fd, size, &m, e);
+      rc = s3_put_fd(&B.s3, key, fd, size, &m, etag, e);
       close(fd);
     }
   }
@@ -1265,7 +1316,8 @@ static void *uploader(void *arg) {
       uint64_t gen = n->gen;
       n->busy++;
       n->tried = true;
-      rc = put_node(n, key, &e);
+      uint64_t etag = 0;
+      rc = put_node(n, key, &etag, &e);
       n->busy--;
       if (rc == 0) {
         n->remote = true;
@@ -1273,13 +1325,17 @@ static void *uploader(void *arg) {
         if (n->gen == gen) {
           mark_clean(n);
           n->up_gen = gen;
+          /* the object is what we cached: its ETag says so to a listing
+           * (its LastModified is the server's, known from the next one) */
+          n->etag = etag;
+          n->remote_modified_ns = 0;
           /* in the bucket now: a listing read before that (while a
            * restart's journal went up) would make it vanish once the node
            * is freed, until the listing is read again */
           bnode *d = parent_of(n->path);
           /* (list_add marks it added now: a listing begun before may lack it) */
           lentry *le = n->unlinked ? NULL : list_add(d, base_of(n->path), n->type == T_DIR);
-          if (le) le->size = n->type == T_DIR ? 0 : n->size;
+          if (le) le->size = n->type == T_DIR ? 0 : n->size, le->etag = n->etag;
         }
         if (strcmp(n->path, q->path) || n->unlinked) {
           /* renamed or removed while it went up: what went up is stale */
@@ -1383,7 +1439,7 @@ typedef struct list_ctx {
   bool oom;
 } list_ctx;
 
-static void list_cb(void *ud, const char *name, bool dir, uint64_t size, int64_t modified) {
+static void list_cb(void *ud, const char *name, bool dir, uint64_t size, int64_t modified, uint64_t etag) {
   list_ctx *l = ud;
   /* the directory's own marker, and keys no file name can be ("a//b", "../x") */
   if (!*name || strchr(name, '/') || !strcmp(name, ".") || !strcmp(name, "..") || strlen(name) > NAME_MAX) return;
@@ -1400,6 +1456,7 @@ static void list_cb(void *ud, const char *name, bool dir, uint64_t size, int64_t
   e->dir = dir;
   e->size = size;
   e->modified_ns = modified;
+  e->etag = etag;
 }
 
 static void list_ctx_free(list_ctx *l) {
@@ -1438,7 +1495,7 @@ static int refresh_listing(bnode *d) {
     lentry *o = &d->list[i], *e;
     if (!o->added_ms || o->added_ms + LIST_SETTLE_MS < started || lindex_find(&l.ix, l.e, l.n, o->name)) continue;
     if (!(e = lentry_append(&l.e, &l.n, &l.cap, &l.ix, o->name))) break;
-    e->dir = o->dir, e->size = o->size, e->modified_ns = o->modified_ns, e->added_ms = o->added_ms;
+    e->dir = o->dir, e->size = o->size, e->modified_ns = o->modified_ns, e->etag = o->etag, e->added_ms = o->added_ms;
   }
   list_free(d);
   d->list = l.e;
@@ -1468,6 +1525,17 @@ static int refresh_listing(bnode *d) {
  * it went up (lock held). */
 static bool newer_than_listing(const bnode *n, const bnode *d) {
   return !n->unlinked && (n->dirty || n->queued || !n->remote || n->uploaded_ms >= d->list_started);
+}
+
+/* Whether the bucket's object (size, LastModified, ETag hash: 0 when not
+ * known) is another than the one n last knew: by the ETags where both are
+ * known (an object we uploaded has one before its LastModified is known),
+ * else by LastModified. Not when n knew nothing. */
+static bool content_changed(const bnode *n, uint64_t size, int64_t modified_ns, uint64_t etag) {
+  if (!n->remote_modified_ns && !n->etag) return false;
+  if (size != n->size) return true;
+  if (n->etag && etag) return n->etag != etag;
+  return modified_ns > 0 && modified_ns / 1000000000 != n->remote_modified_ns / 1000000000;
 }
 
 /* Reads an object's metadata into a node (lock held, dropped meanwhile). */
@@ -1503,7 +1571,7 @@ static int head_into(bnode *n, bool dir) {
     apply_meta(n, &st.meta);
     return 0;
   }
-  if (n->remote_modified_ns && (st.size != n->size || st.modified_ns / 1000000000 != n->remote_modified_ns / 1000000000)) {
+  if (content_changed(n, st.size, st.modified_ns, st.etag)) {
     n->version++; /* changed in the bucket: the cached data is stale */
     if (n->opens) n->stale = true; /* open files keep reading what they had */
     else cache_drop(n, true);
@@ -1511,6 +1579,7 @@ static int head_into(bnode *n, bool dir) {
   n->type = st.meta.valid && S_ISLNK(st.meta.mode) ? T_LINK : T_FILE;
   n->size = st.size;
   n->remote_modified_ns = st.modified_ns;
+  n->etag = st.etag;
   n->mtime_ns = st.mtime_ns;
   apply_meta(n, &st.meta);
   if (n->type == T_LINK) {
@@ -1545,7 +1614,7 @@ static int lookup_node(bnode *parent, const char *name, bnode **out) {
   if (e) fetch_after(parent, (size_t)(e - parent->list));
   /* what the listing says (the listing may be replaced while the lock is
    * dropped below) */
-  lentry le = e ? (lentry){.dir = e->dir, .size = e->size, .modified_ns = e->modified_ns} : (lentry){0};
+  lentry le = e ? (lentry){.dir = e->dir, .size = e->size, .modified_ns = e->modified_ns, .etag = e->etag} : (lentry){0};
   if (n && newer_than_listing(n, parent)) {
     if (!e) list_add(parent, name, n->type == T_DIR);
     goto found;
@@ -1567,9 +1636,15 @@ static int lookup_node(bnode *parent, const char *name, bnode **out) {
   }
   if (le.dir && n->type != T_DIR) n->type = T_DIR;
   n->remote = true;
-  /* a file whose listing entry disagrees with what we know is looked at again */
-  bool stale = !le.dir && (le.size != n->size || (le.modified_ns > 0 && le.modified_ns / 1000000000 !=
-                                                                            n->remote_modified_ns / 1000000000));
+  /* a file whose listing entry disagrees with what we know is looked at
+   * again; one we uploaded (its ETag known, not its LastModified) that the
+   * listing names by that ETag learns its LastModified from it */
+  bool same_etag = n->etag && n->etag == le.etag;
+  bool stale = !le.dir && (le.size != n->size || (n->etag && le.etag && !same_etag) ||
+                           (le.modified_ns > 0 && (n->remote_modified_ns ? le.modified_ns / 1000000000 !=
+                                                                               n->remote_modified_ns / 1000000000
+                                                                         : !same_etag)));
+  if (!le.dir && !stale && same_etag && !n->remote_modified_ns) n->remote_modified_ns = le.modified_ns;
   bool unknown = fresh || n->meta_pending; /* a fetch ahead that has not come (or failed) */
   if (unknown || stale) {
     r = head_into(n, le.dir);
@@ -2208,8 +2283,8 @@ typedef struct keys {
   size_t n, cap;
 } keys;
 
-static void keys_cb(void *ud, const char *name, bool dir, uint64_t size, int64_t mtime) {
-  (void)dir, (void)size, (void)mtime;
+static void keys_cb(void *ud, const char *name, bool dir, uint64_t size, int64_t mtime, uint64_t etag) {
+  (void)dir, (void)size, (void)mtime, (void)etag;
   keys *k = ud;
   if (k->n == k->cap) {
     k->cap = k->cap ? 2 * k->cap : 64;

@@ -5,6 +5,7 @@
 #include "../sandbox-core/util.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <curl/curl.h>
 #include <pthread.h>
 #include <sys/stat.h>
@@ -141,7 +142,7 @@ int64_t s3_parse_time(const char *s) {
 
 typedef struct resp {
   sbx_buf body;     /* XML answers and errors */
-  char etag[128];   /* the ETag header (multipart parts) */
+  char etag[128];   /* the ETag header */
   int fd;           /* GET: where the data goes (-1: into body) */
   uint64_t fd_off, got;
   bool fd_error;
@@ -437,11 +438,27 @@ int s3_check(const s3_conf *c, s3_err *e) {
   return rc;
 }
 
+uint64_t s3_etag_hash(const char *etag) {
+  uint64_t h = 14695981039346656037ull; /* FNV-1a */
+  bool any = false;
+  for (const char *p = etag ? etag : ""; *p; p++) {
+    if (!strncmp(p, "&quot;", 6)) {
+      p += 5;
+      continue;
+    }
+    if (*p == '"' || isspace((unsigned char)*p)) continue;
+    h = (h ^ (uint8_t)tolower((unsigned char)*p)) * 1099511628211ull;
+    any = true;
+  }
+  return !any ? 0 : h ? h : 1;
+}
+
 /* HEAD, or GET of the whole object into fd (fd >= 0). */
 static int head_or_get(const s3_conf *c, const char *key, int fd, s3_stat *st, uint64_t *got, s3_err *e) {
   resp r = {.fd = fd, .st = st};
   req q = {.method = fd >= 0 ? "GET" : "HEAD", .key = key};
   int rc = perform(c, &q, &r, e);
+  if (rc == 0) st->etag = s3_etag_hash(r.etag);
   if (rc == 0 && st->meta.valid && st->meta.mtime_ns) st->mtime_ns = st->meta.mtime_ns;
   if (rc == 0 && st->meta.valid && (st->meta.mode & S_IFMT) != S_IFLNK) st->meta.mode &= 07777;
   if (got) *got = r.got;
@@ -530,7 +547,8 @@ static void *part_worker(void *arg) {
 
 /* Multipart: create, parts of equal size (the last one shorter), complete;
  * aborted on failure so no orphan parts stay billed. */
-static int put_multipart(const s3_conf *c, const char *key, int fd, uint64_t size, const s3_meta *m, s3_err *e) {
+static int put_multipart(const s3_conf *c, const char *key, int fd, uint64_t size, const s3_meta *m, uint64_t *etag,
+                         s3_err *e) {
   resp r = {.fd = -1};
   req q = {.method = "POST", .key = key, .query = "uploads=", .meta = m};
   if (perform(c, &q, &r, e) < 0) {
@@ -585,6 +603,10 @@ static int put_multipart(const s3_conf *c, const char *key, int fd, uint64_t siz
            (unsigned long long)size);
       rc = -1;
     }
+    char tag[128] = "";
+    size_t tp = 0;
+    if (rc == 0 && etag && cr.body.data && s3_xml_next(cr.body.data, cr.body.len, &tp, "ETag", tag, sizeof tag))
+      *etag = s3_etag_hash(tag);
     sbx_buf_free(&cr.body);
   }
   if (rc < 0) {
@@ -597,9 +619,14 @@ static int put_multipart(const s3_conf *c, const char *key, int fd, uint64_t siz
   return rc;
 }
 
-int s3_put_fd(const s3_conf *c, const char *key, int fd, uint64_t size, const s3_meta *m, s3_err *e) {
-  if (size > S3_PART_SIZE) return put_multipart(c, key, fd, size, m, e);
-  return put_range(c, key, NULL, fd, 0, size, m, NULL, e);
+int s3_put_fd(const s3_conf *c, const char *key, int fd, uint64_t size, const s3_meta *m, uint64_t *etag,
+              s3_err *e) {
+  if (etag) *etag = 0;
+  if (size > S3_PART_SIZE) return put_multipart(c, key, fd, size, m, etag, e);
+  char tag[128] = "";
+  int rc = put_range(c, key, NULL, fd, 0, size, m, tag, e);
+  if (rc == 0 && etag) *etag = s3_etag_hash(tag);
+  return rc;
 }
 
 int s3_put_empty(const s3_conf *c, const char *key, const s3_meta *m, s3_err *e) {
@@ -672,15 +699,17 @@ long s3_list(const s3_conf *c, const char *prefix, const char *delim, long max, 
     const char *in;
     size_t inl;
     while (s3_xml_element(x, xl, &pos, "Contents", &in, &inl) && count < max) {
-      char key[2048], size[32] = "0", mod[64] = "";
+      char key[2048], size[32] = "0", mod[64] = "", tag[128] = "";
       size_t p2 = 0;
       if (!s3_xml_next(in, inl, &p2, "Key", key, sizeof key)) continue;
       p2 = 0;
       s3_xml_next(in, inl, &p2, "Size", size, sizeof size);
       p2 = 0;
       s3_xml_next(in, inl, &p2, "LastModified", mod, sizeof mod);
+      p2 = 0;
+      s3_xml_next(in, inl, &p2, "ETag", tag, sizeof tag);
       if (strncmp(key, prefix, plen)) continue;
-      cb(ud, key + plen, false, strtoull(size, NULL, 10), s3_parse_time(mod));
+      cb(ud, key + plen, false, strtoull(size, NULL, 10), s3_parse_time(mod), s3_etag_hash(tag));
       count++;
     }
     pos = 0;
@@ -690,7 +719,7 @@ long s3_list(const s3_conf *c, const char *prefix, const char *delim, long max, 
       if (!s3_xml_next(in, inl, &p2, "Prefix", p, sizeof p) || strncmp(p, prefix, plen)) continue;
       size_t l = strlen(p);
       if (l > plen && p[l - 1] == '/') p[l - 1] = 0;
-      cb(ud, p + plen, true, 0, 0);
+      cb(ud, p + plen, true, 0, 0, 0);
       count++;
     }
     char trunc[16] = "";

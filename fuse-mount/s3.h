@@ -33,6 +33,7 @@ typedef struct s3_stat {
   uint64_t size;
   int64_t mtime_ns;    /* from the metadata when there, else Last-Modified */
   int64_t modified_ns; /* Last-Modified (whole seconds) */
+  uint64_t etag;       /* s3_etag_hash of its ETag, 0 when none came */
   s3_meta meta;
 } s3_stat;
 
@@ -50,8 +51,14 @@ typedef struct s3_err {
 bool s3_body_protected(const s3_conf *c);
 
 /* A listing entry: a key (relative to the listed prefix) or, for is_dir, a
- * common prefix without its trailing delimiter. */
-typedef void (*s3_list_cb)(void *ud, const char *name, bool is_dir, uint64_t size, int64_t mtime_ns);
+ * common prefix without its trailing delimiter. etag: s3_etag_hash of the
+ * object's ETag (0: none). */
+typedef void (*s3_list_cb)(void *ud, const char *name, bool is_dir, uint64_t size, int64_t mtime_ns, uint64_t etag);
+
+/* An ETag as a number that is never 0: the same for the same ETag however
+ * it is quoted (a header's "x", a listing's &quot;x&quot;) or cased; 0 for
+ * none. Two objects with the same ETag have the same content. */
+uint64_t s3_etag_hash(const char *etag);
 
 void s3_global_init(void);
 /* Drops the calling thread's connection now (threads that end drop theirs). */
@@ -66,8 +73,10 @@ int s3_get(const s3_conf *c, const char *key, uint64_t off, uint64_t len, int fd
  * (what a HEAD gives): one request where a HEAD and a GET would be two. */
 int s3_get_object(const s3_conf *c, const char *key, int fd, s3_stat *st, uint64_t *got, s3_err *e);
 /* Uploads the first size bytes of fd as key (multipart when larger than a
- * part, S3_PARALLEL parts at a time). */
-int s3_put_fd(const s3_conf *c, const char *key, int fd, uint64_t size, const s3_meta *m, s3_err *e);
+ * part, S3_PARALLEL parts at a time); etag (may be NULL) gets the hash of
+ * the object's ETag, 0 when the service named none. */
+int s3_put_fd(const s3_conf *c, const char *key, int fd, uint64_t size, const s3_meta *m, uint64_t *etag,
+              s3_err *e);
 int s3_put_empty(const s3_conf *c, const char *key, const s3_meta *m, s3_err *e);
 int s3_put_data(const s3_conf *c, const char *key, const char *data, size_t len, const s3_meta *m, s3_err *e);
 int s3_delete(const s3_conf *c, const char *key, s3_err *e);

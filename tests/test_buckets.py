@@ -780,6 +780,39 @@ def test_cache_cap(t, x):
     c.ok('destroySandbox', {'sandboxId': 'cap'})
 
 
+def test_forgotten_files_stay_cached(t, x):
+    """Files written through a mount stay in its cache once uploaded, also
+    when the kernel forgets them (its caches dropped): read again, they come
+    from the cache, not the bucket (each object's ETag in the listing says
+    it is still the one uploaded), and a directory looked up again needs no
+    HEAD. One that another S3 client replaced meanwhile is read anew."""
+    c = x.c
+    x.mount('/fg', prefix='fg')
+    # 40 small files, one that goes up in parts (its ETag is the parts') and a directory of 5
+    c.sh('cd /fg && mkdir d && for i in $(seq 40); do head -c 10000 /dev/urandom > f$i; done && '
+         'for i in $(seq 5); do echo $i > d/g$i; done && head -c 20000000 /dev/urandom > big && sync f* big d d/*',
+         wait=300)
+    want = c.sh('cd /fg && sha256sum f* big d/*')['stdout']
+    t.eq(len(x.s3.stored_keys('test', 'fg/')), 47, 'the 46 files and the directory are in the bucket (fsync said so)')
+    for _ in range(2):  # the second time, they were looked up anew after the first
+        before = len(x.s3.checks())
+        subprocess.run(['sh', '-c', 'echo 2 > /proc/sys/vm/drop_caches'], check=True)
+        t.eq(c.sh('cd /fg && sha256sum f* big d/*')['stdout'], want, 'read again after the kernel forgot them, all the same')
+        fetched = [ch['method'] + ' ' + ch['path'] for ch in x.s3.checks()[before:]
+                   if ch['method'] in ('GET', 'HEAD') and ch['path'].startswith('/test/fg/')]
+        t.eq(fetched, [], 'and none of them was asked of the bucket again: they came from the cache')
+    new = os.urandom(10000)
+    x.s3.put('test', 'fg/f7', new)  # the same size, other bytes
+    subprocess.run(['sh', '-c', 'echo 2 > /proc/sys/vm/drop_caches'], check=True)
+    wait_until(lambda: c.sh('sha256sum < /fg/f7')['stdout'].split()[0] == sha(new), 30,
+               'the file another client replaced to read as replaced')
+    t.ok(True, 'a cached file another client replaced (same size) reads anew once the listing shows its new ETag')
+    h = {l.split()[1]: l.split()[0] for l in want.splitlines()}
+    t.eq(c.sh('cd /fg && sha256sum f1 big')['stdout'], '%s  f1\n%s  big\n' % (h['f1'], h['big']),
+         'the others still read as written')
+    x.c.ok('unmountBucket', {'mountPath': '/fg'})
+
+
 def test_mounts_by_identity(t, x):
     """unmountBucket detaches the mount it made, wherever the sandbox has
     moved it, and never follows the sandbox's symlinks or renames into
@@ -1075,4 +1108,4 @@ if __name__ == '__main__':
     sys.exit(run_tests([test_mount_write_read, test_names_not_utf8, test_object_grows_while_open, test_signatures, test_fsync_means_in_bucket, test_secrets_never_shown,
                         test_errors, test_read_only, test_server_cpu_bounded, test_fsyncs_hold_no_thread, test_hung_bucket_stalls_nobody, test_local_bucket, test_local_bucket_quota, test_reset_keeps_bucket, test_restart_kill9,
                         test_crash_of_bucket_server, test_daemon_killed_during_writes, test_outage, test_outage_names_bounded, test_removed_stays_removed, test_open_unlinked_files, test_crash_during_outage, test_syscall_suite,
-                        test_view_shows_bucket, test_unmount, test_cache_cap, test_mounts_by_identity, test_mounts_bounded, test_more_files_than_fds, test_big_directory, test_dir_handles_bounded, test_cold_directory, test_destroy_cleans_up], Ctx))
+                        test_view_shows_bucket, test_unmount, test_cache_cap, test_forgotten_files_stay_cached, test_mounts_by_identity, test_mounts_bounded, test_more_files_than_fds, test_big_directory, test_dir_handles_bounded, test_cold_directory, test_destroy_cleans_up], Ctx))
