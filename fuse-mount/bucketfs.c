@@ -502,7 +502,7 @@ static bool node_referenced(const bnode *n) {
 }
 
 static void node_free(bnode *n) {
-  if (node_find(n->path) == n) node_unhash(n);
+  node_unhash(n); /* by pointer: another node may have its path now */
   cache_drop(n, true); /* its cache file, unless its path names another node now */
   list_free(n);
   free(n->target);
@@ -524,8 +524,8 @@ static bool hold(bnode *n) {
     bool settling = false;
     for (size_t i = 0; i < n->nlist && !settling; i++) settling = n->list[i].added_ms + LIST_SETTLE_MS >= now;
     if (!settling) list_free(n);
-  } else if (n->type != T_FILE || !n->cached) {
-    return false;
+  } else if (n->type != T_FILE || !n->cached || (!n->etag && !n->remote_modified_ns)) {
+    return false; /* no data, or nothing to tell the bucket's object by */
   }
   if (B.nheld >= HELD_MAX) {
     bnode *old = B.held.head;
@@ -1322,13 +1322,12 @@ static void *uploader(void *arg) {
       if (rc == 0) {
         n->remote = true;
         n->uploaded_ms = sbx_now_ms();
-        if (n->gen == gen) {
+        if (n->gen == gen && !strcmp(n->path, q->path)) { /* else it goes up again under its new name */
           mark_clean(n);
           n->up_gen = gen;
           /* the object is what we cached: its ETag says so to a listing
            * (its LastModified is the server's, known from the next one) */
-          n->etag = etag;
-          n->remote_modified_ns = 0;
+          if ((n->etag = etag)) n->remote_modified_ns = 0;
           /* in the bucket now: a listing read before that (while a
            * restart's journal went up) would make it vanish once the node
            * is freed, until the listing is read again */
@@ -1532,8 +1531,8 @@ static bool newer_than_listing(const bnode *n, const bnode *d) {
  * known (an object we uploaded has one before its LastModified is known),
  * else by LastModified. Not when n knew nothing. */
 static bool content_changed(const bnode *n, uint64_t size, int64_t modified_ns, uint64_t etag) {
-  if (!n->remote_modified_ns && !n->etag) return false;
   if (size != n->size) return true;
+  if (!n->remote_modified_ns && !n->etag) return false;
   if (n->etag && etag) return n->etag != etag;
   return modified_ns > 0 && modified_ns / 1000000000 != n->remote_modified_ns / 1000000000;
 }
@@ -1634,7 +1633,17 @@ static int lookup_node(bnode *parent, const char *name, bnode **out) {
     r = -ENOMEM;
     goto out;
   }
-  if (le.dir && n->type != T_DIR) n->type = T_DIR;
+  bool retyped = le.dir && n->type != T_DIR;
+  if (retyped) { /* a file here before: what we knew of it goes */
+    n->version++;
+    if (n->opens) n->stale = true;
+    else cache_drop(n, true);
+    n->type = T_DIR;
+    n->size = 0;
+    n->etag = 0;
+    n->remote_modified_ns = 0;
+    n->mode = 0755;
+  }
   n->remote = true;
   /* a file whose listing entry disagrees with what we know is looked at
    * again; one we uploaded (its ETag known, not its LastModified) that the
@@ -1645,7 +1654,7 @@ static int lookup_node(bnode *parent, const char *name, bnode **out) {
                                                                                n->remote_modified_ns / 1000000000
                                                                          : !same_etag)));
   if (!le.dir && !stale && same_etag && !n->remote_modified_ns) n->remote_modified_ns = le.modified_ns;
-  bool unknown = fresh || n->meta_pending; /* a fetch ahead that has not come (or failed) */
+  bool unknown = fresh || retyped || n->meta_pending; /* a fetch ahead that has not come (or failed) */
   if (unknown || stale) {
     r = head_into(n, le.dir);
     if (r == -ENOENT && le.dir) r = 0; /* a directory without a marker */
@@ -2317,6 +2326,7 @@ static void replace_target(const char *to) {
   mark_clean(old);
   node_unhash(old);
   syncs_settle();
+  unkeep(old);
   node_maybe_free(old);
 }
 
@@ -2407,6 +2417,7 @@ static int rename_dir(bnode *p, bnode *np, bnode *n, const char *to) {
       if (c == n || strncmp(c->path, oldp, l) || c->path[l] != '/') continue;
       char *cp = sbx_strdup_printf("%s%s", to, c->path + l);
       if (!cp) continue;
+      replace_target(cp); /* a node left there (held, or the bucket's object gone) */
       move_node(c, cp);
       list_free(c);
       if (c->dirty) enqueue(cp, OP_PUT);

@@ -810,6 +810,15 @@ def test_forgotten_files_stay_cached(t, x):
     h = {l.split()[1]: l.split()[0] for l in want.splitlines()}
     t.eq(c.sh('cd /fg && sha256sum f1 big')['stdout'], '%s  f1\n%s  big\n' % (h['f1'], h['big']),
          'the others still read as written')
+    # a file held so that another client makes its name a directory
+    c.sh('chmod 600 /fg/f9 && cat /fg/f9 > /dev/null && sync /fg/f9')
+    subprocess.run(['sh', '-c', 'echo 2 > /proc/sys/vm/drop_caches'], check=True)
+    x.s3.delete('test', 'fg/f9')
+    x.s3.put('test', 'fg/f9/inside', b'now a directory')
+    wait_until(lambda: c.sh('cat /fg/f9/inside 2>/dev/null')['stdout'] == 'now a directory', 30,
+               'the name another client made a directory to read as one')
+    t.eq(c.sh('stat -c "%F %a" /fg/f9')['stdout'], 'directory 755\n',
+         'a held file whose name became a directory is a directory, none of the file\'s mode kept')
     x.c.ok('unmountBucket', {'mountPath': '/fg'})
 
 
