@@ -1327,7 +1327,8 @@ static void *uploader(void *arg) {
           n->up_gen = gen;
           /* the object is what we cached: its ETag says so to a listing
            * (its LastModified is the server's, known from the next one) */
-          if ((n->etag = etag)) n->remote_modified_ns = 0;
+          n->etag = etag;
+          n->remote_modified_ns = 0;
           /* in the bucket now: a listing read before that (while a
            * restart's journal went up) would make it vanish once the node
            * is freed, until the listing is read again */
@@ -1349,7 +1350,7 @@ static void *uploader(void *arg) {
       }
       n->queued = false;
       if (rc == 0 && n->dirty && !n->unlinked) enqueue(n->path, OP_PUT); /* changed meanwhile */
-      else if (rc < 0) n->queued = true;
+      else if (rc < 0 && !n->unlinked) n->queued = true;
     } else if (q->kind == OP_DEL) {
       gone *g = gone_find(q->path);
       if (g) {
@@ -1383,6 +1384,7 @@ static void *uploader(void *arg) {
         q_hash(q);
         q_append(&B.retry, &B.retry_tail, q);
       }
+      if (n && n->unlinked) node_maybe_free(n); /* replaced meanwhile: not kept for the retry */
     } else {
       if (n) node_maybe_free(n);
       free(q->path);
@@ -1643,6 +1645,7 @@ static int lookup_node(bnode *parent, const char *name, bnode **out) {
     n->etag = 0;
     n->remote_modified_ns = 0;
     n->mode = 0755;
+    n->meta_pending = true; /* until a HEAD says more */
   }
   n->remote = true;
   /* a file whose listing entry disagrees with what we know is looked at
@@ -2324,6 +2327,7 @@ static void replace_target(const char *to) {
   if (!old) return;
   old->unlinked = true;
   mark_clean(old);
+  old->queued = false; /* what is queued for the name serves the node moved there */
   node_unhash(old);
   syncs_settle();
   unkeep(old);
@@ -2418,9 +2422,10 @@ static int rename_dir(bnode *p, bnode *np, bnode *n, const char *to) {
       char *cp = sbx_strdup_printf("%s%s", to, c->path + l);
       if (!cp) continue;
       replace_target(cp); /* a node left there (held, or the bucket's object gone) */
+      next = c->hnext;      /* which may have been the next one */
       move_node(c, cp);
       list_free(c);
-      if (c->dirty) enqueue(cp, OP_PUT);
+      if (c->dirty) c->gen++, enqueue(cp, OP_PUT); /* an upload under way went to the old name */
       free(cp);
     }
   replace_target(to);
