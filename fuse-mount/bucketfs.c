@@ -513,17 +513,25 @@ static void node_free(bnode *n) {
 /* What the kernel forgot stays known for a lookup to come, which then
  * needs no HEAD: a file with clean cached data keeps it (in the cache's
  * LRU like any other's; the listing says then whether the bucket's object
- * is still the one cached), a directory its metadata (its listing, read
- * again anyway once older than LIST_TTL_MS, goes unless it holds names we
- * just put there). At most HELD_MAX of them: past that the one held
+ * is still the one cached), a directory its metadata (of its listing, read
+ * again at its next lookup, only the names we put there in the last
+ * LIST_SETTLE_MS stay). At most HELD_MAX of them: past that the one held
  * longest goes. Lock held. */
 static bool hold(bnode *n) {
   if (!n->remote || n->unlinked || n->stale || n->meta_pending || node_find(n->path) != n) return false;
-  if (n->type == T_DIR) {
+  if (n->type == T_DIR) { /* only the names we just put there stay (refresh_listing keeps them) */
     uint64_t now = sbx_now_ms();
-    bool settling = false;
-    for (size_t i = 0; i < n->nlist && !settling; i++) settling = n->list[i].added_ms + LIST_SETTLE_MS >= now;
-    if (!settling) list_free(n);
+    lentry *keep = NULL;
+    size_t nkeep = 0, cap = 0;
+    lindex ix = {0};
+    for (size_t i = 0; i < n->nlist; i++) {
+      lentry *o = &n->list[i], *e;
+      if (!o->added_ms || o->added_ms + LIST_SETTLE_MS < now) continue;
+      if (!(e = lentry_append(&keep, &nkeep, &cap, &ix, o->name))) break; /* out of memory: fewer kept */
+      e->dir = o->dir, e->size = o->size, e->modified_ns = o->modified_ns, e->etag = o->etag, e->added_ms = o->added_ms;
+    }
+    list_free(n); /* and read again at the next lookup */
+    n->list = keep, n->nlist = nkeep, n->cap = cap, n->lix = ix;
   } else if (n->type != T_FILE || !n->cached || (!n->etag && !n->remote_modified_ns)) {
     return false; /* no data, or nothing to tell the bucket's object by */
   }
