@@ -496,9 +496,24 @@ static void test_s3_body_protected(void) {
   }
 }
 
+static void test_s3_etag_hash(void) {
+  uint64_t h = s3_etag_hash("\"9b2cf535f27731c974343645a3985328\"");
+  OK(h != 0, "s3: an ETag hashes to a number that is not 0");
+  OK(s3_etag_hash("&quot;9b2cf535f27731c974343645a3985328&quot;") == h &&
+         s3_etag_hash(" \"9B2CF535F27731C974343645A3985328\"\r\n") == h &&
+         s3_etag_hash("9b2cf535f27731c974343645a3985328") == h,
+     "s3: the same ETag quoted as a header, as a listing's XML, in capitals or bare hashes the same");
+  OK(s3_etag_hash("\"9b2cf535f27731c974343645a3985329\"") != h &&
+         s3_etag_hash("\"9b2cf535f27731c974343645a3985328-2\"") != h,
+     "s3: another ETag, or the multipart one of the same digits, hashes otherwise");
+  OK(s3_etag_hash(NULL) == 0 && s3_etag_hash("") == 0 && s3_etag_hash("\"\"") == 0 && s3_etag_hash("&quot;&quot;") == 0,
+     "s3: no ETag (none, empty, an empty quoted one) is 0: not known");
+}
+
 int main(void) {
   test_sha256();
   test_s3_body_protected();
+  test_s3_etag_hash();
   test_headtail();
   test_utf8();
   test_misc();
