@@ -44,6 +44,9 @@
 #define PREFETCH_AHEAD 32
 #define PREFETCH_KEPT 4096 /* fetched ahead and not looked up yet, at most */
 #define HELD_MAX 8192      /* files the kernel forgot whose clean cached data stays, at most */
+#define LIST_AHEAD 16         /* subdirectories listed ahead when a directory is opened, at most */
+#define LIST_AHEAD_KEPT 256   /* directories listed ahead and not looked up yet, at most */
+#define LIST_AHEAD_MAX 1000   /* entries of a listing made ahead (one page): a bigger one is read when wanted */
 #define LIST_TTL_MS 5000     /* a directory's listing is trusted this long */
 #define LIST_SETTLE_MS 2000  /* what we put in a directory this long before a listing began is kept past it */
 #define MAX_LIST 200000      /* entries of one directory */
@@ -95,6 +98,8 @@ typedef struct bnode {
   bool remote;   /* the bucket has it, as far as we know */
   bool kept;     /* fetched ahead: kept (with no reference) for a lookup to come */
   bool held;     /* forgotten by the kernel: kept for its clean cached data */
+  bool listed_ahead; /* a directory listed ahead: kept (with no reference) for a lookup to come */
+  bool listing;      /* its listing is being read ahead: a reader waits for that one */
   bool meta_pending; /* made ahead of its lookup: mode, owner, mtime not known yet */
   bool unlinked; /* removed: only the kernel's references and open files keep it */
   uint64_t size;
@@ -114,7 +119,7 @@ typedef struct bnode {
   size_t nchunks;
   uint64_t cached; /* bytes of the cache file we account for */
   nlink lru_link; /* on B.lru while it has cached data */
-  nlink held_link; /* on B.held while held */
+  nlink held_link; /* on B.held while held, on B.ahead while listed ahead */
   bool stale;        /* the bucket's object changed: drop the cache when closed */
   uint64_t seq_off; /* where a sequential reader goes next */
   uint64_t uploaded_ms; /* when it last went up (a listing older than that lacks it) */
@@ -155,6 +160,7 @@ typedef struct fitem {
   bnode *n;
   size_t chunk, count; /* chunks [chunk, chunk + count), marked in flight when queued */
   bool whole;    /* a small object fetched ahead with its metadata */
+  bool list;     /* a directory listed ahead */
   struct fitem *next;
 } fitem;
 
@@ -181,6 +187,8 @@ static struct {
   uint64_t cache_max, cache_used;
   nlist lru; /* nodes with cached data, least recently used first */
   nlist held; /* nodes held with no reference, the oldest first */
+  nlist ahead; /* directories listed ahead, not looked up yet, the oldest first */
+  size_t nahead;
   uint64_t njournal; /* journal entries: dirty nodes and deletions not done yet */
   uint64_t journal_extra; /* what entries bigger than JOURNAL_COST take past it */
   uint64_t fetching_bytes; /* of fetches under way: theirs already */
@@ -498,7 +506,8 @@ static void node_maybe_free(bnode *n);
 /* Whether something refers to n: the kernel, an open file, an upload, a
  * fetch, or it is kept for a lookup to come. */
 static bool node_referenced(const bnode *n) {
-  return n == &B.root || n->nlookup || n->opens || n->busy || n->dirty || n->queued || n->kept || n->held;
+  return n == &B.root || n->nlookup || n->opens || n->busy || n->dirty || n->queued || n->kept || n->held ||
+         n->listed_ahead;
 }
 
 static void node_free(bnode *n) {
@@ -978,12 +987,13 @@ static void set_bit(uint8_t *m, size_t i, bool v) {
   else m[i / 8] &= (uint8_t)~(1u << (i % 8));
 }
 
-/* A node fetched ahead or held is no longer kept for a lookup: it lives on
+/* A node fetched ahead, held or listed ahead is no longer kept for a lookup: it lives on
  * as any other (node_maybe_free frees it once nothing refers to it). Lock
  * held. */
 static void unkeep(bnode *n) {
   if (n->kept) n->kept = false, B.nkept--;
   if (n->held) n->held = false, B.nheld--, nlist_remove(&B.held, n, HELD_LINK);
+  if (n->listed_ahead) n->listed_ahead = false, B.nahead--, nlist_remove(&B.ahead, n, HELD_LINK);
 }
 
 /* What the mount takes of its cap: cached data and the journal. */
@@ -1201,6 +1211,69 @@ static void fetch_after(bnode *d, size_t i) {
   }
 }
 
+static int list_dir(bnode *d, long max);
+static int head_into(bnode *n, bool dir);
+
+/* A directory listed ahead: its listing (one page at most) and its
+ * marker's metadata, so that a walker's lookup and readdir of it find
+ * them (lock held, dropped meanwhile). */
+static void list_ahead(bnode *n) {
+  if (n->unlinked || n->type != T_DIR || n->listing || B.fetch_stop) return;
+  n->fetching++; /* a lookup of it waits for this */
+  n->listing = true;
+  int r = list_dir(n, LIST_AHEAD_MAX);
+  n->listing = false;
+  pthread_cond_broadcast(&B.fetched);
+  if (r == 0 && n->meta_pending && !n->unlinked) {
+    r = head_into(n, true);
+    if (r == 0 || r == -ENOENT) n->meta_pending = false; /* -ENOENT: a directory without a marker */
+  }
+  n->fetching--;
+  pthread_cond_broadcast(&B.fetched);
+}
+
+/* Queues the listing of the subdirectories of d whose listing is not
+ * known or old: what a walker of the tree (tar, find, cp -r) opens next.
+ * One not known at all is made, kept for its lookup (lock held). */
+static void list_after(bnode *d) {
+  size_t queued = 0;
+  uint64_t now = sbx_now_ms();
+  for (size_t i = 0; i < d->nlist && queued < LIST_AHEAD && !B.fetch_stop; i++) {
+    if (!d->list[i].dir) continue;
+    char *path = join(d->path, d->list[i].name);
+    if (!path) return;
+    bnode *n = node_find(path);
+    bool known = n != NULL;
+    if (n && (n->type != T_DIR || n->unlinked || n->busy || n->listing || (n->list_at && now - n->list_at < LIST_TTL_MS)))
+      n = NULL; /* listed lately, or in use */
+    else if (!n && !gone_find(path))
+      n = node_new(path, T_DIR);
+    free(path);
+    fitem *f = n ? calloc(1, sizeof *f) : NULL;
+    if (!f) {
+      if (n && !known) node_free(n);
+      continue;
+    }
+    if (!known) {
+      if (B.nahead >= LIST_AHEAD_KEPT) { /* the oldest, never looked up, goes */
+        bnode *old = B.ahead.head;
+        unkeep(old);
+        node_maybe_free(old);
+      }
+      n->remote = n->meta_pending = n->listed_ahead = true;
+      B.nahead++;
+      nlist_append(&B.ahead, n, HELD_LINK);
+    }
+    n->busy++;
+    *f = (fitem){.n = n, .list = true};
+    fitem **tail = &B.aheadq;
+    while (*tail) tail = &(*tail)->next;
+    *tail = f;
+    pthread_cond_signal(&B.fetch_work);
+    queued++;
+  }
+}
+
 static void *fetcher(void *arg) {
   (void)arg;
   pthread_mutex_lock(&B.lock);
@@ -1210,7 +1283,8 @@ static void *fetcher(void *arg) {
     if (!*q) break;
     fitem *f = *q;
     *q = f->next;
-    if (f->whole && !B.fetch_stop) fetch_ahead(f->n);
+    if (f->list) list_ahead(f->n);
+    else if (f->whole && !B.fetch_stop) fetch_ahead(f->n);
     else if (!f->whole) fetch_span(f->n, f->chunk, f->count, true);
     f->n->busy--;
     node_maybe_free(f->n);
@@ -1478,6 +1552,15 @@ static void list_ctx_free(list_ctx *l) {
  * held, dropped during the request). When the bucket is away, an older
  * listing still serves. */
 static int refresh_listing(bnode *d) {
+  d->busy++;
+  while (d->listing) pthread_cond_wait(&B.fetched, &B.lock); /* read ahead right now: that one serves */
+  d->busy--;
+  return list_dir(d, MAX_LIST);
+}
+
+/* The same, with at most max entries: a listing that has max is not taken
+ * (-E2BIG) unless max is MAX_LIST. */
+static int list_dir(bnode *d, long max) {
   uint64_t started = sbx_now_ms();
   if (d->list_at && (started - d->list_at < LIST_TTL_MS || started < B.away_until)) return 0; /* away: the last one serves */
   char prefix[PBUF];
@@ -1486,9 +1569,13 @@ static int refresh_listing(bnode *d) {
   pthread_mutex_unlock(&B.lock);
   list_ctx l = {0};
   s3_err e = {0};
-  long k = s3_list(&B.s3, prefix, "/", MAX_LIST, list_cb, &l, &e);
+  long k = s3_list(&B.s3, prefix, "/", max, list_cb, &l, &e);
   pthread_mutex_lock(&B.lock);
   d->busy--;
+  if (max < MAX_LIST && k >= max) { /* maybe not all of it */
+    list_ctx_free(&l);
+    return -E2BIG;
+  }
   if (k < 0 || l.oom) {
     list_ctx_free(&l);
     snprintf(B.last_error, sizeof B.last_error, "%s", l.oom ? "out of memory" : e.msg);
@@ -2229,6 +2316,7 @@ static void b_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
   bnode *d = node_of(ino);
   pthread_mutex_lock(&B.lock);
   int r = refresh_listing(d);
+  if (r == 0) list_after(d);
   dirh *h = r == 0 ? calloc(1, sizeof *h) : NULL;
   if (!h) {
     pthread_mutex_unlock(&B.lock);
