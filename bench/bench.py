@@ -20,6 +20,10 @@
            2,000 source files and reading them back, 1 GiB sequential write
            and read; the wake of a sandbox with a bucket mount (--s3-tmpfs:
            s3rver keeps its objects on a tmpfs, off the host's disk)
+  bucket-far  the same 2,000 files read back by tar from a bucket whose
+           server is 10 ms away (s3rver behind bench/delayproxy.py, which
+           holds every chunk 5 ms each way), sbx-bucketfs against s3fs:
+           from a fresh mount, then again by the same mount
   bucket-files  small files written through a bucket mount until stored,
            against the same on the host's disk
   recover  a bucket server killed with 20,000 files journaled (written while
@@ -39,7 +43,7 @@
            HTTP; the ping difference stdio - socket is what the relay adds
   clients  `exec true` latency and throughput with 1, 8 and 64 socket clients
 
-Usage: bench/bench.py [create|wake|many|disk|view|churn|buckets|bucket-files|recover|code|preview|exec|parallel|transports|clients|all] [--n N] [--s3-tmpfs]. Needs root, a built
+Usage: bench/bench.py [create|wake|many|disk|view|churn|buckets|bucket-far|bucket-files|recover|code|preview|exec|parallel|transports|clients|all] [--n N] [--s3-tmpfs]. Needs root, a built
 build/sbx and bubblewrap (scripts/bootstrap installs it)."""
 import argparse
 import os
@@ -814,6 +818,102 @@ def bench_buckets(size_mb=1024, files=2000, s3_tmpfs=False):
         env.close()
 
 
+def bench_bucket_far(files=2000, delay_ms=5):
+    """tar cf of a 2,000-file tree from a bucket whose server is a network
+    away: s3rver (objects on a tmpfs) behind a relay that holds every chunk
+    delay_ms each way, read by sbx-bucketfs and by s3fs, each from a fresh
+    mount and then again by the same mount (the kernel's caches dropped
+    before each). The tree is put there by sbx straight to the server."""
+    from s3server import AK, SK, S3
+    env = Env()
+    os.makedirs(os.path.join(env.root, 's3data'))
+    subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=2g', 'sbx-bench-s3', os.path.join(env.root, 's3data')],
+                   check=True)
+    s3 = S3(env.root, buckets=('bench',))
+    sk = socket.socket()
+    sk.bind(('127.0.0.1', 0))
+    port = sk.getsockname()[1]
+    sk.close()
+    relay = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), 'delayproxy.py'), str(port),
+                              '127.0.0.1', str(s3.port), str(delay_ms)], stdout=subprocess.PIPE)
+    relay.stdout.readline()  # ready
+    far = type('Far', (), {'direct': 'http://127.0.0.1:%d' % port})()
+    procs, mounts = [], []
+
+    def drop():
+        subprocess.run(['sh', '-c', 'sync; echo 3 > /proc/sys/vm/drop_caches'])
+
+    def mount(kind, where, server):
+        mnt = os.path.join(env.root, where)
+        os.makedirs(mnt)
+        if kind == 'sbx':
+            cache = mnt + '-cache'
+            os.makedirs(cache)
+            procs.append(spawn_bucketfs(env, server, mnt, cache, 'tree'))
+        else:
+            pw = os.path.join(env.root, 's3fs.passwd')
+            with open(pw, 'w') as f:
+                f.write('%s:%s\n' % (AK, SK))
+            os.chmod(pw, 0o600)
+            subprocess.run(['s3fs', 'bench:/tree', mnt, '-o', 'url=%s,use_path_request_style,passwd_file=%s' %
+                            (server.direct, pw)], check=True)
+        wait_mounted(mnt, timeout=30)
+        mounts.append(mnt)
+        return mnt
+
+    def umount(mnt):
+        subprocess.run(['umount', mnt], capture_output=True)
+        mounts.remove(mnt)
+        for p in procs:
+            if p.poll() is None:
+                p.wait(timeout=600)
+
+    def timed(cmd):
+        t0 = time.perf_counter()
+        subprocess.run(['sh', '-c', cmd], check=True)
+        return time.perf_counter() - t0
+
+    try:
+        names = []
+        for d, _, fs in sorted(os.walk('/usr/include')):
+            for f in sorted(fs):
+                p = os.path.join(d, f)  # regular files: s3fs cannot read sbx's symlinks
+                if len(names) < files and os.path.isfile(p) and not os.path.islink(p):
+                    names.append(os.path.relpath(os.path.join(d, f), '/usr/include'))
+        tarball = os.path.join(env.root, 'src.tar')
+        subprocess.run(['tar', 'cf', tarball, '-C', '/usr/include'] + names, check=True)
+        m = mount('sbx', 'put', s3)  # straight to the server, directory markers included
+        subprocess.run(['tar', 'xf', tarball, '-C', m], check=True)
+        umount(m)  # its uploads end first
+        rows = []
+        for kind in ('sbx', 's3fs'):
+            drop()
+            m = mount(kind, kind + '-far', far)
+            cold = timed('cd %s && tar cf - . | wc -c >/dev/null' % m)
+            drop()
+            again = timed('cd %s && tar cf - . | wc -c >/dev/null' % m)
+            umount(m)
+            rows.append((kind, cold, again))
+        print('== a bucket %d ms away: tar cf of %d files (s3rver behind bench/delayproxy.py) ==' % (2 * delay_ms, files))
+        print('%-6s %22s %24s' % ('', 'from a fresh mount', 'again, the same mount'))
+        for kind, cold, again in rows:
+            print('%-6s %20.2f s %22.2f s' % (kind, cold, again))
+        (_, a, b), (_, a2, b2) = rows
+        print('%-6s %21.1fx %23.1fx' % ('ratio', a2 / a, b2 / b))
+        print('(ratio: how many times faster sbx is than s3fs; the kernel\'s caches dropped before each)')
+        print()
+    finally:
+        for m in list(mounts):
+            subprocess.run(['umount', '-l', m], capture_output=True)
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        relay.kill()
+        s3.close()
+        subprocess.run(['umount', '-l', os.path.join(env.root, 's3data')], capture_output=True)
+        env.close()
+
+
 def bench_bucket_recover(files=20000):
     """A bucket server killed (-9) with files written while its bucket was
     away, then started again on the same cache: the time until a stat
@@ -1164,6 +1264,8 @@ def main():
             bench_buckets(s3_tmpfs=a.s3_tmpfs)
         if a.what in ('recover', 'all'):
             bench_bucket_recover(a.n or 20000)
+        if a.what in ('bucket-far', 'all'):
+            bench_bucket_far()
         if a.what in ('bucket-files', 'all'):
             bench_bucket_files(a.n or 2000)
         if a.what in ('code', 'all'):

@@ -100,6 +100,7 @@ typedef struct bnode {
   bool held;     /* forgotten by the kernel: kept for its clean cached data */
   bool listed_ahead; /* a directory listed ahead: kept (with no reference) for a lookup to come */
   bool listing;      /* its listing is being read ahead: a reader waits for that one */
+  bool looked;       /* the kernel looked it up once (a directory only listed ahead is not held) */
   bool meta_pending; /* made ahead of its lookup: mode, owner, mtime not known yet */
   bool unlinked; /* removed: only the kernel's references and open files keep it */
   uint64_t size;
@@ -529,6 +530,7 @@ static void node_free(bnode *n) {
 static bool hold(bnode *n) {
   if (!n->remote || n->unlinked || n->stale || n->meta_pending || node_find(n->path) != n) return false;
   if (n->type == T_DIR) { /* only the names we just put there stay (refresh_listing keeps them) */
+    if (!n->looked) return false;
     uint64_t now = sbx_now_ms();
     lentry *keep = NULL;
     size_t nkeep = 0, cap = 0;
@@ -1219,7 +1221,8 @@ static int head_into(bnode *n, bool dir);
  * them (lock held, dropped meanwhile). */
 static void list_ahead(bnode *n) {
   if (n->unlinked || n->type != T_DIR || n->listing || B.fetch_stop) return;
-  n->fetching++; /* a lookup of it waits for this */
+  bool made = n->meta_pending; /* made ahead: a lookup of it waits for this (see lookup_node) */
+  if (made) n->fetching++;
   n->listing = true;
   int r = list_dir(n, LIST_AHEAD_MAX);
   n->listing = false;
@@ -1228,13 +1231,15 @@ static void list_ahead(bnode *n) {
     r = head_into(n, true);
     if (r == 0 || r == -ENOENT) n->meta_pending = false; /* -ENOENT: a directory without a marker */
   }
-  n->fetching--;
+  if (made) n->fetching--;
   pthread_cond_broadcast(&B.fetched);
 }
 
 /* Queues the listing of the subdirectories of d whose listing is not
  * known or old: what a walker of the tree (tar, find, cp -r) opens next.
- * One not known at all is made, kept for its lookup (lock held). */
+ * One not known at all is made, and kept for its lookup as one held is
+ * (at most LIST_AHEAD_KEPT: their listings stay while they are) (lock
+ * held). */
 static void list_after(bnode *d) {
   size_t queued = 0;
   uint64_t now = sbx_now_ms();
@@ -1243,24 +1248,28 @@ static void list_after(bnode *d) {
     char *path = join(d->path, d->list[i].name);
     if (!path) return;
     bnode *n = node_find(path);
-    bool known = n != NULL;
-    if (n && (n->type != T_DIR || n->unlinked || n->busy || n->listing || (n->list_at && now - n->list_at < LIST_TTL_MS)))
+    bool made = false;
+    if (!n) {
+      if (!gone_find(path) && (n = node_new(path, T_DIR))) made = true;
+    } else if (n->type != T_DIR || n->unlinked || n->busy || n->listing || n->kept || n->listed_ahead ||
+               (n->list_at && now - n->list_at < LIST_TTL_MS)) {
       n = NULL; /* listed lately, or in use */
-    else if (!n && !gone_find(path))
-      n = node_new(path, T_DIR);
+    }
     free(path);
     fitem *f = n ? calloc(1, sizeof *f) : NULL;
     if (!f) {
-      if (n && !known) node_free(n);
+      if (made) node_free(n);
       continue;
     }
-    if (!known) {
+    if (made || n->held) { /* no reference: kept among the LIST_AHEAD_KEPT listed ahead, for a lookup */
+      unkeep(n);               /* a held one is listed ahead now */
       if (B.nahead >= LIST_AHEAD_KEPT) { /* the oldest, never looked up, goes */
         bnode *old = B.ahead.head;
         unkeep(old);
-        node_maybe_free(old);
+        if (!node_referenced(old)) node_free(old);
       }
-      n->remote = n->meta_pending = n->listed_ahead = true;
+      if (made) n->remote = n->meta_pending = true;
+      n->listed_ahead = true;
       B.nahead++;
       nlist_append(&B.ahead, n, HELD_LINK);
     }
@@ -1780,6 +1789,7 @@ out:
 static void reply_entry(fuse_req_t req, bnode *n) {
   struct fuse_entry_param e = {.attr_timeout = ATTR_TIMEOUT, .entry_timeout = ATTR_TIMEOUT};
   n->nlookup++;
+  n->looked = true;
   e.ino = (uintptr_t)n;
   fill_attr(n, &e.attr);
   pthread_mutex_unlock(&B.lock);
