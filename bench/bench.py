@@ -683,6 +683,61 @@ def wait_mounted(mnt, p=None, timeout=60):
         time.sleep(0.01)
 
 
+def drop_caches():
+    subprocess.run(['sh', '-c', 'sync; echo 3 > /proc/sys/vm/drop_caches'])
+
+
+def include_names(files, regular=False):
+    """The first files of /usr/include (regular: no symlinks), relative."""
+    names = []
+    for d, _, fs in sorted(os.walk('/usr/include')):
+        for f in sorted(fs):
+            p = os.path.join(d, f)
+            if len(names) < files and os.path.isfile(p) and not (regular and os.path.islink(p)):
+                names.append(os.path.relpath(p, '/usr/include'))
+    return names
+
+
+class BucketMounts:
+    """Mounts of the bench's bucket by sbx-bucketfs or s3fs, unmade at the end."""
+
+    def __init__(self, env):
+        self.env, self.procs, self.mounts = env, [], []
+
+    def mount(self, kind, where, server, prefix):
+        from s3server import AK, SK
+        mnt = os.path.join(self.env.root, where)
+        os.makedirs(mnt, exist_ok=True)
+        if kind == 'sbx':
+            cache = os.path.join(self.env.root, where + '-cache')
+            os.makedirs(cache, exist_ok=True)
+            self.procs.append(spawn_bucketfs(self.env, server, mnt, cache, prefix))
+        else:
+            pw = os.path.join(self.env.root, 's3fs.passwd')
+            with open(pw, 'w') as f:
+                f.write('%s:%s\n' % (AK, SK))
+            os.chmod(pw, 0o600)
+            subprocess.run(['s3fs', 'bench:/' + prefix, mnt, '-o', 'url=%s,use_path_request_style,passwd_file=%s' %
+                            (server.direct, pw)], check=True)
+        wait_mounted(mnt, timeout=30)
+        self.mounts.append(mnt)
+        return mnt
+
+    def umount(self, mnt):
+        subprocess.run(['umount', mnt], capture_output=True)
+        self.mounts.remove(mnt)
+        for p in self.procs:
+            if p.poll() is None:
+                p.wait(timeout=600)  # its uploads finish first
+
+    def close(self):
+        for m in list(self.mounts):
+            subprocess.run(['umount', '-l', m], capture_output=True)
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+
+
 def bench_buckets(size_mb=1024, files=2000, s3_tmpfs=False):
     """sbx-bucketfs (the server a mountBucket runs, here mounted on the
     host by `sbx bucketfs MOUNTPOINT`) against s3fs, both on one s3rver:
@@ -691,43 +746,19 @@ def bench_buckets(size_mb=1024, files=2000, s3_tmpfs=False):
     (a fresh mount, caches dropped). s3_tmpfs: s3rver keeps its objects on
     a tmpfs, so that the host's disk (where each new file can cost most of a
     millisecond, three per object stored) does not bound both clients."""
-    from s3server import AK, SK, S3
+    from s3server import S3
     env = Env()
     if s3_tmpfs:
         os.makedirs(os.path.join(env.root, 's3data'))
         subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=8g', 'sbx-bench-s3', os.path.join(env.root, 's3data')],
                        check=True)
     s3 = S3(env.root, buckets=('bench',))
-    procs = []
-    mounts = []
-
-    def drop():
-        subprocess.run(['sh', '-c', 'sync; echo 3 > /proc/sys/vm/drop_caches'])
+    bm = BucketMounts(env)
+    drop = drop_caches
+    umount = bm.umount
 
     def mount(kind, where, prefix):
-        mnt = os.path.join(env.root, where)
-        os.makedirs(mnt, exist_ok=True)
-        if kind == 'sbx':
-            cache = os.path.join(env.root, where + '-cache')
-            os.makedirs(cache, exist_ok=True)
-            procs.append(spawn_bucketfs(env, s3, mnt, cache, prefix))
-        else:
-            pw = os.path.join(env.root, 's3fs.passwd')
-            with open(pw, 'w') as f:
-                f.write('%s:%s\n' % (AK, SK))
-            os.chmod(pw, 0o600)
-            subprocess.run(['s3fs', 'bench:/' + prefix, mnt, '-o', 'url=%s,use_path_request_style,passwd_file=%s' %
-                            (s3.direct, pw)], check=True)
-        wait_mounted(mnt, timeout=30)
-        mounts.append(mnt)
-        return mnt
-
-    def umount(mnt):
-        subprocess.run(['umount', mnt], capture_output=True)
-        mounts.remove(mnt)
-        for p in procs:
-            if p.poll() is None:
-                p.wait(timeout=600)  # its uploads finish first
+        return bm.mount(kind, where, s3, prefix)
 
     def timed(cmd, until=None):
         t0 = time.perf_counter()
@@ -738,12 +769,7 @@ def bench_buckets(size_mb=1024, files=2000, s3_tmpfs=False):
         return time.perf_counter() - t0
 
     try:
-        # a real source tree: the first files of /usr/include
-        names = []
-        for d, _, fs in sorted(os.walk('/usr/include')):
-            for f in sorted(fs):
-                if len(names) < files and os.path.isfile(os.path.join(d, f)):
-                    names.append(os.path.relpath(os.path.join(d, f), '/usr/include'))
+        names = include_names(files)  # a real source tree
         tarball = os.path.join(env.root, 'src.tar')
         subprocess.run(['tar', 'cf', tarball, '-C', '/usr/include'] + names, check=True)
         tar_mb = os.path.getsize(tarball) / 1e6
@@ -807,11 +833,7 @@ def bench_buckets(size_mb=1024, files=2000, s3_tmpfs=False):
         print()
         bench_bucket_wake(env, s3)
     finally:
-        for m in list(mounts):
-            subprocess.run(['umount', '-l', m], capture_output=True)
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+        bm.close()
         s3.close()
         if s3_tmpfs:
             subprocess.run(['umount', '-l', os.path.join(env.root, 's3data')], capture_output=True)
@@ -824,7 +846,7 @@ def bench_bucket_far(files=2000, delay_ms=5):
     delay_ms each way, read by sbx-bucketfs and by s3fs, each from a fresh
     mount and then again by the same mount (the kernel's caches dropped
     before each). The tree is put there by sbx straight to the server."""
-    from s3server import AK, SK, S3
+    from s3server import S3
     env = Env()
     os.makedirs(os.path.join(env.root, 's3data'))
     subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=2g', 'sbx-bench-s3', os.path.join(env.root, 's3data')],
@@ -838,35 +860,12 @@ def bench_bucket_far(files=2000, delay_ms=5):
                               '127.0.0.1', str(s3.port), str(delay_ms)], stdout=subprocess.PIPE)
     relay.stdout.readline()  # ready
     far = type('Far', (), {'direct': 'http://127.0.0.1:%d' % port})()
-    procs, mounts = [], []
-
-    def drop():
-        subprocess.run(['sh', '-c', 'sync; echo 3 > /proc/sys/vm/drop_caches'])
+    bm = BucketMounts(env)
+    drop = drop_caches
+    umount = bm.umount
 
     def mount(kind, where, server):
-        mnt = os.path.join(env.root, where)
-        os.makedirs(mnt)
-        if kind == 'sbx':
-            cache = mnt + '-cache'
-            os.makedirs(cache)
-            procs.append(spawn_bucketfs(env, server, mnt, cache, 'tree'))
-        else:
-            pw = os.path.join(env.root, 's3fs.passwd')
-            with open(pw, 'w') as f:
-                f.write('%s:%s\n' % (AK, SK))
-            os.chmod(pw, 0o600)
-            subprocess.run(['s3fs', 'bench:/tree', mnt, '-o', 'url=%s,use_path_request_style,passwd_file=%s' %
-                            (server.direct, pw)], check=True)
-        wait_mounted(mnt, timeout=30)
-        mounts.append(mnt)
-        return mnt
-
-    def umount(mnt):
-        subprocess.run(['umount', mnt], capture_output=True)
-        mounts.remove(mnt)
-        for p in procs:
-            if p.poll() is None:
-                p.wait(timeout=600)
+        return bm.mount(kind, where, server, 'tree')
 
     def timed(cmd):
         t0 = time.perf_counter()
@@ -874,12 +873,7 @@ def bench_bucket_far(files=2000, delay_ms=5):
         return time.perf_counter() - t0
 
     try:
-        names = []
-        for d, _, fs in sorted(os.walk('/usr/include')):
-            for f in sorted(fs):
-                p = os.path.join(d, f)  # regular files: s3fs cannot read sbx's symlinks
-                if len(names) < files and os.path.isfile(p) and not os.path.islink(p):
-                    names.append(os.path.relpath(os.path.join(d, f), '/usr/include'))
+        names = include_names(files, regular=True)  # s3fs cannot read sbx's symlinks
         tarball = os.path.join(env.root, 'src.tar')
         subprocess.run(['tar', 'cf', tarball, '-C', '/usr/include'] + names, check=True)
         m = mount('sbx', 'put', s3)  # straight to the server, directory markers included
@@ -903,11 +897,7 @@ def bench_bucket_far(files=2000, delay_ms=5):
         print('(ratio: how many times faster sbx is than s3fs; the kernel\'s caches dropped before each)')
         print()
     finally:
-        for m in list(mounts):
-            subprocess.run(['umount', '-l', m], capture_output=True)
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+        bm.close()
         relay.kill()
         s3.close()
         subprocess.run(['umount', '-l', os.path.join(env.root, 's3data')], capture_output=True)
