@@ -687,6 +687,16 @@ def drop_caches():
     subprocess.run(['sh', '-c', 'sync; echo 3 > /proc/sys/vm/drop_caches'])
 
 
+def timed_sh(cmd, until=None):
+    """Seconds sh -c cmd takes, and then until() to hold."""
+    t0 = time.perf_counter()
+    subprocess.run(['sh', '-c', cmd], check=True)
+    if until:  # each look walks the server's files: often enough, not so often it slows the server
+        while not until():
+            time.sleep(0.2)
+    return time.perf_counter() - t0
+
+
 def include_names(files, regular=False):
     """The first files of /usr/include (regular: no symlinks), relative."""
     names = []
@@ -760,13 +770,7 @@ def bench_buckets(size_mb=1024, files=2000, s3_tmpfs=False):
     def mount(kind, where, prefix):
         return bm.mount(kind, where, s3, prefix)
 
-    def timed(cmd, until=None):
-        t0 = time.perf_counter()
-        subprocess.run(['sh', '-c', cmd], check=True)
-        if until:  # each look walks the server's files: often enough, not so often it slows the server
-            while not until():
-                time.sleep(0.2)
-        return time.perf_counter() - t0
+    timed = timed_sh
 
     try:
         names = include_names(files)  # a real source tree
@@ -867,10 +871,7 @@ def bench_bucket_far(files=2000, delay_ms=5):
     def mount(kind, where, server):
         return bm.mount(kind, where, server, 'tree')
 
-    def timed(cmd):
-        t0 = time.perf_counter()
-        subprocess.run(['sh', '-c', cmd], check=True)
-        return time.perf_counter() - t0
+    timed = timed_sh
 
     try:
         names = include_names(files, regular=True)  # s3fs cannot read sbx's symlinks

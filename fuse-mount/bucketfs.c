@@ -337,6 +337,13 @@ static lentry *lentry_append(lentry **e, size_t *n, size_t *cap, lindex *x, cons
   return &(*e)[*n - 1];
 }
 
+/* lentry_append of a copy of entry o (its name and what is known of it). */
+static lentry *lentry_append_copy(lentry **e, size_t *n, size_t *cap, lindex *x, const lentry *o) {
+  lentry *c = lentry_append(e, n, cap, x, o->name);
+  if (c) c->dir = o->dir, c->size = o->size, c->modified_ns = o->modified_ns, c->etag = o->etag, c->added_ms = o->added_ms;
+  return c;
+}
+
 static lentry *lindex_find(const lindex *x, lentry *e, size_t n, const char *name) {
   if (!x->head) {
     for (size_t i = 0; i < n; i++)
@@ -536,10 +543,9 @@ static bool hold(bnode *n) {
     size_t nkeep = 0, cap = 0;
     lindex ix = {0};
     for (size_t i = 0; i < n->nlist; i++) {
-      lentry *o = &n->list[i], *e;
+      lentry *o = &n->list[i];
       if (!o->added_ms || o->added_ms + LIST_SETTLE_MS < now) continue;
-      if (!(e = lentry_append(&keep, &nkeep, &cap, &ix, o->name))) break; /* out of memory: fewer kept */
-      e->dir = o->dir, e->size = o->size, e->modified_ns = o->modified_ns, e->etag = o->etag, e->added_ms = o->added_ms;
+      if (!lentry_append_copy(&keep, &nkeep, &cap, &ix, o)) break; /* out of memory: fewer kept */
     }
     list_free(n); /* and read again at the next lookup */
     n->list = keep, n->nlist = nkeep, n->cap = cap, n->lix = ix;
@@ -1183,6 +1189,14 @@ static void fetch_ahead(bnode *n) {
   pthread_cond_broadcast(&B.fetched);
 }
 
+/* Work for the fetching threads after what readers wait for, in order. */
+static void ahead_push(fitem *f) {
+  fitem **tail = &B.aheadq;
+  while (*tail) tail = &(*tail)->next;
+  *tail = f;
+  pthread_cond_signal(&B.fetch_work);
+}
+
 /* Queues the small files listed after position i of directory d to be
  * fetched ahead (lock held). Never evicts for it. */
 static void fetch_after(bnode *d, size_t i) {
@@ -1206,10 +1220,7 @@ static void fetch_after(bnode *d, size_t i) {
     B.nkept++;
     n->busy++;
     *f = (fitem){.n = n, .whole = true};
-    fitem **tail = &B.aheadq;
-    while (*tail) tail = &(*tail)->next;
-    *tail = f;
-    pthread_cond_signal(&B.fetch_work);
+    ahead_push(f);
   }
 }
 
@@ -1275,10 +1286,7 @@ static void list_after(bnode *d) {
     }
     n->busy++;
     *f = (fitem){.n = n, .list = true};
-    fitem **tail = &B.aheadq;
-    while (*tail) tail = &(*tail)->next;
-    *tail = f;
-    pthread_cond_signal(&B.fetch_work);
+    ahead_push(f);
     queued++;
   }
 }
@@ -1597,10 +1605,9 @@ static int list_dir(bnode *d, long max) {
    * uploaded and forgotten would be ENOENT to a lookup (an rm of it would
    * fail, and leave it in the bucket) until the next listing */
   for (size_t i = 0; i < d->nlist && !l.oom; i++) {
-    lentry *o = &d->list[i], *e;
+    lentry *o = &d->list[i];
     if (!o->added_ms || o->added_ms + LIST_SETTLE_MS < started || lindex_find(&l.ix, l.e, l.n, o->name)) continue;
-    if (!(e = lentry_append(&l.e, &l.n, &l.cap, &l.ix, o->name))) break;
-    e->dir = o->dir, e->size = o->size, e->modified_ns = o->modified_ns, e->etag = o->etag, e->added_ms = o->added_ms;
+    if (!lentry_append_copy(&l.e, &l.n, &l.cap, &l.ix, o)) break;
   }
   list_free(d);
   d->list = l.e;
@@ -1633,9 +1640,10 @@ static bool newer_than_listing(const bnode *n, const bnode *d) {
 }
 
 /* Whether the bucket's object (size, LastModified, ETag hash: 0 when not
- * known) is another than the one n last knew: by the ETags where both are
- * known (an object we uploaded has one before its LastModified is known),
- * else by LastModified. Not when n knew nothing. */
+ * known) is another than the one n last knew: by its size, then by the
+ * ETags where both are known (an object we uploaded has one before its
+ * LastModified is known), else by LastModified; with neither known, only
+ * a size tells. */
 static bool content_changed(const bnode *n, uint64_t size, int64_t modified_ns, uint64_t etag) {
   if (size != n->size) return true;
   if (!n->remote_modified_ns && !n->etag) return false;
