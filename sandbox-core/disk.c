@@ -25,6 +25,7 @@
 #define EXT4_GOING_FLAGS_NOLOGFLUSH 0x2
 #define EXT4_IOC_CHECKPOINT _IOW('f', 43, uint32_t)
 #define POOL_SIZE 2
+#define RECYCLE_MAX 256
 
 static struct {
   char *state;
@@ -51,6 +52,13 @@ static struct {
     int owed; /* disks asked for whose request did not fit in the socket yet */
     void (*on_fresh)(void);
   } pool;
+  /* directories of destroyed sandboxes, oldest first, kept for the next
+   * disks made ahead (see recycle) */
+  struct {
+    unsigned long long seq[RECYCLE_MAX];
+    int n;
+    unsigned long long next;
+  } recycle;
 } dk;
 
 bool sbx_disk_quota_enforced(void) { return dk.loop; }
@@ -121,13 +129,17 @@ int sbx_disk_init(const char *state_dir, bool rootless, sbx_error *err) {
   dk.nstale = 0;
   dk.pool.sock = -1;
   if (!dk.loop) return 0;
-  /* disks made ahead by a daemon that died */
-  snprintf(path, sizeof path, "%s/pool", state_dir);
-  sbx_mkdir_p(path, 0700);
-  d = opendir(path);
-  for (struct dirent *e; d && (e = readdir(d));)
-    if (e->d_name[0] != '.') sbx_remove_tree_at(dirfd(d), e->d_name, true);
-  if (d) closedir(d);
+  /* disks made ahead by a daemon that died, and the directories it kept */
+  static const char *const kept[] = {"pool", "recycle"};
+  for (size_t i = 0; i < SBX_ARRAY_SIZE(kept); i++) {
+    snprintf(path, sizeof path, "%s/%s", state_dir, kept[i]);
+    sbx_mkdir_p(path, 0700);
+    d = opendir(path);
+    for (struct dirent *e; d && (e = readdir(d));)
+      if (e->d_name[0] != '.') sbx_remove_tree_at(dirfd(d), e->d_name, true);
+    if (d) closedir(d);
+  }
+  dk.recycle.n = 0;
   d = opendir("/sys/block");
   /* the kernel shows a loop device's backing file by its real path */
   char real[PATH_MAX];
@@ -489,11 +501,15 @@ static void pool_entry_remove(const char *dir) { sbx_remove_tree_at(AT_FDCWD, di
  * directory gets at create already there: a new inode can take a
  * millisecond on a host's filesystem (an ext4 without a journal, after
  * many deletions), four of them a create's time. */
-static int pool_make(int sock, uint64_t mb, unsigned long long seq) {
+static int pool_make(int sock, uint64_t mb, unsigned long long seq, const char *recycled) {
   char tpl[1200], dir[1200], path[1300];
   template_path(mb, tpl, sizeof tpl);
   snprintf(dir, sizeof dir, "%s/pool/%llu", dk.state, seq);
-  if (mkdir(dir, 0700) < 0) return -errno;
+  /* a destroyed sandbox's directory, and its files but the image, serve
+   * again (see recycle) */
+  snprintf(path, sizeof path, "%s/recycle/%s", dk.state, recycled ? recycled : "");
+  bool reused = recycled && *recycled && !strchr(recycled, '/') && rename(path, dir) == 0;
+  if (!reused && mkdir(dir, 0700) < 0) return -errno;
   static const struct {
     const char *name;
     mode_t mode;
@@ -504,6 +520,10 @@ static int pool_make(int sock, uint64_t mb, unsigned long long seq) {
     if (f >= 0) close(f);
   }
   snprintf(path, sizeof path, "%s/disk.img", dir);
+  if (reused) { /* an image a loop device still holds is left to it */
+    _cleanup_close_ int old = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    if (old >= 0 && lock_image(old) < 0) unlink(path);
+  }
   int r = sparse_copy(tpl, path);
   if (r == 0) r = new_uuid(path);
   if (r < 0) {
@@ -547,15 +567,22 @@ static _Noreturn void pool_main(int sock, uint64_t mb) {
   }
   close_range(4, ~0U, 0);
   unsigned long long seq = 0;
-  char c;
+  char msg[32];
   int fd, nfds;
-  while (sbx_recv_fds(sock, &c, 1, &fd, 1, &nfds, 0) == 1) {
+  ssize_t n;
+  while ((n = sbx_recv_fds(sock, msg, sizeof msg - 1, &fd, 1, &nfds, 0)) >= 1) {
+    msg[n] = 0;
     if (nfds == 1) { /* "s" and a discarded disk: shut it down; "c": checkpoint it */
       uint32_t none = 0;
-      if (c == 'c') ioctl(fd, EXT4_IOC_CHECKPOINT, &none);
+      if (msg[0] == 'c') ioctl(fd, EXT4_IOC_CHECKPOINT, &none);
       else shut_down(fd);
       close(fd);
-    } else if (pool_make(sock, mb, ++seq) < 0) {
+      if (msg[0] == 's' && msg[1] && !strchr(msg, '/')) { /* "s<seq>": its image is kept (recycle) */
+        char path[1300];
+        snprintf(path, sizeof path, "%s/recycle/%s/disk.img", dk.state, msg + 1);
+        (void)!truncate(path, 0);
+      }
+    } else if (pool_make(sock, mb, ++seq, msg[0] == 'r' ? msg + 1 : NULL) < 0) {
       (void)!send(sock, "", 0, MSG_NOSIGNAL); /* an empty message: none this time */
     }
   }
@@ -564,10 +591,62 @@ static _Noreturn void pool_main(int sock, uint64_t mb) {
 
 /* Asks the helper for a disk, and for any whose request found its socket
  * full (checkpoints queued there too): a request lost would leave the pool
- * short for good. */
+ * short for good. "n" makes one in a new directory, "r<seq>" in a kept one. */
 static void pool_ask(int more) {
   dk.pool.owed += more;
-  while (dk.pool.owed > 0 && send(dk.pool.sock, "n", 1, MSG_NOSIGNAL | MSG_DONTWAIT) == 1) dk.pool.owed--;
+  while (dk.pool.owed > 0) {
+    char msg[32] = "n";
+    int len = dk.recycle.n ? snprintf(msg, sizeof msg, "r%llu", dk.recycle.seq[0]) : 1;
+    if (send(dk.pool.sock, msg, (size_t)len, MSG_NOSIGNAL | MSG_DONTWAIT) != len) break;
+    if (dk.recycle.n) memmove(dk.recycle.seq, dk.recycle.seq + 1, --dk.recycle.n * sizeof dk.recycle.seq[0]);
+    dk.pool.owed--;
+  }
+}
+
+/* A destroyed sandbox's directory, kept for a disk made ahead: on a host
+ * filesystem where a new inode is slow (an ext4 without a journal, after
+ * many deletions: each one skips the inodes deleted in the last 30 s), a
+ * create and a destroy each cost a directory and four files made and
+ * deleted. Its record is emptied and whatever else it holds deleted, but
+ * its image when its filesystem is shut down (shut, an fd on it, is
+ * closed): the helper does that and truncates the image to nothing, so
+ * its space is given back at once, and the image is only used again once
+ * no loop device holds it (pool_make). False: nothing was done. */
+static bool recycle(const char *dir, int shut) {
+  if (dk.pool.sock < 0 || dk.recycle.n >= RECYCLE_MAX) return false;
+  _cleanup_close_ int d = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (d < 0) return false;
+  renameat(d, SBX_FILE_RECORD, d, SBX_FILE_RECORD ".tmp");
+  int rec = openat(d, SBX_FILE_RECORD ".tmp", O_WRONLY | O_TRUNC | O_NOFOLLOW | O_CLOEXEC);
+  if (rec < 0 && errno != ENOENT) return false;
+  if (rec >= 0) close(rec);
+  int dd = dup(d);
+  DIR *list = dd >= 0 ? fdopendir(dd) : NULL;
+  if (!list) {
+    if (dd >= 0) close(dd);
+    return false;
+  }
+  bool ok = true;
+  for (struct dirent *e; ok && (e = readdir(list));)
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && strcmp(e->d_name, SBX_FILE_MEMINFO) &&
+        strcmp(e->d_name, SBX_FILE_CPU_ONLINE) && strcmp(e->d_name, SBX_FILE_RECORD ".tmp") &&
+        (shut < 0 || strcmp(e->d_name, "disk.img")))
+      ok = unlinkat(d, e->d_name, 0) == 0;
+  closedir(list);
+  unsigned long long seq = dk.recycle.next + 1;
+  char to[1300], msg[32];
+  snprintf(to, sizeof to, "%s/recycle/%llu", dk.state, seq);
+  if (!ok || rename(dir, to) < 0) return false;
+  dk.recycle.seq[dk.recycle.n++] = dk.recycle.next = seq;
+  if (shut < 0) return true;
+  int len = snprintf(msg, sizeof msg, "s%llu", seq);
+  if (sbx_send_fds(dk.pool.sock, msg, (size_t)len, &shut, 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
+    shut_down(shut);
+    snprintf(to + strlen(to), sizeof to - strlen(to), "/disk.img");
+    unlink(to);
+  }
+  close(shut);
+  return true;
 }
 
 static void pool_readable(uv_poll_t *p, int status, int events) {
@@ -668,7 +747,7 @@ int sbx_disk_take_fresh(const char *id, uint64_t mb) {
     pool_entry_remove(from);
     return -1;
   }
-  pool_entry_remove(from);
+  if (!recycle(from, -1)) pool_entry_remove(from);
   return dk.pool.ready[i].fd;
 }
 
@@ -730,9 +809,10 @@ void sbx_disk_settle(const char *id, int rootfd) {
 }
 
 void sbx_disk_remove(const char *id, int shut) {
-  sbx_disk_discard(id, shut);
   char dir[1200];
   sbx_disk_dir(id, dir, sizeof dir);
+  if (recycle(dir, shut)) return;
+  sbx_disk_discard(id, shut);
   DIR *d = opendir(dir);
   for (struct dirent *e; d && (e = readdir(d));)
     if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) unlinkat(dirfd(d), e->d_name, 0);

@@ -383,9 +383,72 @@ def test_thousand(t, x):
     left = os.listdir(os.path.join(x.env.state, 'sandboxes'))
     t.ok(not any(d.startswith('m-') for d in left), 'and all go again', left[:5])
 
+def data_has(path, needle):
+    """Whether a sparse file's data (its holes skipped) holds needle."""
+    with open(path, 'rb') as f:
+        fd, off, end = f.fileno(), 0, os.fstat(f.fileno()).st_size
+        while off < end:
+            try:
+                data = os.lseek(fd, off, os.SEEK_DATA)
+            except OSError:
+                break  # only a hole is left
+            hole = os.lseek(fd, data, os.SEEK_HOLE)
+            f.seek(max(0, data - len(needle)))
+            while f.tell() < hole:
+                chunk = f.read(min(1 << 20, hole - f.tell()) + len(needle))
+                if needle in chunk:
+                    return True
+                if len(chunk) <= len(needle):
+                    break
+                f.seek(f.tell() - len(needle))
+            off = hole
+    return False
+
+
+def test_destroyed_disk_serves_again(t, x):
+    """A destroyed sandbox's directory and image serve the next sandboxes
+    made ahead (no new inode on the host), its space is given back at the
+    destroy, and nothing of it (files, record) is in any later sandbox's
+    disk or record."""
+    c = x.c
+    marker = os.urandom(8).hex()
+    c.ok('createSandbox', {'sandboxId': 'gone', 'env': {'GONE_SECRET': marker}})
+    c.sh('for i in $(seq 20000); do echo %s-data; done > /workspace/f; sync' % marker, sandbox='gone')
+    img = os.path.join(x.env.state, 'sandboxes', 'gone', 'disk.img')
+    ino = os.stat(img).st_ino
+    t.ok(data_has(img, (marker + '-data').encode()), 'the file is in its image (so the search below can fail)')
+    c.ok('destroySandbox', {'sandboxId': 'gone'})
+
+    def state_files():
+        for sub in ('sandboxes', 'recycle', 'pool'):
+            for root, _, files in os.walk(os.path.join(x.env.state, sub)):
+                for f in files:
+                    yield os.path.join(root, f)
+
+    def given_back():
+        return all(os.stat(p).st_ino != ino or os.stat(p).st_blocks * 512 < (1 << 20)
+                   for p in state_files() if os.path.exists(p))
+    wait_until(given_back, 30, "the destroyed disk's space given back")
+    t.ok(True, "the destroyed disk's space is given back")
+    reused = []
+    for i in range(4):
+        c.ok('createSandbox', {'sandboxId': 'next%d' % i})
+        p = os.path.join(x.env.state, 'sandboxes', 'next%d' % i, 'disk.img')
+        if os.stat(p).st_ino == ino:
+            reused.append(i)
+    wait_until(lambda: any(os.path.exists(p) and os.stat(p).st_ino == ino for p in state_files()) or reused, 30,
+               'the old image to serve again')
+    t.ok(True, 'the old image serves a sandbox made ahead')
+    leaks = [p for p in state_files() if os.path.exists(p) and data_has(p, marker.encode())]
+    t.eq(leaks, [], 'nothing of the destroyed sandbox is in any disk or record of the state dir')
+    for i in range(4):
+        r = c.sh('ls -A /workspace; echo "[$GONE_SECRET]"', sandbox='next%d' % i)
+        t.eq(r['stdout'], '[]\n', 'next%d starts empty' % i)
+        c.ok('destroySandbox', {'sandboxId': 'next%d' % i})
+
 
 if __name__ == '__main__':
     sys.exit(run_tests([test_disk_is_disk, test_spills_on_disk, test_kill_9, test_daemon_stop, test_init_killed,
-                        test_made_ahead,
+                        test_made_ahead, test_destroyed_disk_serves_again,
                         test_listed_after_restart, test_relay_survives, test_relay_survives_upgrade, test_agent_not_reading, test_stdin_closed_early, test_config,
                         test_thousand], Ctx))
