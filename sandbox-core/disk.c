@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
 #include <linux/loop.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
@@ -555,7 +556,12 @@ static int pool_make(int sock, uint64_t mb, unsigned long long seq, const char *
   return r;
 }
 
-/* The helper: one disk per byte the daemon sends, until it hangs up. */
+/* The helper: a disk for each "n" or "r<seq>" the daemon sends, a shut
+ * down or checkpoint for each fd, until it hangs up. The image of a disk
+ * shut down for good ("s<seq>": kept, see recycle) is truncated once no
+ * message waits: on a host filesystem mounted with discard, freeing its
+ * blocks can take milliseconds that the next disk would wait for. */
+#define TRIM_MAX 64
 static _Noreturn void pool_main(int sock, uint64_t mb) {
   sbx_child_unblock();
   prctl(PR_SET_NAME, "sbx-disks");
@@ -566,21 +572,34 @@ static _Noreturn void pool_main(int sock, uint64_t mb) {
     sock = 3;
   }
   close_range(4, ~0U, 0);
-  unsigned long long seq = 0;
-  char msg[32];
+  unsigned long long seq = 0, trim[TRIM_MAX];
+  int ntrim = 0;
+  char msg[32], path[1300];
   int fd, nfds;
-  ssize_t n;
-  while ((n = sbx_recv_fds(sock, msg, sizeof msg - 1, &fd, 1, &nfds, 0)) >= 1) {
+  for (;;) {
+    struct pollfd p = {.fd = sock, .events = POLLIN};
+    if (ntrim && poll(&p, 1, 0) == 0) {
+      snprintf(path, sizeof path, "%s/recycle/%llu/disk.img", dk.state, trim[--ntrim]);
+      (void)!truncate(path, 0); /* gone already when the directory served again */
+      continue;
+    }
+    ssize_t n = sbx_recv_fds(sock, msg, sizeof msg - 1, &fd, 1, &nfds, 0);
+    if (n < 1) break;
     msg[n] = 0;
     if (nfds == 1) { /* "s" and a discarded disk: shut it down; "c": checkpoint it */
       uint32_t none = 0;
       if (msg[0] == 'c') ioctl(fd, EXT4_IOC_CHECKPOINT, &none);
       else shut_down(fd);
       close(fd);
-      if (msg[0] == 's' && msg[1] && !strchr(msg, '/')) { /* "s<seq>": its image is kept (recycle) */
-        char path[1300];
-        snprintf(path, sizeof path, "%s/recycle/%s/disk.img", dk.state, msg + 1);
-        (void)!truncate(path, 0);
+      char *end;
+      unsigned long long kept = msg[0] == 's' && msg[1] ? strtoull(msg + 1, &end, 10) : 0;
+      if (kept && !*end) {
+        if (ntrim == TRIM_MAX) {
+          snprintf(path, sizeof path, "%s/recycle/%llu/disk.img", dk.state, kept);
+          (void)!truncate(path, 0);
+        } else {
+          trim[ntrim++] = kept;
+        }
       }
     } else if (pool_make(sock, mb, ++seq, msg[0] == 'r' ? msg + 1 : NULL) < 0) {
       (void)!send(sock, "", 0, MSG_NOSIGNAL); /* an empty message: none this time */
@@ -609,9 +628,11 @@ static void pool_ask(int more) {
  * create and a destroy each cost a directory and four files made and
  * deleted. Its record is emptied and whatever else it holds deleted, but
  * its image when its filesystem is shut down (shut, an fd on it, is
- * closed): the helper does that and truncates the image to nothing, so
- * its space is given back at once, and the image is only used again once
- * no loop device holds it (pool_make). False: nothing was done. */
+ * closed): the helper does that, and truncates the image to nothing as
+ * soon as no other work waits (its space given back within milliseconds,
+ * where it used to wait for the loop device to let go of it); the image
+ * is only used again once no loop device holds it (pool_make). False:
+ * nothing was done. */
 static bool recycle(const char *dir, int shut) {
   if (dk.pool.sock < 0 || dk.recycle.n >= RECYCLE_MAX) return false;
   _cleanup_close_ int d = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
@@ -680,6 +701,12 @@ static void pool_readable(uv_poll_t *p, int status, int events) {
   snprintf(dk.pool.ready[dk.pool.n].path, sizeof dk.pool.ready[0].path, "%s", path);
   dk.pool.n++;
   if (dk.pool.on_fresh) dk.pool.on_fresh();
+}
+
+int sbx_disk_pool_fd(void) { return dk.pool.sock; }
+
+void sbx_disk_pool_take_in(void) {
+  if (dk.pool.sock >= 0) pool_readable(NULL, 0, 0);
 }
 
 int sbx_disk_pool_start(uv_loop_t *loop, uint64_t mb, void (*on_fresh)(void)) {

@@ -60,6 +60,7 @@ static struct {
 
 static void sandbox_free(sbx_sandbox *sb);
 static void ahead_discard(int i, bool wait);
+static void ahead_make(void);
 static void ahead_soon(void);
 static void stop_running_async(sbx_sandbox *sb, bool wait);
 static void bury_all(void);
@@ -879,8 +880,24 @@ static int start_finish(sbx_sandbox *sb, int sock, sbx_error *err) {
   const char *id = sb->id;
   const sbx_sandbox_opts *opts = &sb->opts;
   char reply[512] = "";
-  struct pollfd p = {.fd = sock, .events = POLLIN};
-  int pr = poll(&p, 1, 15000);
+  /* while init works, a fresh disk that comes is taken in and the next
+   * sandbox made ahead on it: the loop is not turning meanwhile, and in a
+   * burst of creates the next one would wait for it */
+  struct pollfd p[2] = {{.fd = sock, .events = POLLIN}, {.fd = sbx_disk_pool_fd(), .events = POLLIN}};
+  uint64_t deadline = sbx_now_ms() + 15000;
+  int pr;
+  for (;;) {
+    uint64_t now = sbx_now_ms();
+    pr = now >= deadline ? 0 : poll(p, 2, (int)(deadline - now));
+    if (pr < 0 && errno == EINTR) continue;
+    if (pr <= 0 || p[0].revents) break;
+    if (p[1].revents & POLLIN) {
+      sbx_disk_pool_take_in();
+      ahead_make();
+    }
+    if (p[1].revents & ~POLLIN) p[1].fd = -1; /* the helper is gone: its loop handler sees to it */
+    p[1].fd = p[1].fd < 0 ? -1 : sbx_disk_pool_fd();
+  }
   int rootfd = -1;
   ssize_t n = pr > 0 ? recv_reply(sock, reply, sizeof reply - 1, &rootfd) : -1;
   if (n > 0) reply[n] = 0;
