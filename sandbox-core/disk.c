@@ -126,12 +126,19 @@ int sbx_disk_init(const char *state_dir, bool rootless, sbx_error *err) {
       remove_in_background(sub);
     }
   if (d) closedir(d);
+  /* what a dead daemon kept to serve again (see recycle) */
+  snprintf(path, sizeof path, "%s/recycle", state_dir);
+  d = opendir(path);
+  for (struct dirent *e; d && (e = readdir(d));)
+    if (e->d_name[0] != '.') sbx_remove_tree_at(dirfd(d), e->d_name, true);
+  if (d) closedir(d);
+  dk.recycle.n = 0;
   dk.loop = !rootless && access("/dev/loop-control", R_OK | W_OK) == 0;
   dk.nstale = 0;
   dk.pool.sock = -1;
   if (!dk.loop) return 0;
   /* disks made ahead by a daemon that died, and the directories it kept */
-  static const char *const kept[] = {"pool", "recycle"};
+  static const char *const kept[] = {"pool", "recycle"}; /* recycle: made here, emptied above */
   for (size_t i = 0; i < SBX_ARRAY_SIZE(kept); i++) {
     snprintf(path, sizeof path, "%s/%s", state_dir, kept[i]);
     sbx_mkdir_p(path, 0700);
@@ -140,7 +147,6 @@ int sbx_disk_init(const char *state_dir, bool rootless, sbx_error *err) {
       if (e->d_name[0] != '.') sbx_remove_tree_at(dirfd(d), e->d_name, true);
     if (d) closedir(d);
   }
-  dk.recycle.n = 0;
   d = opendir("/sys/block");
   /* the kernel shows a loop device's backing file by its real path */
   char real[PATH_MAX];
@@ -326,7 +332,7 @@ static int sparse_copy(const char *src, const char *dst) {
   if (in < 0) return -errno;
   struct stat st;
   if (fstat(in, &st) < 0) return -errno;
-  _cleanup_close_ int out = open(dst, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  _cleanup_close_ int out = open(dst, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (out < 0) return -errno;
   if (ftruncate(out, st.st_size) < 0) return -errno;
   off_t off = 0;
@@ -521,9 +527,12 @@ static int pool_make(int sock, uint64_t mb, unsigned long long seq, const char *
     if (f >= 0) close(f);
   }
   snprintf(path, sizeof path, "%s/disk.img", dir);
-  if (reused) { /* an image a loop device still holds is left to it */
+  if (reused) { /* an image a loop device still holds is left to it, emptied */
     _cleanup_close_ int old = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
-    if (old >= 0 && lock_image(old) < 0) unlink(path);
+    if (old < 0 ? errno != ENOENT : lock_image(old) < 0) {
+      if (old >= 0) (void)!ftruncate(old, 0);
+      unlink(path);
+    }
   }
   int r = sparse_copy(tpl, path);
   if (r == 0) r = new_uuid(path);
@@ -635,36 +644,42 @@ static void pool_ask(int more) {
  * nothing was done. */
 static bool recycle(const char *dir, int shut) {
   if (dk.pool.sock < 0 || dk.recycle.n >= RECYCLE_MAX) return false;
-  _cleanup_close_ int d = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (d < 0) return false;
-  renameat(d, SBX_FILE_RECORD, d, SBX_FILE_RECORD ".tmp");
-  int rec = openat(d, SBX_FILE_RECORD ".tmp", O_WRONLY | O_TRUNC | O_NOFOLLOW | O_CLOEXEC);
-  if (rec < 0 && errno != ENOENT) return false;
-  if (rec >= 0) close(rec);
-  int dd = dup(d);
-  DIR *list = dd >= 0 ? fdopendir(dd) : NULL;
-  if (!list) {
-    if (dd >= 0) close(dd);
-    return false;
+  /* moved first: a daemon killed from here on leaves it where the next
+   * one deletes it at start */
+  unsigned long long seq = dk.recycle.next + 1;
+  char to[1300], msg[32];
+  snprintf(to, sizeof to, "%s/recycle/%llu", dk.state, seq);
+  if (rename(dir, to) < 0) return false;
+  _cleanup_close_ int d = open(to, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  bool ok = d >= 0;
+  if (ok) {
+    renameat(d, SBX_FILE_RECORD, d, SBX_FILE_RECORD ".tmp");
+    int rec = openat(d, SBX_FILE_RECORD ".tmp", O_WRONLY | O_TRUNC | O_NOFOLLOW | O_CLOEXEC);
+    ok = rec >= 0 || errno == ENOENT;
+    if (rec >= 0) close(rec);
   }
-  bool ok = true;
+  int dd = ok ? dup(d) : -1;
+  DIR *list = dd >= 0 ? fdopendir(dd) : NULL;
+  if (!list && dd >= 0) close(dd);
+  ok = list != NULL;
   for (struct dirent *e; ok && (e = readdir(list));)
     if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && strcmp(e->d_name, SBX_FILE_MEMINFO) &&
         strcmp(e->d_name, SBX_FILE_CPU_ONLINE) && strcmp(e->d_name, SBX_FILE_RECORD ".tmp") &&
         (shut < 0 || strcmp(e->d_name, "disk.img")))
       ok = unlinkat(d, e->d_name, 0) == 0;
-  closedir(list);
-  unsigned long long seq = dk.recycle.next + 1;
-  char to[1300], msg[32];
-  snprintf(to, sizeof to, "%s/recycle/%llu", dk.state, seq);
-  if (!ok || rename(dir, to) < 0) return false;
-  dk.recycle.seq[dk.recycle.n++] = dk.recycle.next = seq;
+  if (list) closedir(list);
+  dk.recycle.next = seq;
+  if (!ok) { /* not fit to serve again: deleted as before */
+    remove_in_background(to);
+    return false;
+  }
+  dk.recycle.seq[dk.recycle.n++] = seq;
   if (shut < 0) return true;
   int len = snprintf(msg, sizeof msg, "s%llu", seq);
   if (sbx_send_fds(dk.pool.sock, msg, (size_t)len, &shut, 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
     shut_down(shut);
     snprintf(to + strlen(to), sizeof to - strlen(to), "/disk.img");
-    unlink(to);
+    (void)!truncate(to, 0);
   }
   close(shut);
   return true;
@@ -672,7 +687,6 @@ static bool recycle(const char *dir, int shut) {
 
 static void pool_readable(uv_poll_t *p, int status, int events) {
   (void)p;
-  (void)events;
   char path[1200];
   struct iovec iov = {path, sizeof path - 1};
   union {
@@ -685,7 +699,8 @@ static void pool_readable(uv_poll_t *p, int status, int events) {
   int fd = -1;
   for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); n > 0 && c; c = CMSG_NXTHDR(&msg, c))
     if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) memcpy(&fd, CMSG_DATA(c), sizeof fd);
-  if (n < 0 || (n == 0 && fd < 0 && msg.msg_flags == 0 && status < 0)) { /* the helper is gone: no pool */
+  if (n < 0 || (n == 0 && fd < 0 && msg.msg_flags == 0 && (status < 0 || (events & UV_DISCONNECT)))) {
+    /* the helper is gone: no pool */
     sbx_disk_pool_stop();
     return;
   }
@@ -751,6 +766,18 @@ void sbx_disk_pool_stop(void) {
     waitpid(dk.pool.pid, NULL, 0);
   }
   dk.pool.pid = 0;
+  /* kept directories go with the helper: it may not have emptied their
+   * images yet */
+  {
+    char from[1200], to[1300];
+    snprintf(from, sizeof from, "%s/recycle", dk.state);
+    snprintf(to, sizeof to, "%s/trash/recycle-%llu", dk.state, (unsigned long long)sbx_now_us());
+    if (rename(from, to) == 0) {
+      remove_in_background(to);
+      mkdir(from, 0700);
+    }
+    dk.recycle.n = 0;
+  }
 }
 
 bool sbx_disk_fresh_ready(uint64_t mb) { return dk.pool.sock >= 0 && dk.pool.mb == mb && dk.pool.n > 0; }

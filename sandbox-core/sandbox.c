@@ -888,12 +888,13 @@ static int start_finish(sbx_sandbox *sb, int sock, sbx_error *err) {
   int pr;
   for (;;) {
     uint64_t now = sbx_now_ms();
-    pr = now >= deadline ? 0 : poll(p, 2, (int)(deadline - now));
+    pr = poll(p, 2, now >= deadline ? 0 : (int)(deadline - now)); /* past it: a last look */
     if (pr < 0 && errno == EINTR) continue;
     if (pr <= 0 || p[0].revents) break;
     if (p[1].revents & POLLIN) {
       sbx_disk_pool_take_in();
-      ahead_make();
+      /* the sandbox starting here may not be counted yet: one more spare */
+      if (eng.count + ahead.n + 2 < eng.cfg.max_sandboxes) ahead_make();
     }
     if (p[1].revents & ~POLLIN) p[1].fd = -1; /* the helper is gone: its loop handler sees to it */
     p[1].fd = p[1].fd < 0 ? -1 : sbx_disk_pool_fd();
