@@ -105,6 +105,19 @@ static void shut_down(int fd) {
   ioctl(fd, EXT4_IOC_SHUTDOWN, &how);
 }
 
+/* The directories kept to serve again (see recycle) go to the trash
+ * (named in to) and the list starts empty: at start, and when the helper
+ * that would have emptied their images is gone. */
+static int recycle_to_trash(char *to, size_t len) {
+  char from[1200];
+  snprintf(from, sizeof from, "%s/recycle", dk.state);
+  snprintf(to, len, "%s/trash/recycle-%llu", dk.state, (unsigned long long)sbx_now_us());
+  dk.recycle.n = 0;
+  if (rename(from, to) < 0) return -errno;
+  if (dk.loop) mkdir(from, 0700); /* at start, made again below */
+  return 0;
+}
+
 int sbx_disk_init(const char *state_dir, bool rootless, sbx_error *err) {
   free(dk.state);
   dk.state = strdup(state_dir);
@@ -116,7 +129,10 @@ int sbx_disk_init(const char *state_dir, bool rootless, sbx_error *err) {
     int r = sbx_mkdir_p(path, 0700);
     if (r < 0) return sbx_err_errno(err, "INTERNAL", -r, "creating %s", path);
   }
-  /* what a dead daemon left to delete */
+  dk.loop = !rootless && access("/dev/loop-control", R_OK | W_OK) == 0;
+  /* what a dead daemon kept to serve again (see recycle), with what it
+   * left to delete */
+  recycle_to_trash(path, sizeof path);
   snprintf(path, sizeof path, "%s/trash", state_dir);
   DIR *d = opendir(path);
   for (struct dirent *e; d && (e = readdir(d));)
@@ -126,27 +142,18 @@ int sbx_disk_init(const char *state_dir, bool rootless, sbx_error *err) {
       remove_in_background(sub);
     }
   if (d) closedir(d);
-  /* what a dead daemon kept to serve again (see recycle) */
+  dk.nstale = 0;
+  dk.pool.sock = -1;
+  if (!dk.loop) return 0;
   snprintf(path, sizeof path, "%s/recycle", state_dir);
+  sbx_mkdir_p(path, 0700);
+  /* disks made ahead by a daemon that died */
+  snprintf(path, sizeof path, "%s/pool", state_dir);
+  sbx_mkdir_p(path, 0700);
   d = opendir(path);
   for (struct dirent *e; d && (e = readdir(d));)
     if (e->d_name[0] != '.') sbx_remove_tree_at(dirfd(d), e->d_name, true);
   if (d) closedir(d);
-  dk.recycle.n = 0;
-  dk.loop = !rootless && access("/dev/loop-control", R_OK | W_OK) == 0;
-  dk.nstale = 0;
-  dk.pool.sock = -1;
-  if (!dk.loop) return 0;
-  /* disks made ahead by a daemon that died, and the directories it kept */
-  static const char *const kept[] = {"pool", "recycle"}; /* recycle: made here, emptied above */
-  for (size_t i = 0; i < SBX_ARRAY_SIZE(kept); i++) {
-    snprintf(path, sizeof path, "%s/%s", state_dir, kept[i]);
-    sbx_mkdir_p(path, 0700);
-    d = opendir(path);
-    for (struct dirent *e; d && (e = readdir(d));)
-      if (e->d_name[0] != '.') sbx_remove_tree_at(dirfd(d), e->d_name, true);
-    if (d) closedir(d);
-  }
   d = opendir("/sys/block");
   /* the kernel shows a loop device's backing file by its real path */
   char real[PATH_MAX];
@@ -571,6 +578,12 @@ static int pool_make(int sock, uint64_t mb, unsigned long long seq, const char *
  * message waits: on a host filesystem mounted with discard, freeing its
  * blocks can take milliseconds that the next disk would wait for. */
 #define TRIM_MAX 64
+static void trim_kept(unsigned long long seq) {
+  char path[1300];
+  snprintf(path, sizeof path, "%s/recycle/%llu/disk.img", dk.state, seq);
+  (void)!truncate(path, 0); /* gone already when the directory served again */
+}
+
 static _Noreturn void pool_main(int sock, uint64_t mb) {
   sbx_child_unblock();
   prctl(PR_SET_NAME, "sbx-disks");
@@ -583,13 +596,12 @@ static _Noreturn void pool_main(int sock, uint64_t mb) {
   close_range(4, ~0U, 0);
   unsigned long long seq = 0, trim[TRIM_MAX];
   int ntrim = 0;
-  char msg[32], path[1300];
+  char msg[32];
   int fd, nfds;
   for (;;) {
     struct pollfd p = {.fd = sock, .events = POLLIN};
     if (ntrim && poll(&p, 1, 0) == 0) {
-      snprintf(path, sizeof path, "%s/recycle/%llu/disk.img", dk.state, trim[--ntrim]);
-      (void)!truncate(path, 0); /* gone already when the directory served again */
+      trim_kept(trim[--ntrim]);
       continue;
     }
     ssize_t n = sbx_recv_fds(sock, msg, sizeof msg - 1, &fd, 1, &nfds, 0);
@@ -603,12 +615,8 @@ static _Noreturn void pool_main(int sock, uint64_t mb) {
       char *end;
       unsigned long long kept = msg[0] == 's' && msg[1] ? strtoull(msg + 1, &end, 10) : 0;
       if (kept && !*end) {
-        if (ntrim == TRIM_MAX) {
-          snprintf(path, sizeof path, "%s/recycle/%llu/disk.img", dk.state, kept);
-          (void)!truncate(path, 0);
-        } else {
-          trim[ntrim++] = kept;
-        }
+        if (ntrim == TRIM_MAX) trim_kept(trim[--ntrim]);
+        trim[ntrim++] = kept;
       }
     } else if (pool_make(sock, mb, ++seq, msg[0] == 'r' ? msg + 1 : NULL) < 0) {
       (void)!send(sock, "", 0, MSG_NOSIGNAL); /* an empty message: none this time */
@@ -766,18 +774,8 @@ void sbx_disk_pool_stop(void) {
     waitpid(dk.pool.pid, NULL, 0);
   }
   dk.pool.pid = 0;
-  /* kept directories go with the helper: it may not have emptied their
-   * images yet */
-  {
-    char from[1200], to[1300];
-    snprintf(from, sizeof from, "%s/recycle", dk.state);
-    snprintf(to, sizeof to, "%s/trash/recycle-%llu", dk.state, (unsigned long long)sbx_now_us());
-    if (rename(from, to) == 0) {
-      remove_in_background(to);
-      mkdir(from, 0700);
-    }
-    dk.recycle.n = 0;
-  }
+  char trash[1300]; /* it may not have emptied the kept images yet */
+  if (recycle_to_trash(trash, sizeof trash) == 0) remove_in_background(trash);
 }
 
 bool sbx_disk_fresh_ready(uint64_t mb) { return dk.pool.sock >= 0 && dk.pool.mb == mb && dk.pool.n > 0; }
