@@ -574,14 +574,27 @@ static int pool_make(int sock, uint64_t mb, unsigned long long seq, const char *
 
 /* The helper: a disk for each "n" or "r<seq>" the daemon sends, a shut
  * down or checkpoint for each fd, until it hangs up. The image of a disk
- * shut down for good ("s<seq>": kept, see recycle) is truncated once no
- * message waits: on a host filesystem mounted with discard, freeing its
- * blocks can take milliseconds that the next disk would wait for. */
-#define TRIM_MAX 64
+ * shut down for good ("s<seq>": kept, see recycle) is truncated once the
+ * helper has had nothing to do for TRIM_QUIET_MS, the oldest first, or
+ * once it has waited TRIM_LATE_MS: on a host filesystem mounted with
+ * discard, freeing an image's blocks sends the host's disk discards that
+ * the disks being made and the sandboxes starting wait behind (creates
+ * back to back right after many destroys took twice as long). */
+#define TRIM_QUIET_MS 20
+#define TRIM_LATE_MS 3000
 static void trim_kept(unsigned long long seq) {
   char path[1300];
   snprintf(path, sizeof path, "%s/recycle/%llu/disk.img", dk.state, seq);
   (void)!truncate(path, 0); /* gone already when the directory served again */
+}
+
+/* How long the helper may wait for a message before the next truncation
+ * (-1: none is due). quiet: it has had nothing to do for a while. */
+static int trim_wait(int ntrim, uint64_t oldest, bool quiet) {
+  if (!ntrim) return -1;
+  uint64_t age = sbx_now_ms() - oldest;
+  if (quiet || age >= TRIM_LATE_MS) return 0;
+  return (int)(TRIM_LATE_MS - age < TRIM_QUIET_MS ? TRIM_LATE_MS - age : TRIM_QUIET_MS);
 }
 
 static _Noreturn void pool_main(int sock, uint64_t mb) {
@@ -594,16 +607,25 @@ static _Noreturn void pool_main(int sock, uint64_t mb) {
     sock = 3;
   }
   close_range(4, ~0U, 0);
-  unsigned long long seq = 0, trim[TRIM_MAX];
+  struct {
+    unsigned long long seq;
+    uint64_t at;
+  } trim[RECYCLE_MAX]; /* oldest first */
+  unsigned long long seq = 0;
   int ntrim = 0;
+  bool quiet = false;
   char msg[32];
   int fd, nfds;
   for (;;) {
     struct pollfd p = {.fd = sock, .events = POLLIN};
-    if (ntrim && poll(&p, 1, 0) == 0) {
-      trim_kept(trim[--ntrim]);
+    int wait = trim_wait(ntrim, ntrim ? trim[0].at : 0, quiet);
+    if (wait >= 0 && poll(&p, 1, wait) == 0) {
+      trim_kept(trim[0].seq);
+      memmove(&trim[0], &trim[1], (size_t)--ntrim * sizeof trim[0]);
+      quiet = true; /* the rest follow while nothing comes */
       continue;
     }
+    quiet = false;
     ssize_t n = sbx_recv_fds(sock, msg, sizeof msg - 1, &fd, 1, &nfds, 0);
     if (n < 1) break;
     msg[n] = 0;
@@ -615,8 +637,12 @@ static _Noreturn void pool_main(int sock, uint64_t mb) {
       char *end;
       unsigned long long kept = msg[0] == 's' && msg[1] ? strtoull(msg + 1, &end, 10) : 0;
       if (kept && !*end) {
-        if (ntrim == TRIM_MAX) trim_kept(trim[--ntrim]);
-        trim[ntrim++] = kept;
+        if (ntrim == RECYCLE_MAX) {
+          trim_kept(trim[0].seq);
+          memmove(&trim[0], &trim[1], (size_t)--ntrim * sizeof trim[0]);
+        }
+        trim[ntrim].seq = kept;
+        trim[ntrim++].at = sbx_now_ms();
       }
     } else if (pool_make(sock, mb, ++seq, msg[0] == 'r' ? msg + 1 : NULL) < 0) {
       (void)!send(sock, "", 0, MSG_NOSIGNAL); /* an empty message: none this time */
@@ -637,6 +663,17 @@ static void pool_ask(int more) {
     if (dk.recycle.n) memmove(dk.recycle.seq, dk.recycle.seq + 1, --dk.recycle.n * sizeof dk.recycle.seq[0]);
     dk.pool.owed--;
   }
+}
+
+/* Hands a disk thrown away to the helper (msg "s" or "s<seq>", see
+ * pool_main), which shuts the filesystem of shut down, so no reply waits
+ * for a journal's abort; done here when it cannot. True: the helper took
+ * it. */
+static bool hand_over(const char *msg, int shut) {
+  bool sent = dk.pool.sock >= 0 && sbx_send_fds(dk.pool.sock, msg, strlen(msg), &shut, 1, MSG_NOSIGNAL | MSG_DONTWAIT) >= 0;
+  if (!sent) shut_down(shut);
+  close(shut);
+  return sent;
 }
 
 /* A destroyed sandbox's directory, kept for a disk made ahead: on a host
@@ -662,9 +699,17 @@ static bool recycle(const char *dir, int shut) {
   bool ok = d >= 0;
   if (ok) {
     renameat(d, SBX_FILE_RECORD, d, SBX_FILE_RECORD ".tmp");
-    int rec = openat(d, SBX_FILE_RECORD ".tmp", O_WRONLY | O_TRUNC | O_NOFOLLOW | O_CLOEXEC);
-    ok = rec >= 0 || errno == ENOENT;
-    if (rec >= 0) close(rec);
+    /* written over with zeros, not truncated: a block freed on a host
+     * filesystem mounted with discard is a discard the loop waits for,
+     * and the next record is written over it (sbx_write_atomic) */
+    _cleanup_close_ int rec = openat(d, SBX_FILE_RECORD ".tmp", O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st;
+    ok = rec < 0 ? errno == ENOENT : fstat(rec, &st) == 0;
+    static const char zeros[4096];
+    for (off_t at = 0, n; ok && rec >= 0 && at < st.st_size; at += n) {
+      n = st.st_size - at < (off_t)sizeof zeros ? st.st_size - at : (off_t)sizeof zeros;
+      ok = pwrite(rec, zeros, (size_t)n, at) == n;
+    }
   }
   int dd = ok ? dup(d) : -1;
   DIR *list = dd >= 0 ? fdopendir(dd) : NULL;
@@ -683,13 +728,11 @@ static bool recycle(const char *dir, int shut) {
   }
   dk.recycle.seq[dk.recycle.n++] = seq;
   if (shut < 0) return true;
-  int len = snprintf(msg, sizeof msg, "s%llu", seq);
-  if (sbx_send_fds(dk.pool.sock, msg, (size_t)len, &shut, 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
-    shut_down(shut);
+  snprintf(msg, sizeof msg, "s%llu", seq);
+  if (!hand_over(msg, shut)) {
     snprintf(to + strlen(to), sizeof to - strlen(to), "/disk.img");
     (void)!truncate(to, 0);
   }
-  close(shut);
   return true;
 }
 
@@ -848,10 +891,7 @@ void sbx_disk_discard(const char *id, int shut) {
   unlink(path);
   sbx_disk_path(id, path, sizeof path);
   move_to_trash(path, id);
-  if (shut < 0) return;
-  /* by the disks' helper when there is one, so no reply waits for it */
-  if (dk.pool.sock < 0 || sbx_send_fds(dk.pool.sock, "s", 1, &shut, 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) shut_down(shut);
-  close(shut);
+  if (shut >= 0) hand_over("s", shut);
 }
 
 void sbx_disk_settle(const char *id, int rootfd) {

@@ -154,9 +154,13 @@ int sbx_record_apply(sbx_sandbox *sb, json_t *rec, char *err, size_t errlen) {
 int sbx_write_atomic(const char *path, const char *text, size_t len) {
   char tmp[4200];
   snprintf(tmp, sizeof tmp, "%s.tmp", path);
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  /* written over, then cut to length: an O_TRUNC frees the old blocks,
+   * which on a host filesystem mounted with discard is a discard waited
+   * for, and makes ext4 start writing the file back at close */
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) return -errno;
   int r = sbx_write_all(fd, text, len);
+  if (r == 0 && ftruncate(fd, (off_t)len) < 0) r = -errno;
   if (r == 0 && fsync(fd) < 0) r = -errno;
   if (close(fd) < 0 && r == 0) r = -errno;
   if (r == 0 && rename(tmp, path) < 0) r = -errno;
