@@ -514,13 +514,15 @@ static void pool_entry_remove(const char *dir) { sbx_remove_tree_at(AT_FDCWD, di
  * not waited for, so that the mount and the sandbox's init find it cached:
  * the loop device does direct I/O, and each would otherwise wait for a
  * chain of small reads of the host's disk. */
+#define READ_AHEAD_MAX (8 << 20)
 static void read_ahead(int img, int loop) {
   off_t end = lseek(img, 0, SEEK_END), data = 0, total = 0;
-  while (total < (8 << 20) && (data = lseek(img, data, SEEK_DATA)) >= 0 && data < end) {
+  while (total < READ_AHEAD_MAX && (data = lseek(img, data, SEEK_DATA)) >= 0 && data < end) {
     off_t hole = lseek(img, data, SEEK_HOLE);
     if (hole <= data) break;
-    posix_fadvise(loop, data, hole - data, POSIX_FADV_WILLNEED);
-    total += hole - data;
+    off_t len = hole - data < READ_AHEAD_MAX - total ? hole - data : READ_AHEAD_MAX - total;
+    posix_fadvise(loop, data, len, POSIX_FADV_WILLNEED);
+    total += len;
     data = hole;
   }
 }
@@ -603,6 +605,11 @@ static void trim_kept(unsigned long long seq) {
   char path[1300];
   snprintf(path, sizeof path, "%s/recycle/%llu/disk.img", dk.state, seq);
   (void)!truncate(path, 0); /* gone already when the directory served again */
+  /* its record was written over with zeros (see recycle): on the disk too
+   * from here on, not only in the cache */
+  snprintf(path, sizeof path, "%s/recycle/%llu/" SBX_FILE_RECORD ".tmp", dk.state, seq);
+  _cleanup_close_ int rec = open(path, O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (rec >= 0) fdatasync(rec);
 }
 
 /* How long the helper may wait for a message before the next truncation
@@ -630,19 +637,23 @@ static _Noreturn void pool_main(int sock, uint64_t mb) {
   } trim[RECYCLE_MAX]; /* oldest first */
   unsigned long long seq = 0;
   int ntrim = 0;
-  bool quiet = false;
+  bool quiet = false, late_done = false;
   char msg[32];
   int fd, nfds;
   for (;;) {
     struct pollfd p = {.fd = sock, .events = POLLIN};
-    int wait = trim_wait(ntrim, ntrim ? trim[0].at : 0, quiet);
-    if (wait >= 0 && poll(&p, 1, wait) == 0) {
+    int wait = trim_wait(ntrim, ntrim ? trim[0].at : 0, quiet), r = 1;
+    /* one late is truncated before each message while messages wait */
+    bool late = !quiet && wait == 0 && !late_done;
+    if (late || (wait >= 0 && (r = poll(&p, 1, wait)) == 0)) {
       trim_kept(trim[0].seq);
       memmove(&trim[0], &trim[1], (size_t)--ntrim * sizeof trim[0]);
-      quiet = true; /* the rest follow while nothing comes */
+      quiet = !late; /* the rest follow while nothing comes */
+      late_done = late;
       continue;
     }
-    quiet = false;
+    if (r < 0 && errno == EINTR) continue;
+    quiet = late_done = false;
     ssize_t n = sbx_recv_fds(sock, msg, sizeof msg - 1, &fd, 1, &nfds, 0);
     if (n < 1) break;
     msg[n] = 0;
