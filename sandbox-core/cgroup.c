@@ -361,6 +361,16 @@ static const char *any_dir(const sbx_cgroup *c) {
   return NULL;
 }
 
+int sbx_cg_reapply(const sbx_cgroup *c, const sbx_limits *l) {
+  int d = cg.v2 ? -1 : dir_for(c, "memory");
+  if (d >= 0 && l->memory_mb) { /* v1 refuses a memory limit above the memory+swap one: that goes first */
+    char path[4096];
+    snprintf(path, sizeof path, "%s/memory.memsw.limit_in_bytes", c->dirs[d]);
+    sbx_write_string(path, "-1");
+  }
+  return sbx_cg_apply(c, l);
+}
+
 int sbx_cg_apply(const sbx_cgroup *c, const sbx_limits *l) {
   sbx_cg_setting s[16];
   int n = sbx_cg_limit_settings(cg.v2, l, s, 16);

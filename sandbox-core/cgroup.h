@@ -48,6 +48,9 @@ void sbx_cg_reap(void);
  * parent's): commands' cgroups, which only need to be killed as a tree. */
 int sbx_cg_create(const sbx_cgroup *parent, const char *name, bool memory, sbx_cgroup *out);
 int sbx_cg_apply(const sbx_cgroup *cg, const sbx_limits *l);
+/* The same on a cgroup that has limits already, in an order the kernel
+ * takes whether they go up or down (every limit of l set). */
+int sbx_cg_reapply(const sbx_cgroup *cg, const sbx_limits *l);
 /* Opens cgroup.procs of every hierarchy (O_WRONLY|O_CLOEXEC): writing "0"
  * to each moves the writer in. Returns the count, fds[] filled. */
 int sbx_cg_open_procs(const sbx_cgroup *cg, int fds[SBX_CG_MAX]);

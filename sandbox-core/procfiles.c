@@ -8,14 +8,21 @@
 
 /* How many cpus the sandbox may use: its limit rounded up, at most the
  * daemon's own. */
-static int cpus_of(const sbx_sandbox *sb, cpu_set_t *host) {
+static int cpus_for(double want, cpu_set_t *host) {
   if (sched_getaffinity(0, sizeof *host, host) < 0) return 0;
   int have = CPU_COUNT(host);
-  double want = sb->opts.limits.cpus;
   if (want <= 0 || want >= have) return have;
   int n = (int)want;
   if (n < want) n++; /* 1.5 cpus: 2 to run on */
   return n < 1 ? 1 : n;
+}
+
+static int cpus_of(const sbx_sandbox *sb, cpu_set_t *host) { return cpus_for(sb->opts.limits.cpus, host); }
+
+bool sbx_procfiles_pins(double cpus) {
+  cpu_set_t host;
+  int n = cpus_for(cpus, &host);
+  return n > 0 && n < CPU_COUNT(&host);
 }
 
 bool sbx_procfiles_cpuset(const sbx_sandbox *sb, cpu_set_t *set) {
@@ -141,6 +148,17 @@ int sbx_procfiles_open(sbx_sandbox *sb, sbx_procfiles *out) {
   if (out->meminfo < 0) out->meminfo = -1;
   if (out->online < 0) out->online = -1;
   return 0;
+}
+
+int sbx_procfiles_resize(sbx_sandbox *sb) {
+  sbx_procfiles_refresh(sb);
+  _cleanup_close_ int fd = file_at(sb, SBX_FILE_CPU_ONLINE, O_RDWR);
+  if (fd < 0) return fd == -ENOENT ? 0 : fd;
+  cpu_set_t host;
+  int n = cpus_of(sb, &host);
+  char text[32];
+  snprintf(text, sizeof text, n <= 1 ? "0\n" : "0-%d\n", n - 1);
+  return rewrite(fd, text);
 }
 
 void sbx_procfiles_close(sbx_sandbox *sb) {

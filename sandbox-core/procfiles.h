@@ -20,6 +20,13 @@ typedef struct sbx_procfiles {
 int sbx_procfiles_open(sbx_sandbox *sb, sbx_procfiles *out);
 /* /proc/meminfo anew from the sandbox's cgroup (at each command's start). */
 void sbx_procfiles_refresh(sbx_sandbox *sb);
+/* The files anew after its limits changed (a create that takes a sandbox
+ * made ahead with other limits): meminfo, and cpu-online when it has one.
+ * -errno. */
+int sbx_procfiles_resize(sbx_sandbox *sb);
 void sbx_procfiles_close(sbx_sandbox *sb);
+/* Whether a cpus limit runs commands on fewer cpus than the host's (the
+ * sandbox then has a cpu-online file). */
+bool sbx_procfiles_pins(double cpus);
 /* The cpus its commands run on; false when all of the host's. */
 bool sbx_procfiles_cpuset(const sbx_sandbox *sb, cpu_set_t *set);

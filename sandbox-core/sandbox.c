@@ -933,10 +933,23 @@ static int start_finish(sbx_sandbox *sb, int sock, sbx_error *err) {
  * the name (hostname, /etc/hosts) and becomes init. The next one is made on
  * the loop's next turn, after the reply has gone, or when the disk pool
  * hands over a fresh disk. */
+static bool same_limits(const sbx_limits *a, const sbx_limits *b) {
+  return a->memory_mb == b->memory_mb && a->cpus == b->cpus && a->pids == b->pids && a->disk_mb == b->disk_mb;
+}
+
+/* Other limits than the defaults are set at the take (see ahead_take)
+ * where what the sandbox was built with serves them too: its disk's size,
+ * /dev's (half its memory, at most SBX_DEV_MB) and /proc/meminfo, and a
+ * cpu-online file where the limit runs its commands on fewer cpus than the
+ * host has. A limit of none where the default has one is not. */
 static bool ahead_fits(const sbx_sandbox_opts *o) {
   const sbx_limits *l = &o->limits, *d = &eng.cfg.default_limits;
-  return !o->image[0] && !o->egress && l->memory_mb == d->memory_mb && l->cpus == d->cpus && l->pids == d->pids &&
-         l->disk_mb == d->disk_mb;
+  if (o->image[0] || o->egress || l->disk_mb != d->disk_mb) return false;
+  bool mem = l->memory_mb == d->memory_mb || (l->memory_mb >= 2 * SBX_DEV_MB && d->memory_mb >= 2 * SBX_DEV_MB);
+  bool pids = l->pids == d->pids || (l->pids && d->pids);
+  bool cpus = l->cpus == d->cpus ||
+              (l->cpus > 0 && d->cpus > 0 && (sbx_procfiles_pins(d->cpus) || !sbx_procfiles_pins(l->cpus)));
+  return mem && pids && cpus;
 }
 
 /* Takes made[i] out of the list: its sandbox, its socket in *sock. */
@@ -1014,7 +1027,13 @@ static sbx_sandbox *ahead_take(const char *id, const sbx_sandbox_opts *opts) {
   if (moved) snprintf(sb->id, sizeof sb->id, "%s", id);
   sbx_cg_rename(&sb->cg, name); /* v2 may refuse: the name is only for people */
   sbx_error err = {0};
-  if (!moved || send(sock, id, strlen(id), MSG_NOSIGNAL) < 0) {
+  bool sized = same_limits(&sb->opts.limits, &opts->limits);
+  if (moved && !sized) { /* its own limits, before anything of the create runs */
+    sb->opts.limits = opts->limits;
+    sized = sbx_cg_reapply(&sb->cg, &opts->limits) == 0 && sbx_procfiles_resize(sb) == 0;
+    if (!sized) sbx_err(&err, "INTERNAL", "its limits could not be set");
+  }
+  if (!moved || !sized || send(sock, id, strlen(id), MSG_NOSIGNAL) < 0) {
     close(sock);
     stop_running(sb);
   } else {

@@ -183,6 +183,48 @@ def test_made_ahead(t, x):
     c.ok('destroySandbox', {'sandboxId': 'took'})
 
 
+def test_made_ahead_other_limits(t, x):
+    """A create with other limits than the defaults takes a sandbox made
+    ahead too, and has its own limits: its cgroup's, what nproc,
+    /proc/meminfo and cpu/online say in it, and its record's."""
+    c = x.c
+    sandboxes = os.path.join(x.env.state, 'sandboxes')
+
+    def ahead():
+        return sorted(d for d in os.listdir(sandboxes) if d.startswith('_ahead-'))
+
+    def cgroup_file(pid, ctrl, name):
+        with open('/proc/%d/cgroup' % pid) as f:
+            for line in f:
+                _, ctrls, path = line.rstrip('\n').split(':', 2)
+                if ctrl in ctrls.split(','):
+                    with open('/sys/fs/cgroup/%s%s/%s' % (ctrl, path, name)) as g:
+                        return g.read().strip()
+
+    ncpu = os.cpu_count()
+    for sid, lim in (('big', {'memoryMB': 1024, 'cpus': 2, 'pids': 300}),
+                     ('small', {'memoryMB': 512, 'cpus': 0.5, 'pids': 64})):
+        wait_until(ahead, 30, 'a sandbox made ahead')
+        before = ahead()
+        c.ok('createSandbox', {'sandboxId': sid, 'limits': lim})
+        t.eq(len(set(before) - set(ahead())), 1, '%s took a sandbox made ahead' % sid, repr((before, ahead())))
+        init = inits_of(x.env.daemon_pid(), sid)[0]
+        got = (cgroup_file(init, 'memory', 'memory.limit_in_bytes'), cgroup_file(init, 'pids', 'pids.max'),
+               cgroup_file(init, 'cpu', 'cpu.cfs_quota_us'))
+        t.eq(got, (str(lim['memoryMB'] << 20), str(lim['pids']), str(int(lim['cpus'] * 100000))),
+             '%s: its cgroup has its memory, pids and cpu limits' % sid)
+        n = min(-(-lim['cpus'] // 1), ncpu)
+        r = c.sh('nproc; grep MemTotal /proc/meminfo; cat /sys/devices/system/cpu/online', sandbox=sid)
+        t.eq([l.split() for l in r['stdout'].split('\n')[:3]],
+             [[str(int(n))], ['MemTotal:', str(lim['memoryMB'] << 10), 'kB'], ['0' if n == 1 else '0-%d' % (n - 1)]],
+             '%s: nproc, /proc/meminfo and cpu/online say its size' % sid)
+        with open(os.path.join(sandboxes, sid, 'record.json')) as f:
+            kept = json.load(f)['options']['limits']
+        t.eq((kept['memoryMB'], kept['cpus'], kept['pids']), (lim['memoryMB'], lim['cpus'], lim['pids']),
+             '%s: its record keeps them' % sid)
+        c.ok('destroySandbox', {'sandboxId': sid})
+
+
 def test_relay_survives(t, x):
     c = x.env.mcp(['--sandbox', 'relay'])
     c.initialize()
@@ -510,6 +552,6 @@ def test_destroyed_disk_serves_again(t, x):
 
 if __name__ == '__main__':
     sys.exit(run_tests([test_disk_is_disk, test_spills_on_disk, test_kill_9, test_daemon_stop, test_init_killed,
-                        test_made_ahead, test_destroyed_disk_serves_again,
+                        test_made_ahead, test_made_ahead_other_limits, test_destroyed_disk_serves_again,
                         test_listed_after_restart, test_relay_survives, test_relay_survives_upgrade, test_agent_not_reading, test_stdin_closed_early, test_config,
                         test_thousand], Ctx))
