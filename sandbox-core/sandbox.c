@@ -809,7 +809,7 @@ static int start(sbx_sandbox *sb, int *ahead_sock, sbx_error *err) {
     return sbx_err_errno(err, "INTERNAL", -r0, "writing the /proc files of sandbox '%s'", id);
   }
   args.meminfo = pf.has_meminfo;
-  args.cpu_online = pf.has_online;
+  args.cpu_online = sb->cpu_online = pf.has_online;
   snprintf(args.procdir, sizeof args.procdir, "%s/sandboxes/%s", eng.cfg.state_dir, sb->id);
   int pidfd = -1;
   /* init keeps every signal blocked: sbx-init waits for SIGCHLD with sigwaitinfo */
@@ -947,8 +947,8 @@ static bool ahead_fits(const sbx_sandbox_opts *o) {
   if (o->image[0] || o->egress || l->disk_mb != d->disk_mb) return false;
   bool mem = l->memory_mb == d->memory_mb || (l->memory_mb >= 2 * SBX_DEV_MB && d->memory_mb >= 2 * SBX_DEV_MB);
   bool pids = l->pids == d->pids || (l->pids && d->pids);
-  bool cpus = l->cpus == d->cpus ||
-              (l->cpus > 0 && d->cpus > 0 && (sbx_procfiles_pins(d->cpus) || !sbx_procfiles_pins(l->cpus)));
+  /* (below 0.01, a quota the kernel refuses: a create that fails anyway) */
+  bool cpus = l->cpus == d->cpus || (l->cpus >= 0.01 && d->cpus > 0);
   return mem && pids && cpus;
 }
 
@@ -1017,6 +1017,9 @@ static void ahead_soon(void) {
  * NULL when there is none or it failed (the caller starts one as usual). */
 static sbx_sandbox *ahead_take(const char *id, const sbx_sandbox_opts *opts) {
   if (!ahead.n || !ahead_fits(opts)) return NULL;
+  /* a limit that runs its commands on fewer cpus than the host's needs the
+   * cpu-online file the oldest was made with or not */
+  if (sbx_procfiles_pins(opts->limits.cpus) && !ahead.made[0].sb->cpu_online) return NULL;
   int sock;
   sbx_sandbox *sb = ahead_remove(0, &sock); /* the oldest: the likeliest to be built */
   char from[1200], to[1200], name[96];

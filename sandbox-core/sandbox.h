@@ -82,6 +82,7 @@ typedef struct sbx_sandbox {
   size_t out_used[2];   /* for calls, and for unattended commands */
   int running; /* execs in flight */
   bool settled; /* its disk checkpointed since its last activity (sbx_disk_settle) */
+  bool cpu_online; /* started with a cpu-online file over its own (procfiles.h) */
   bool reset_pending;     /* the next result tells the caller its files are gone */
   bool restart_pending;   /* ...that its processes ended with an earlier daemon */
   char *saved_record;     /* the record as last written */

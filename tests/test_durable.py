@@ -193,15 +193,26 @@ def test_made_ahead_other_limits(t, x):
     def ahead():
         return sorted(d for d in os.listdir(sandboxes) if d.startswith('_ahead-'))
 
-    def cgroup_file(pid, ctrl, name):
+    def cgroup_limits(pid):
+        """memory (bytes), pids and cpu quota (us a 100 ms period) of its
+        cgroup, v1 or v2"""
+        paths = {}
         with open('/proc/%d/cgroup' % pid) as f:
             for line in f:
                 _, ctrls, path = line.rstrip('\n').split(':', 2)
-                if ctrl in ctrls.split(','):
-                    with open('/sys/fs/cgroup/%s%s/%s' % (ctrl, path, name)) as g:
-                        return g.read().strip()
+                for ctrl in ctrls.split(',') if ctrls else ['']:
+                    paths[ctrl] = path
 
-    ncpu = os.cpu_count()
+        def read(ctrl, name):
+            base = '/sys/fs/cgroup/%s%s' % (ctrl + '/' if ctrl else '', paths[ctrl])
+            with open(os.path.join(base, name)) as g:
+                return g.read().strip()
+        if 'memory' not in paths:  # v2
+            return read('', 'memory.max'), read('', 'pids.max'), read('', 'cpu.max').split()[0]
+        return (read('memory', 'memory.limit_in_bytes'), read('pids', 'pids.max'),
+                read('cpu', 'cpu.cfs_quota_us'))
+
+    ncpu = len(os.sched_getaffinity(x.env.daemon_pid()))
     for sid, lim in (('big', {'memoryMB': 1024, 'cpus': 2, 'pids': 300}),
                      ('small', {'memoryMB': 512, 'cpus': 0.5, 'pids': 64})):
         wait_until(ahead, 30, 'a sandbox made ahead')
@@ -209,9 +220,7 @@ def test_made_ahead_other_limits(t, x):
         c.ok('createSandbox', {'sandboxId': sid, 'limits': lim})
         t.eq(len(set(before) - set(ahead())), 1, '%s took a sandbox made ahead' % sid, repr((before, ahead())))
         init = inits_of(x.env.daemon_pid(), sid)[0]
-        got = (cgroup_file(init, 'memory', 'memory.limit_in_bytes'), cgroup_file(init, 'pids', 'pids.max'),
-               cgroup_file(init, 'cpu', 'cpu.cfs_quota_us'))
-        t.eq(got, (str(lim['memoryMB'] << 20), str(lim['pids']), str(int(lim['cpus'] * 100000))),
+        t.eq(cgroup_limits(init), (str(lim['memoryMB'] << 20), str(lim['pids']), str(int(lim['cpus'] * 100000))),
              '%s: its cgroup has its memory, pids and cpu limits' % sid)
         n = min(-(-lim['cpus'] // 1), ncpu)
         r = c.sh('nproc; grep MemTotal /proc/meminfo; cat /sys/devices/system/cpu/online', sandbox=sid)
