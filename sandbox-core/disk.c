@@ -540,7 +540,17 @@ static int pool_make(int sock, uint64_t mb, unsigned long long seq, const char *
   /* a destroyed sandbox's directory, and its files but the image, serve
    * again (see recycle) */
   snprintf(path, sizeof path, "%s/recycle/%s", dk.state, recycled ? recycled : "");
-  bool reused = recycled && *recycled && !strchr(recycled, '/') && rename(path, dir) == 0;
+  bool kept = recycled && *recycled && !strchr(recycled, '/');
+  if (kept) { /* an image a loop device still holds is left to it, emptied, before the directory serves */
+    char img[1400];
+    snprintf(img, sizeof img, "%s/disk.img", path);
+    _cleanup_close_ int old = open(img, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    if (old < 0 ? errno != ENOENT : lock_image(old) < 0) {
+      if (old >= 0) (void)!ftruncate(old, 0);
+      unlink(img);
+    }
+  }
+  bool reused = kept && rename(path, dir) == 0;
   if (!reused && mkdir(dir, 0700) < 0) return -errno;
   static const struct {
     const char *name;
@@ -552,13 +562,6 @@ static int pool_make(int sock, uint64_t mb, unsigned long long seq, const char *
     if (f >= 0) close(f);
   }
   snprintf(path, sizeof path, "%s/disk.img", dir);
-  if (reused) { /* an image a loop device still holds is left to it, emptied */
-    _cleanup_close_ int old = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
-    if (old < 0 ? errno != ENOENT : lock_image(old) < 0) {
-      if (old >= 0) (void)!ftruncate(old, 0);
-      unlink(path);
-    }
-  }
   int r = sparse_copy(tpl, path);
   if (r == 0) r = new_uuid(path);
   if (r < 0) {

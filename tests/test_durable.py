@@ -499,7 +499,7 @@ def test_destroyed_disk_serves_again(t, x):
                "the destroyed disk's space given back")
     t.ok(True, "the destroyed disk's space is given back")
 
-    def unheld():
+    def unheld(key):
         for p, _ in images(key):
             if '/sandboxes/' in p or '/pool/' in p:
                 return True  # serving again already: the lock is its new loop device's
@@ -511,20 +511,41 @@ def test_destroyed_disk_serves_again(t, x):
             except OSError:
                 return False
         return True
-    try:  # its teardown can outlast this (the kernel's, not sbx's): then only the leaks are checked
-        wait_until(unheld, 10, 'the old loop device to let go of the image')
-        free = True
-    except Fail:
-        free = False
-        print('# the old loop device still holds the image: its use again is not checked')
-    kept = len(os.listdir(os.path.join(state, 'recycle')))
-    for i in range(2, 2 + min(kept + 2, 12)):
-        c.ok('createSandbox', {'sandboxId': 'next%d' % i})
-        if any('/sandboxes/' in p or '/pool/' in p for p, _ in images(key)):
+
+    def serves_again(key, first):
+        """Whether the destroyed image serves a later sandbox (None: not
+        to be seen this time: its old loop device held it past 10 s, the
+        kernel's teardown and not sbx's, or its directory served a disk
+        made ahead while it was held, and a new image was made)."""
+        try:
+            wait_until(lambda: unheld(key), 10, 'the old loop device to let go of the image')
+        except Fail:
+            return None
+        if not images(key):
+            return None
+        kept = len(os.listdir(os.path.join(state, 'recycle')))
+        for i in range(first, first + min(kept + 2, 12)):
+            c.ok('createSandbox', {'sandboxId': 'next%d' % i})
+            if any('/sandboxes/' in p or '/pool/' in p for p, _ in images(key)):
+                break
+        try:  # looked for until seen: a walk of the state dir can miss a directory being renamed
+            return wait_until(lambda: any('/sandboxes/' in p or '/pool/' in p for p, _ in images(key)), 5)
+        except Fail:
+            return False
+
+    # a few times, until seen: what it depends on is timing (the kernel's
+    # teardown, when the helper is asked for a disk)
+    seen = [serves_again(key, 2)]
+    for attempt in range(2):
+        if True in seen:
             break
-    if free:
-        t.ok(any('/sandboxes/' in p or '/pool/' in p for p, _ in images(key)),
-             'the old image serves a later sandbox', images(key))
+        okey = make('again%d' % attempt, os.urandom(8).hex())
+        c.ok('destroySandbox', {'sandboxId': 'again%d' % attempt})
+        seen.append(serves_again(okey, 20 + 12 * attempt))
+    if True in seen or False in seen:
+        t.ok(True in seen, 'the old image serves a later sandbox', seen)
+    else:
+        print('# the old images were held when their directories served again: their use again is not checked')
     t.eq(leaks(marker), [], 'nothing of the destroyed sandbox is in any disk or record of the state dir')
     made = sorted(d for d in os.listdir(os.path.join(state, 'sandboxes')) if d.startswith('next'))
     for sid in made:
