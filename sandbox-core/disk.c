@@ -604,7 +604,15 @@ static int pool_make(int sock, uint64_t mb, unsigned long long seq, const char *
  * back to back right after many destroys took twice as long). */
 #define TRIM_QUIET_MS 20
 #define TRIM_LATE_MS 3000
-static void trim_kept(unsigned long long seq) {
+typedef struct {
+  unsigned long long seq;
+  uint64_t at;
+} trim_entry;
+
+/* Truncates the oldest of the n waiting and takes it off the list. */
+static void trim_kept(trim_entry *trim, int *n) {
+  unsigned long long seq = trim[0].seq;
+  memmove(&trim[0], &trim[1], (size_t)--*n * sizeof trim[0]);
   char path[1300];
   snprintf(path, sizeof path, "%s/recycle/%llu/disk.img", dk.state, seq);
   (void)!truncate(path, 0); /* gone already when the directory served again */
@@ -634,10 +642,7 @@ static _Noreturn void pool_main(int sock, uint64_t mb) {
     sock = 3;
   }
   close_range(4, ~0U, 0);
-  struct {
-    unsigned long long seq;
-    uint64_t at;
-  } trim[RECYCLE_MAX]; /* oldest first */
+  trim_entry trim[RECYCLE_MAX]; /* oldest first */
   unsigned long long seq = 0;
   int ntrim = 0;
   bool quiet = false, late_done = false;
@@ -649,8 +654,7 @@ static _Noreturn void pool_main(int sock, uint64_t mb) {
     /* one late is truncated before each message while messages wait */
     bool late = !quiet && wait == 0 && !late_done;
     if (late || (wait >= 0 && (r = poll(&p, 1, wait)) == 0)) {
-      trim_kept(trim[0].seq);
-      memmove(&trim[0], &trim[1], (size_t)--ntrim * sizeof trim[0]);
+      trim_kept(trim, &ntrim);
       quiet = !late; /* the rest follow while nothing comes */
       late_done = late;
       continue;
@@ -668,10 +672,7 @@ static _Noreturn void pool_main(int sock, uint64_t mb) {
       char *end;
       unsigned long long kept = msg[0] == 's' && msg[1] ? strtoull(msg + 1, &end, 10) : 0;
       if (kept && !*end) {
-        if (ntrim == RECYCLE_MAX) {
-          trim_kept(trim[0].seq);
-          memmove(&trim[0], &trim[1], (size_t)--ntrim * sizeof trim[0]);
-        }
+        if (ntrim == RECYCLE_MAX) trim_kept(trim, &ntrim);
         trim[ntrim].seq = kept;
         trim[ntrim++].at = sbx_now_ms();
       }

@@ -937,18 +937,19 @@ static bool same_limits(const sbx_limits *a, const sbx_limits *b) {
   return a->memory_mb == b->memory_mb && a->cpus == b->cpus && a->pids == b->pids && a->disk_mb == b->disk_mb;
 }
 
-/* Other limits than the defaults are set at the take (see ahead_take)
- * where what the sandbox was built with serves them too: its disk's size,
- * /dev's (half its memory, at most SBX_DEV_MB) and /proc/meminfo, and a
- * cpu-online file where the limit runs its commands on fewer cpus than the
- * host has. A limit of none where the default has one is not. */
-static bool ahead_fits(const sbx_sandbox_opts *o) {
+/* Whether sb, made ahead, serves a create of opts. Other limits than the
+ * defaults are set at the take (see ahead_take) where what it was built
+ * with serves them too: its disk's size, /dev's (half its memory, at most
+ * SBX_DEV_MB) and /proc/meminfo, and a cpu-online file where the limit
+ * runs its commands on fewer cpus than the host has. A limit of none where
+ * the default has one is not. */
+static bool ahead_fits(const sbx_sandbox *sb, const sbx_sandbox_opts *o) {
   const sbx_limits *l = &o->limits, *d = &eng.cfg.default_limits;
   if (o->image[0] || o->egress || l->disk_mb != d->disk_mb) return false;
   bool mem = l->memory_mb == d->memory_mb || (l->memory_mb >= 2 * SBX_DEV_MB && d->memory_mb >= 2 * SBX_DEV_MB);
   bool pids = l->pids == d->pids || (l->pids && d->pids);
   /* (below 0.01, a quota the kernel refuses: a create that fails anyway) */
-  bool cpus = l->cpus == d->cpus || (l->cpus >= 0.01 && d->cpus > 0);
+  bool cpus = l->cpus == d->cpus || (l->cpus >= 0.01 && d->cpus > 0 && (sb->cpu_online || !sbx_procfiles_pins(l->cpus)));
   return mem && pids && cpus;
 }
 
@@ -1016,10 +1017,7 @@ static void ahead_soon(void) {
 /* The sandbox made ahead as `id` with opts (copied by the caller), started;
  * NULL when there is none or it failed (the caller starts one as usual). */
 static sbx_sandbox *ahead_take(const char *id, const sbx_sandbox_opts *opts) {
-  if (!ahead.n || !ahead_fits(opts)) return NULL;
-  /* a limit that runs its commands on fewer cpus than the host's needs the
-   * cpu-online file the oldest was made with or not */
-  if (sbx_procfiles_pins(opts->limits.cpus) && !ahead.made[0].sb->cpu_online) return NULL;
+  if (!ahead.n || !ahead_fits(ahead.made[0].sb, opts)) return NULL;
   int sock;
   sbx_sandbox *sb = ahead_remove(0, &sock); /* the oldest: the likeliest to be built */
   char from[1200], to[1200], name[96];
