@@ -720,19 +720,22 @@ static void do_resources_read(request *r) {
   }
 }
 
+/* Cancels a call's work. A wait answers now: the call is gone after it. */
+static void call_cancel(mcp_call *call) {
+  sbx_exec *x = call->exec;
+  sbx_code_run *run = call->code_run;
+  void *wait = call->wait;
+  call->cancelled = true;
+  if (x) sbx_exec_cancel(x);
+  if (run) sbx_code_cancel(run);
+  if (wait) mcp_wait_cancel(wait);
+}
+
 static void do_cancelled(mcp_conn *c, json_t *params) {
   json_t *rid = json_object_get(params, "requestId");
   for (mcp_call *call = c->calls, *next; call; call = next) {
-    next = call->next; /* a wait answers (and goes) at once */
-    if (rid && json_equal(call->id, rid)) {
-      sbx_exec *x = call->exec;
-      sbx_code_run *run = call->code_run;
-      void *wait = call->wait;
-      call->cancelled = true;
-      if (x) sbx_exec_cancel(x);
-      if (run) sbx_code_cancel(run);
-      if (wait) mcp_wait_cancel(wait); /* answers now: the call is gone after it */
-    }
+    next = call->next; /* taken first: a wait's call goes as it is cancelled */
+    if (rid && json_equal(call->id, rid)) call_cancel(call);
   }
 }
 
@@ -882,13 +885,7 @@ void mcp_conn_close(mcp_conn *c) {
   /* a client that disconnects mid-call has its work cancelled */
   for (mcp_call *call = c->calls, *next; call; call = next) {
     next = call->next;
-    sbx_exec *x = call->exec;
-    sbx_code_run *run = call->code_run;
-    void *wait = call->wait;
-    call->cancelled = true;
-    if (x) sbx_exec_cancel(x);
-    if (run) sbx_code_cancel(run);
-    if (wait) mcp_wait_cancel(wait); /* answers now: the call is gone after it */
+    call_cancel(call);
   }
   conn_unref(c);
 }

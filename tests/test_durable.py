@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 
-from sbxtest import SBX, Env, Fail, children, gone, inits_of, run_tests, wait_until
+from sbxtest import SBX, Env, Fail, children, forks, gone, inits_of, run_tests, wait_until
 
 
 class Ctx:
@@ -353,20 +353,7 @@ def test_stdin_closed_early(t, x):
     t.ok(last and last[0]['result']['structuredContent']['stdout'] == 'late\n', 'with the real result')
 
 
-FORKS = """python3 - <<'EOF'
-import os, time
-n = 0
-for i in range(150):
-    try:
-        pid = os.fork()
-    except OSError:
-        break
-    if pid == 0:
-        time.sleep(5)
-        os._exit(0)
-    n += 1
-print(n)
-EOF"""
+FORKS = forks(150, 5)
 
 
 def test_config(t, x):

@@ -5,7 +5,7 @@ import sys
 import threading
 import time
 
-from sbxtest import Env, run_tests, wait_until
+from sbxtest import Env, forks, run_tests, wait_until
 
 
 class Ctx:
@@ -47,20 +47,7 @@ def test_fork_bomb(t, x):
     n = x.c.sh('ps -e --no-headers | wc -l', sandbox='bomb')['stdout'].strip()
     t.ok(int(n) < 64, 'nothing of the bomb survives the call (%s processes)' % n)
     t.ok(answers and all(a == 'pong\n' for a in answers), 'another sandbox answered throughout (%d calls)' % len(answers))
-    r = x.c.sh('''python3 - <<'EOF'
-import os, time
-n = 0
-for i in range(200):
-    try:
-        pid = os.fork()
-    except OSError:
-        break
-    if pid == 0:
-        time.sleep(30)
-        os._exit(0)
-    n += 1
-print(n)
-EOF''', sandbox='bomb', timeout=20000)
+    r = x.c.sh(forks(200, 30), sandbox='bomb', timeout=20000)
     n = int(r['stdout'].strip() or 0)
     t.ok(0 < n < 64, 'forks stop at pids=64 (%d made)' % n)
 

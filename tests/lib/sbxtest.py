@@ -390,6 +390,25 @@ class SocketClient(Client):
         self.s.close()
 
 
+def forks(n, seconds):
+    """A shell command that forks up to n children that each sleep for
+    seconds, and prints how many it made (it stops at the first refusal)."""
+    return """python3 - <<'EOF'
+import os, time
+n = 0
+for i in range(%d):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(%d)
+        os._exit(0)
+    n += 1
+print(n)
+EOF""" % (n, seconds)
+
+
 def free_port():
     """A TCP port on loopback nothing listens on right now."""
     s = socket.socket()
