@@ -349,6 +349,17 @@ def bench_files(env, n):
         report('exists' + what, e, 'open+read+close on the host', hr)
 
 
+def run_threads(work, n):
+    """work(0) .. work(n - 1) at once, each in a thread; the seconds they took."""
+    ths = [threading.Thread(target=work, args=(i,)) for i in range(n)]
+    t0 = time.monotonic()
+    for th in ths:
+        th.start()
+    for th in ths:
+        th.join()
+    return time.monotonic() - t0
+
+
 def bench_parallel(env, clients, seconds):
     cs = []
     for i in range(clients):
@@ -363,13 +374,7 @@ def bench_parallel(env, clients, seconds):
         while time.monotonic() < stop:
             cs[i].ok('exec', {'sandboxId': 'par', 'command': 'true', 'sessionId': 's%d' % i})
             counts[i] += 1
-    ths = [threading.Thread(target=work, args=(i,)) for i in range(clients)]
-    t0 = time.monotonic()
-    for th in ths:
-        th.start()
-    for th in ths:
-        th.join()
-    el = time.monotonic() - t0
+    el = run_threads(work, clients)
     total = sum(counts)
     t1 = time.monotonic()
     k = 0
@@ -497,13 +502,7 @@ def bench_clients(env, seconds):
                 cs[i].ok('exec', {'sandboxId': 'cl%d-%d' % (k, i // 16), 'command': 'true', 'sessionId': 's%d' % i},
                          timeout=60)
                 lats[i].append((time.perf_counter() - t0) * 1000)
-        ths = [threading.Thread(target=work, args=(i,)) for i in range(k)]
-        t0 = time.monotonic()
-        for th in ths:
-            th.start()
-        for th in ths:
-            th.join()
-        el = time.monotonic() - t0
+        el = run_threads(work, k)
         allx = [v for l in lats for v in l]
         print('%2d clients: %6.0f calls/s   p50 %7.2f ms  p99 %7.2f ms' % (k, len(allx) / el, pct(allx, 50), pct(allx, 99)))
         for c in cs:
