@@ -194,6 +194,15 @@ def test_javascript(t, x):
     t.eq(r.get('error', {}).get('name'), 'TypeError', 'JS errors with their name', r)
     t.ok(any('<code>' in line for line in r['error']['traceback']), 'and the stack', r['error'])
     t.ok(not any('[eval]' in line for line in r['error']['traceback']), 'without the driver\'s own frames', r['error'])
+    for code, line in (('throw new Error("boom")', 1), ('let q1 = 1,\n  q2 = 2;\nfunction g() { return 1 }\nnull.y', 4),
+                       ('let z = 1\nz.foo.bar', 2), ('class Q {}\nasync function h() {}\nawait h()\nundefined.w', 4)):
+        r = run(x, code, language='javascript')
+        tb = r.get('error', {}).get('traceback', [])
+        t.ok(any('<code>:%d:' % line in l for l in tb) and not any('characters cut' in l for l in tb),
+             'a JS error\'s stack names the line of the cell, lines whole: %r' % code, tb)
+    r = run(x, 'let q = ;', language='javascript')
+    t.ok(r.get('error', {}).get('name') == 'SyntaxError' and not any('characters cut' in l for l in r['error']['traceback']),
+         'a syntax error comes back readable', r.get('error'))
     r = run(x, 'while (true) {}', language='javascript', timeout=1000)
     t.eq(r.get('error', {}).get('name'), 'TimeoutError', 'timeout stops a JS busy loop', r)
     r = run(x, 'await new Promise(() => {})', language='javascript', timeout=1000)

@@ -271,25 +271,29 @@ function cellWrap(code) {
   const isAsync = toks.some((tk) => tk.type === 'word' && tk.t === 'await');
   if (toks[0] && toks[0].type === 'str' && /^['"]use strict['"]$/.test(toks[0].t)) return { script: null, isAsync };
   const spans = statements(code, toks);
-  let out = '', at = 0, ret = '';
+  let out = '', at = 0;
+  // each statement stays on its lines, so that an error's line is the
+  // cell's (the wrapper's first line is taken off by lineOffset)
+  const lines = (text) => text.split('\n').length - 1;
   spans.forEach(([s, e], n) => {
     const text = code.slice(s, e);
     out += code.slice(at, s);
     at = e;
     if (DECL.test(text)) {
-      out += assignments(text);
+      const set = assignments(text);
+      out += set + '\n'.repeat(Math.max(0, lines(text) - lines(set)));
     } else if (n === spans.length - 1 && !NOT_EXPR.test(text)) {
-      ret = text.replace(/;\s*$/, '');
+      out += `return { value: (${text.replace(/;\s*$/, '')}\n) };`;
     } else {
       out += text;
       const m = NAMED.exec(text);
-      if (m) out += `\n;globalThis.${m[1]} = ${m[1]};`;
+      if (m) out += `;globalThis.${m[1]} = ${m[1]};`;
     }
   });
   out += code.slice(at);
-  const wrapped = `(async () => {\n${out}\n${ret ? `return { value: (${ret}\n) };` : ''}\n})()`;
+  const wrapped = `(async () => {\n${out}\n})()`;
   try {
-    return { script: new vm.Script(wrapped, { filename: '<code>' }), isAsync };
+    return { script: new vm.Script(wrapped, { filename: '<code>', lineOffset: -1 }), isAsync };
   } catch (e) {
     return { script: null, isAsync };
   }
@@ -310,7 +314,8 @@ async function run(req) {
   let value;
   if (cell.script || cell.isAsync) {
     let timer;
-    const started = cell.script ? cell.script.runInThisContext(opts) : vm.runInThisContext(`(async () => {\n${code}\n})()`, opts);
+    const started = cell.script ? cell.script.runInThisContext(opts)
+      : vm.runInThisContext(`(async () => {\n${code}\n})()`, { ...opts, lineOffset: -1 });
     const done = await Promise.race([started,
       new Promise((_, reject) => {
         abandon = reject;
@@ -337,7 +342,7 @@ function errorOf(e) {
   if (e.code === 'ERR_SCRIPT_EXECUTION_INTERRUPTED') name = 'KeyboardInterrupt';
   const stack = String(e.stack || '').split('\n').filter((l) => !/\(node:|node:internal|\[worker eval\]|\(\[eval\]:/.test(l)); // the driver's own frames
   // an error of megabytes would be a line too long for the daemon to take
-  return { name: cut(String(name)), value: cut(String(value)), traceback: stack.slice(-100).map(cut) };
+  return { name: cut(String(name)), value: cut(String(value)), traceback: stack.slice(-100).map((line) => cut(line)) };
 }
 
 // At most `keep` characters of a text: its start and its end.
