@@ -767,7 +767,12 @@ void mcp_wait_cancel(void *wait) { ((wait_head *)wait)->cancel(wait); }
 /* With force over a non-empty target, the clone goes to a hidden sibling
  * first and replaces the target only once it succeeded: a failed clone (a
  * wrong URL or branch, a timeout) leaves the target as it was. A sibling
- * left by a clone killed on its timeout is removed by the next try. */
+ * left by a clone killed on its timeout is removed by the next try. A
+ * target that is a mount point or holds one (a bucket mount, /etc, /usr)
+ * is not replaced (exit 6, the mount point printed): rm -rf would delete
+ * what is mounted there, a bucket's files among them, and then fail on
+ * the mount point itself. mountinfo writes space, tab, newline and
+ * backslash as octal escapes; the target is compared written the same. */
 static const char git_script[] =
     "command -v git >/dev/null || exit 127\n"
     /* a session's tracing would print the Authorization header */
@@ -777,6 +782,9 @@ static const char git_script[] =
     "to=\"$SBX_GIT_DIR\"\n"
     "if [ -e \"$SBX_GIT_DIR\" ] && [ -n \"$(ls -A \"$SBX_GIT_DIR\" 2>/dev/null)\" ]; then\n"
     "  [ \"$SBX_GIT_FORCE\" = 1 ] || exit 3\n"
+    "  m=$(T=$(printf '%s' \"$SBX_GIT_DIR\" | sed 's/\\\\/\\\\134/g; s/ /\\\\040/g; s/\\t/\\\\011/g') awk "
+    "'BEGIN { t = ENVIRON[\"T\"] } !m && ($5 == t || index($5, t \"/\") == 1) { m = $5 } END { if (m) print m; exit !m }' "
+    "/proc/self/mountinfo) && { printf '%b\\n' \"$m\"; exit 6; }\n"
     "  to=\"$(dirname -- \"$SBX_GIT_DIR\")/.$(basename -- \"$SBX_GIT_DIR\").sbx-clone\"\n"
     "  rm -rf -- \"$to\"\n"
     "fi\n"
@@ -858,6 +866,22 @@ static void git_done(void *ud, const sbx_exec_result *r, const sbx_error *err) {
     sbx_err(&e, "COMMAND_TIMEOUT", "git clone did not finish within the timeout");
   } else if (r->exit_code == 3) {
     sbx_err(&e, "FILE_EXISTS", "%s exists and is not empty (force: true replaces it)", g->dir);
+  } else if (r->exit_code == 6) {
+    const char *nl = r->out_len ? memchr(r->out, '\n', r->out_len) : NULL;
+    sbx_err(&e, "VALIDATION_FAILED",
+            "%s holds a mount point (%.*s): force: true would delete what is mounted there; clone into a "
+            "directory of its own",
+            g->dir, nl ? (int)(nl - r->out) : 0, nl ? r->out : "");
+  } else if (r->exit_code == 5) {
+    char *t = redact(g, r->err, r->err_len, NULL);
+    char *last = t ? strrchr(t, '\n') : NULL;
+    while (last && last > t && !last[1]) { /* the last line that says something */
+      *last = 0;
+      last = strrchr(t, '\n');
+    }
+    sbx_err(&e, "GIT_CLONE_FAILED", "the clone worked, but it could not replace %s: %s", g->dir,
+            t ? (last ? last + 1 : t) : "(no message)");
+    free(t);
   } else if (r->exit_code == 127) {
     sbx_err(&e, "GIT_CLONE_FAILED", "git is not installed in the sandbox");
   } else if (r->exit_code != 0) {

@@ -19,6 +19,11 @@ def kind(schema):
         return ' \\| '.join('`%s`' % json.dumps(v) for v in schema['enum'])
     if t == 'array':
         return 'array of ' + kind(schema.get('items', {}))
+    lo, hi = schema.get('minimum'), schema.get('maximum')
+    if lo is not None and hi is not None:
+        return '%s, %s to %s' % (t, lo, hi)
+    if lo is not None or hi is not None:
+        return '%s, at %s %s' % (t, 'least' if lo is not None else 'most', lo if lo is not None else hi)
     return t
 
 

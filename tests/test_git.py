@@ -107,6 +107,26 @@ def test_target_in_the_way(t, x):
          'with the clone alone')
 
 
+def test_force_spares_mounts(t, x):
+    """force: true over a target that holds a mount point (a bucket mount,
+    a system directory) is refused before anything is deleted."""
+    c = x.c
+    for target in ('/workspace/held', '/workspace/with space'):
+        c.ok('mountBucket', {'bucket': 'gitkeep', 'mountPath': target + '/data', 'localBucket': True}, 60)
+        c.ok('writeFile', {'path': target + '/data/keep.txt', 'content': 'bucket\n'})
+        c.ok('writeFile', {'path': target + '/mine.txt', 'content': 'mine\n'})
+        res, _ = c.call('gitCheckout', {'repoUrl': 'git://127.0.0.1:9418/repo.git', 'targetDir': target, 'force': True}, 120)
+        err = res['structuredContent'].get('error', {})
+        t.ok(err.get('code') == 'VALIDATION_FAILED' and target + '/data' in err.get('message', ''),
+             'force: true over %r, which holds a bucket mount, is refused and says where' % target, err)
+        t.eq(c.sh("cat '%s/data/keep.txt' '%s/mine.txt'" % (target, target))['stdout'], 'bucket\nmine\n',
+             'the bucket\'s files and the target\'s own are all there')
+        c.ok('unmountBucket', {'mountPath': target + '/data'}, 60)
+    res, _ = c.call('gitCheckout', {'repoUrl': 'git://127.0.0.1:9418/repo.git', 'targetDir': '/etc', 'force': True}, 120)
+    t.eq(res['structuredContent'].get('error', {}).get('code'), 'VALIDATION_FAILED', 'force: true over /etc is refused', res)
+    t.eq(c.sh('head -1 /etc/passwd | cut -d: -f1')['stdout'], 'root\n', 'and /etc is as it was')
+
+
 def test_bad_urls(t, x):
     for url in ('file:///srv/repo.git', '/srv/repo.git', '--upload-pack=touch /tmp/pwned', 'ext::sh -c touch% /tmp/p',
                 'http://-oProxyCommand=x/repo', 'fd::3', 'ftp://127.0.0.1/repo.git', 'git://u:pw@127.0.0.1/repo.git',
@@ -164,5 +184,5 @@ def test_password_never_shows(t, x):
 
 
 if __name__ == '__main__':
-    sys.exit(run_tests([test_clone_defaults, test_branch_and_depth, test_target_in_the_way, test_bad_urls,
+    sys.exit(run_tests([test_clone_defaults, test_branch_and_depth, test_target_in_the_way, test_force_spares_mounts, test_bad_urls,
                         test_missing_repo, test_password_never_shows], setup=Ctx))
