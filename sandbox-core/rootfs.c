@@ -123,6 +123,25 @@ static int mkdirat_ok(int dfd, const char *path, mode_t mode) {
   return errno == EEXIST ? 0 : -errno;
 }
 
+/* A standard directory of the sandbox's / (path, under stage), made a real
+ * one: what the sandbox left in its place (a symlink, /var -> /host/dir,
+ * or a file) is moved aside to path.sbx-N. sbx-init lays out and mounts
+ * before its root is the sandbox's, so a symlink on the way would lead
+ * into the host's /; root_dirs lists parents first, so every path is
+ * reached through real directories only. */
+static int real_dir(int stage, const char *path, mode_t mode) {
+  struct stat st;
+  if (fstatat(stage, path, &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISDIR(st.st_mode)) {
+    char aside[300];
+    for (int n = 1;; n++) {
+      snprintf(aside, sizeof aside, "%s.sbx-%d", path, n);
+      if (renameat2(stage, path, stage, aside, RENAME_NOREPLACE) == 0) break;
+      if (errno != EEXIST || n == 64) return -errno;
+    }
+  }
+  return mkdirat_ok(stage, path, mode);
+}
+
 int sbx_rootfs_layout(int stage) {
   static const char *const tops[] = {"root", "upper", "work", "lower"};
   char path[256];
@@ -131,7 +150,7 @@ int sbx_rootfs_layout(int stage) {
     if ((r = mkdirat_ok(stage, tops[i], 0755)) < 0) return r;
   for (size_t i = 0; i < SBX_ARRAY_SIZE(root_dirs); i++) {
     snprintf(path, sizeof path, "root/%s", root_dirs[i].path);
-    if ((r = mkdirat_ok(stage, path, root_dirs[i].mode)) < 0) return r;
+    if ((r = real_dir(stage, path, root_dirs[i].mode)) < 0) return r;
   }
   /* "empty": what masks /proc's sensitive directories, read-only (one
    * directory of a filesystem the sandbox has anyway, instead of a tmpfs
@@ -440,19 +459,20 @@ _Noreturn void sbx_rootfs_init_main(const sbx_init_args *a) {
   if (online >= 0 && access(NEWROOT "/sys/devices/system/cpu/online", F_OK) == 0)
     TRY(mount_over(online, a->idmapped, NEWROOT "/sys/devices/system/cpu/online"), "cpu/online");
 
-  /* pip's marker */
-  unlink(NEWROOT "/etc/resolv.conf");
-  if (a->idmapped)
-    for (int i = 0; i < a->npythons; i++) {
-      snprintf(path, sizeof path, NEWROOT "/usr/lib/%s/EXTERNALLY-MANAGED", a->pythons[i]);
-      unlink(path);
-    }
-
   TRY(chdir(NEWROOT), "chdir new root");
   TRY(syscall(SYS_pivot_root, ".", ".oldroot"), "pivot_root");
   TRY(chdir("/"), "chdir /");
   TRY(umount2("/.oldroot", MNT_DETACH), "detaching the host root");
   rmdir("/.oldroot");
+
+  /* pip's marker: in the sandbox's / (a symlink it made on the way leads
+   * there, not into the host's) */
+  unlink("/etc/resolv.conf");
+  if (a->idmapped)
+    for (int i = 0; i < a->npythons; i++) {
+      snprintf(path, sizeof path, "/usr/lib/%s/EXTERNALLY-MANAGED", a->pythons[i]);
+      unlink(path);
+    }
 
   /* loopback up: the only interface of network "none" */
   int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);

@@ -2,11 +2,13 @@
 then tries to reach it from inside a sandbox."""
 import os
 import secrets
+import shutil
+import signal
 import socket
 import sys
 import threading
 
-from sbxtest import Env, run_tests, wait_until
+from sbxtest import Env, gone, inits_of, run_tests, wait_until
 
 SECRET = 'sbx-secret-' + secrets.token_hex(8)
 MARK = 'sbx-escape-' + secrets.token_hex(6)
@@ -238,6 +240,32 @@ def test_per_user_counts(t, x):
     x.c.ok('killProcess', {'processId': 'hog', 'signal': 'SIGKILL'})
 
 
+def test_symlinks_at_start(t, x):
+    """Symlinks a sandbox leaves where its init lays out and mounts its /
+    (/var, a Python's directory in /usr) lead into the host's / before the
+    root is the sandbox's: the next start must not follow them there."""
+    victim = '/var/tmp/%s-dir' % MARK
+    os.makedirs(victim)
+    os.chmod(victim, 0o777)  # writable by the sandbox's host uid, as /var/tmp is
+    x.markers.append(victim)
+    with open(victim + '/EXTERNALLY-MANAGED', 'w') as f:
+        f.write('host file\n')
+    os.chmod(victim + '/EXTERNALLY-MANAGED', 0o666)
+    try:
+        py = x.c.sh('ls -d /usr/lib/python3*/ | head -1', sandbox='symlinks')['stdout'].strip().rstrip('/')
+        r = x.c.sh('mv /var /var.real && ln -s %s /var && rm -rf %s && ln -s %s %s && echo planted'
+                   % (victim, py, victim, py), sandbox='symlinks')
+        t.eq(r['stdout'], 'planted\n', 'the sandbox replaced /var and %s with symlinks to a host directory' % py, r)
+        inits = inits_of(x.env.daemon_pid(), 'symlinks')
+        os.kill(inits[0], signal.SIGKILL)
+        t.ok(wait_until(lambda: gone(inits[0]), 10, 'its init to go'), 'its init killed: the next call starts it again')
+        r = x.c.sh('test -d /var/lib/dpkg -a ! -L /var && ls -d /var.sbx-1 && echo started', sandbox='symlinks')
+        t.eq(r['stdout'], '/var.sbx-1\nstarted\n', 'it starts, with a real /var (the symlink moved aside)', r)
+        t.eq(sorted(os.listdir(victim)), ['EXTERNALLY-MANAGED'], 'nothing was made or removed in the host directory')
+    finally:
+        shutil.rmtree(victim, ignore_errors=True)
+
+
 def test_other_sandbox(t, x):
     x.c.ok('writeFile', {'sandboxId': 'other', 'path': '/workspace/' + MARK, 'content': 'other'})
     x.c.ok('exec', {'sandboxId': 'other', 'command': 'sleep 1000 > /dev/null 2>&1 &'})
@@ -265,4 +293,4 @@ def test_other_sandbox(t, x):
 if __name__ == '__main__':
     sys.exit(run_tests([test_host_files, test_host_usr, test_host_processes, test_daemon_socket_and_env,
                         test_host_loopback, test_namespaces_and_mounts, test_masked_proc, test_socket_families, test_per_user_counts,
-                        test_other_sandbox], Ctx))
+                        test_symlinks_at_start, test_other_sandbox], Ctx))
