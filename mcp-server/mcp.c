@@ -571,7 +571,8 @@ static void do_tools_call(request *r) {
     }
     sbx_sandbox_touch(sb);
   }
-  if (sb && t->h->offload && mcp_offload_wanted(sb)) return offload_call(call, owned, sb, t->h->fn);
+  bool long_work = t->h->offload_when && json_is_true(json_object_get(owned, t->h->offload_when));
+  if (sb && t->h->offload && (long_work || mcp_offload_wanted(sb))) return offload_call(call, owned, sb, t->h->fn);
   t->h->fn(call, owned, sb);
   json_decref(owned);
 }

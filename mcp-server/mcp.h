@@ -96,6 +96,10 @@ typedef struct mcp_handler {
   bool own_sandbox; /* handles the sandbox lookup itself (create, list) */
   bool no_wake;     /* works on a sleeping sandbox as it is (destroy) */
   bool offload;     /* may run in a child (offload.h): it only works on the sandbox's files */
+  /* and runs in one whenever this boolean argument is true: work that
+   * takes as long as the sandbox makes it (a recursive delete of a tree
+   * it built) would stop the loop, every sandbox's calls, meanwhile */
+  const char *offload_when;
 } mcp_handler;
 extern const mcp_handler mcp_handlers[];
 extern const size_t mcp_handler_count;

@@ -2,8 +2,9 @@
  *
  * A file call can block in the kernel for as long as a file system takes
  * to answer: a bucket mount whose endpoint hangs holds a read or a lookup
- * for minutes (its server retries). For a sandbox with a bucket mount,
- * such work runs in a child process of its own (the daemon stays
+ * for minutes (its server retries), and a recursive delete takes as long
+ * as the tree the sandbox built. For a sandbox with a bucket mount, and
+ * for a recursive delete, such work runs in a child process of its own (the daemon stays
  * single-threaded: its children are raw clones, util.h), which hands its
  * result back as JSON on a pipe, so the loop keeps serving every other
  * client and sandbox; a destroy kills it. Jobs of one sandbox run one at a

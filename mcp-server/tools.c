@@ -1702,7 +1702,7 @@ const mcp_handler mcp_handlers[] = {
     {"readFile", h_read, .offload = true},
     {"listFiles", h_list_files, .offload = true},
     {"mkdir", h_mkdir, .offload = true},
-    {"deleteFile", h_delete, .offload = true},
+    {"deleteFile", h_delete, .offload = true, .offload_when = "recursive"},
     {"renameFile", h_rename, .offload = true},
     {"moveFile", h_move, .offload = true},
     {"exists", h_exists, .offload = true},
