@@ -980,7 +980,8 @@ static void h_git_checkout(mcp_call *call, json_t *args, sbx_sandbox *sb) {
     return mcp_call_fail(call, &(sbx_error){.code = "INVALID_GIT_URL",
                                             .message = "repoUrl must be an https://, http://, git:// or ssh:// URL "
                                                        "(or user@host:path); a repository already in the sandbox is "
-                                                       "cloned with exec: git clone /its/path"});
+                                                       "cloned with exec: git clone /its/path (one on the host "
+                                                       "gets there with `sbx cp /its/path SANDBOX:dir`)"});
   if (ui && !strncasecmp(url, "git://", 6)) /* git would take user:password@host for a host name */
     return mcp_call_fail(call, &(sbx_error){.code = "INVALID_GIT_URL",
                                             .message = "git:// URLs carry no credentials: use https:// or ssh:// "

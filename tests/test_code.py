@@ -47,6 +47,10 @@ def test_exception(t, x):
     t.ok(any('1/0' in line or 'line 2' in line for line in r['error']['traceback']), 'with the traceback', r['error'])
     t.ok('ZeroDivisionError' in res['content'][0]['text'], 'and the text says it', res['content'])
     t.eq(run(x, 'keep + 1')['results'][0]['text'], '8', 'the context is still usable, with its state')
+    e = run(x, 'ok = 1\nx = (1,').get('error', {})
+    t.ok(e.get('name') == 'SyntaxError' and any('line 2' in l for l in e['traceback'])
+         and not any('ast.py' in l or 'Traceback' in l for l in e['traceback']),
+         'a cell that does not parse says where in it, without the parser\'s frames', e)
 
 
 def test_plot_and_dataframe(t, x):

@@ -404,9 +404,13 @@ while True:
         if isinstance(e, SystemExit):
             error = {'name': 'SystemExit', 'value': str(e.code), 'traceback': []}
         else:
-            tb = traceback.format_exception(type(e), e, e.__traceback__)
-            # the driver's own frames are not the user's business
-            tb = [t for t in tb if 'File "<string>"' not in t]
+            if isinstance(e, SyntaxError) and e.filename == '<code>':
+                # the cell did not parse: where in it, without the parser's frames
+                tb = traceback.format_exception_only(type(e), e)
+            else:
+                tb = traceback.format_exception(type(e), e, e.__traceback__)
+                # the driver's own frames are not the user's business
+                tb = [t for t in tb if 'File "<string>"' not in t]
             error = {'name': type(e).__name__, 'value': str(e), 'traceback': tb}
             if timed_out and isinstance(e, KeyboardInterrupt):  # said as JavaScript's driver says it
                 msg = 'the run was interrupted after %d ms; the context keeps its state' % timeout
