@@ -196,11 +196,29 @@ int sbx_cg_init(void) {
     if (!cg.n) return -ENOENT;
   }
   cg.ready = true;
+  /* all sandboxes together: the host keeps a quarter of its tasks */
+  for (int i = 0; i < cg.n; i++)
+    if (cg.v2 || !strcmp(cg.ctrl[i], "pids")) {
+      char *max = sbx_strdup_printf("%s/pids.max", cg.base[i]), v[32];
+      snprintf(v, sizeof v, "%llu", (unsigned long long)sbx_host_tasks_cap());
+      sbx_write_string(max, v);
+      free(max);
+    }
   int o = 0;
   o += snprintf(cg.desc, sizeof cg.desc, "%s:", cg.v2 ? "v2" : "v1");
   for (int i = 0; i < cg.n && o < (int)sizeof cg.desc; i++)
     o += snprintf(cg.desc + o, sizeof cg.desc - o, " %s", cg.ctrl[i]);
   return 0;
+}
+
+static int read_u64(const char *dir, const char *file, uint64_t *out);
+
+uint64_t sbx_host_tasks_cap(void) {
+  uint64_t pid_max = 0, threads = 0;
+  read_u64("/proc/sys/kernel", "pid_max", &pid_max);
+  read_u64("/proc/sys/kernel", "threads-max", &threads);
+  uint64_t n = pid_max && threads ? (pid_max < threads ? pid_max : threads) : pid_max ? pid_max : threads ? threads : 32768;
+  return n - n / 4;
 }
 
 bool sbx_cg_available(void) { return cg.ready; }

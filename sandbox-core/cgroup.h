@@ -34,6 +34,11 @@ int sbx_cg_limit_settings(bool v2, const sbx_limits *l, sbx_cg_setting *out, int
 /* Detects the cgroup layout and makes the daemon's own sbx subtree.
  * Returns 0, or -errno when cgroups cannot be used (rootless, read-only). */
 int sbx_cg_init(void);
+/* How many tasks all sandboxes together may have (the pids limit of their
+ * parent cgroup): three quarters of the host's (kernel.pid_max or
+ * threads-max, the smaller). Tasks are counted host-wide: sandboxes that
+ * each stay within their own limit could otherwise use them all up. */
+uint64_t sbx_host_tasks_cap(void);
 bool sbx_cg_available(void);
 bool sbx_cg_is_v2(void);
 const char *sbx_cg_describe(void); /* for doctor */

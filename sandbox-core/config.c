@@ -6,6 +6,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 
 static sbx_config *current;
 
@@ -87,23 +88,26 @@ static int get_string(json_t *obj, const char *key, const char *where, char **ou
   return 1;
 }
 
-static int parse_limits(sbx_config *c, json_t *l, char *err, size_t errlen) {
+/* "limits" or "maxLimits" (name) into *out. */
+static int parse_limits(sbx_limits *out, const char *name, json_t *l, char *err, size_t errlen) {
   static const char *const keys[] = {"memoryMB", "cpus", "pids", "diskMB", NULL};
-  if (!json_is_object(l)) FAIL("limits must be an object");
-  if (only_keys(l, "limits", keys, err, errlen) < 0) return -1;
+  char where[32];
+  snprintf(where, sizeof where, "%s.", name);
+  if (!json_is_object(l)) FAIL("%s must be an object", name);
+  if (only_keys(l, name, keys, err, errlen) < 0) return -1;
   long long v;
   int r;
-  if ((r = get_int(l, "memoryMB", "limits.", 16, 1048576, &v, err, errlen)) < 0) return -1;
-  if (r) c->limits.memory_mb = v;
-  if ((r = get_int(l, "pids", "limits.", 8, 4194304, &v, err, errlen)) < 0) return -1;
-  if (r) c->limits.pids = v;
-  if ((r = get_int(l, "diskMB", "limits.", 16, 1048576, &v, err, errlen)) < 0) return -1;
-  if (r) c->limits.disk_mb = v;
+  if ((r = get_int(l, "memoryMB", where, 16, 1048576, &v, err, errlen)) < 0) return -1;
+  if (r) out->memory_mb = v;
+  if ((r = get_int(l, "pids", where, 8, 4194304, &v, err, errlen)) < 0) return -1;
+  if (r) out->pids = v;
+  if ((r = get_int(l, "diskMB", where, 16, 1048576, &v, err, errlen)) < 0) return -1;
+  if (r) out->disk_mb = v;
   json_t *cpus = json_object_get(l, "cpus");
   if (cpus) {
     if (!json_is_number(cpus) || json_number_value(cpus) <= 0 || json_number_value(cpus) > 1024)
-      FAIL("limits.cpus must be a number above 0 and at most 1024");
-    c->limits.cpus = json_number_value(cpus);
+      FAIL("%scpus must be a number above 0 and at most 1024", where);
+    out->cpus = json_number_value(cpus);
   }
   return 0;
 }
@@ -161,8 +165,8 @@ static int parse_buckets(sbx_config *c, json_t *b, char *err, size_t errlen) {
 }
 
 int sbx_config_parse(sbx_config *c, const char *text, size_t len, char *err, size_t errlen) {
-  static const char *const keys[] = {"maxSandboxes", "limits", "previewPort", "http", "mount", "buckets", "dnsServer",
-                                     NULL};
+  static const char *const keys[] = {"maxSandboxes", "limits", "maxLimits", "previewPort", "http", "mount", "buckets",
+                                     "dnsServer", NULL};
   json_error_t je;
   json_t *doc = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
   if (!doc) {
@@ -182,7 +186,8 @@ int sbx_config_parse(sbx_config *c, const char *text, size_t len, char *err, siz
   if ((got = get_int(doc, "previewPort", "", 0, 65535, &v, err, errlen)) < 0) goto out;
   if (got) c->preview_port = (int)v;
   json_t *l = json_object_get(doc, "limits");
-  if (l && parse_limits(c, l, err, errlen) < 0) goto out;
+  if (l && parse_limits(&c->limits, "limits", l, err, errlen) < 0) goto out;
+  if ((l = json_object_get(doc, "maxLimits")) && parse_limits(&c->max_limits, "maxLimits", l, err, errlen) < 0) goto out;
   if (get_string(doc, "http", "", &c->http, err, errlen) < 0) goto out;
   if (get_string(doc, "mount", "", &c->mount, err, errlen) < 0) goto out;
   if (c->mount && c->mount[0] != '/') {
@@ -269,10 +274,30 @@ json_t *sbx_config_json(const sbx_config *c) {
                         c->n_allowed ? strings(c->allowed_endpoints, c->n_allowed) : json_string("public https only"),
                         "profiles", profiles);
   json_object_set_new(json_object_get(j, "buckets"), "localMB", json_integer((json_int_t)c->local_mb));
+  sbx_limits m = sbx_limits_max(c, NULL);
+  json_t *ml = json_pack("{s:I, s:f, s:I}", "memoryMB", (json_int_t)m.memory_mb, "cpus", m.cpus, "pids",
+                         (json_int_t)m.pids);
+  json_object_set_new(ml, "diskMB", c->max_limits.disk_mb ? json_integer((json_int_t)c->max_limits.disk_mb)
+                                                         : json_string("the size of the disks' filesystem"));
+  json_object_set_new(j, "maxLimits", ml);
   if (c->http) json_object_set_new(j, "http", json_string(c->http));
   if (c->mount) json_object_set_new(j, "mount", json_string(c->mount));
   json_object_set_new(j, "dnsServer", json_string(c->dns_server ? c->dns_server : "the host's resolver"));
   return j;
+}
+
+sbx_limits sbx_limits_max(const sbx_config *c, const char *state_dir) {
+  sbx_limits m = c ? c->max_limits : (sbx_limits){0};
+  if (!m.memory_mb) {
+    _cleanup_fclose_ FILE *f = fopen("/proc/meminfo", "re");
+    unsigned long long kb = 0;
+    if (f && fscanf(f, "MemTotal: %llu kB", &kb) == 1) m.memory_mb = kb / 1024;
+  }
+  if (!m.pids) m.pids = sbx_host_tasks_cap();
+  if (m.cpus <= 0) m.cpus = 1024; /* more cpus than there are is none */
+  struct statvfs sv;
+  if (!m.disk_mb && state_dir && statvfs(state_dir, &sv) == 0) m.disk_mb = (uint64_t)sv.f_blocks * sv.f_frsize >> 20;
+  return m;
 }
 
 const sbx_bucket_profile *sbx_config_profile(const sbx_config *c, const char *name) {

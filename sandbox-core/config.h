@@ -22,6 +22,8 @@ typedef struct sbx_config {
   bool found;      /* the file existed */
   int max_sandboxes;
   sbx_limits limits; /* defaults for new sandboxes */
+  /* the most a create may ask for; 0: what the host has (sbx_limits_max) */
+  sbx_limits max_limits;
   int preview_port;  /* 0: no preview proxy */
   char *http;        /* listen address of the HTTP transport, or NULL */
   char *mount;       /* a FUSE view the daemon runs, or NULL */
@@ -47,6 +49,10 @@ void sbx_config_free(sbx_config *c);
 /* The configuration in force as JSON, secrets masked (for doctor). */
 json_t *sbx_config_json(const sbx_config *c);
 const sbx_bucket_profile *sbx_config_profile(const sbx_config *c, const char *name);
+/* The most limits a create may ask for: maxLimits, else the host's memory
+ * (MemTotal), three quarters of its tasks (sbx_host_tasks_cap) and the size
+ * of the filesystem that holds state_dir (the disks). */
+sbx_limits sbx_limits_max(const sbx_config *c, const char *state_dir);
 /* The process-wide configuration of the daemon (set once at start). */
 const sbx_config *sbx_config_get(void);
 void sbx_config_set(sbx_config *c);

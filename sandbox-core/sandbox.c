@@ -1057,6 +1057,32 @@ static sbx_sandbox *ahead_take(const char *id, const sbx_sandbox_opts *opts) {
   return NULL;
 }
 
+/* Limits a create asks for are at most what a person allows (maxLimits)
+ * or the host has: an agent cannot hand sandbox code all of its memory,
+ * tasks or disk. */
+static int over_max(const sbx_sandbox_opts *o, sbx_error *err) {
+  if (!o->limits_explicit) return 0;
+  const sbx_config *c = sbx_config_get();
+  sbx_limits m = sbx_limits_max(c, eng.cfg.state_dir), l = o->limits;
+  const char *host = " (what this host has)";
+  if (m.memory_mb && l.memory_mb > m.memory_mb)
+    return sbx_err(err, "RESOURCE_LIMIT", "memoryMB %llu is over the most a sandbox may have here, %llu%s; maxLimits in "
+                   "the daemon's configuration sets it", (unsigned long long)l.memory_mb,
+                   (unsigned long long)m.memory_mb, c && c->max_limits.memory_mb ? "" : host);
+  if (m.pids && l.pids > m.pids)
+    return sbx_err(err, "RESOURCE_LIMIT", "pids %llu is over the most a sandbox may have here, %llu%s; maxLimits in "
+                   "the daemon's configuration sets it", (unsigned long long)l.pids, (unsigned long long)m.pids,
+                   c && c->max_limits.pids ? "" : " (three quarters of the host's tasks)");
+  if (m.cpus > 0 && l.cpus > m.cpus)
+    return sbx_err(err, "RESOURCE_LIMIT", "cpus %g is over the most a sandbox may have here, %g; maxLimits in the "
+                   "daemon's configuration sets it", l.cpus, m.cpus);
+  if (m.disk_mb && o->disk_explicit && l.disk_mb > m.disk_mb)
+    return sbx_err(err, "RESOURCE_LIMIT", "diskMB %llu is over the most a sandbox may have here, %llu%s; maxLimits in "
+                   "the daemon's configuration sets it", (unsigned long long)l.disk_mb, (unsigned long long)m.disk_mb,
+                   c && c->max_limits.disk_mb ? "" : " (the size of the filesystem its disk is on)");
+  return 0;
+}
+
 int sbx_sandbox_create(const char *id, const sbx_sandbox_opts *opts, sbx_sandbox **out, bool *created,
                        sbx_error *err) {
   if (!sbx_valid_id(id)) return sbx_err(err, "VALIDATION_FAILED", "sandboxId must be 1-63 of [a-z0-9-], got '%s'", id);
@@ -1072,6 +1098,7 @@ int sbx_sandbox_create(const char *id, const sbx_sandbox_opts *opts, sbx_sandbox
   if (eng.count >= eng.cfg.max_sandboxes)
     return sbx_err(err, "RESOURCE_LIMIT", "at most %d sandboxes may exist at once (maxSandboxes in %s)",
                    eng.cfg.max_sandboxes, "the daemon's configuration");
+  if (over_max(opts, err) < 0) return -1;
   /* a directory left by a crash between making a disk and its record */
   sbx_disk_remove(id, -1);
   sb = ahead_take(id, opts);

@@ -39,6 +39,37 @@ def while_abusing(x, tool_args, timeout=120):
     return out.get('r'), answers
 
 
+def test_host_caps(t, x):
+    """What an agent may ask for stops at what the host has (or maxLimits
+    says), and all sandboxes together leave the host a quarter of its
+    tasks: each sandbox's own pids limit does not bound their sum."""
+    c = x.c
+    for lim, word in (({'memoryMB': 1048576}, 'memoryMB'), ({'pids': 4194304}, 'pids'), ({'diskMB': 1048576}, 'diskMB')):
+        res, _ = c.call('createSandbox', {'sandboxId': 'greedy', 'limits': lim})
+        e = res['structuredContent'].get('error', {})
+        t.ok(e.get('code') == 'RESOURCE_LIMIT' and word in e.get('message', '') and 'maxLimits' in e.get('message', ''),
+             'a create asking for more than the host has is refused: %s' % lim, e)
+    tasks = [int(open('/proc/sys/kernel/%s' % k).read()) for k in ('pid_max', 'threads-max')]
+    import glob
+    caps = [open(p).read().strip() for p in glob.glob('/sys/fs/cgroup/**/sbx-%d/pids.max' % x.env.daemon_pid(), recursive=True)]
+    t.eq(caps, [str(min(tasks) - min(tasks) // 4)], 'the sandboxes\' parent cgroup holds them to 3/4 of the host\'s tasks')
+    env = Env()
+    try:
+        cfg = os.path.join(env.root, 'config.json')
+        with open(cfg, 'w') as f:
+            f.write('{"maxLimits": {"memoryMB": 512, "pids": 100}}')
+        env.env['SBX_CONFIG'] = cfg
+        c2 = env.socket_client()
+        c2.initialize()
+        res, _ = c2.call('createSandbox', {'sandboxId': 'big', 'limits': {'memoryMB': 1024, 'pids': 50}})
+        e = res['structuredContent'].get('error', {})
+        t.ok(e.get('code') == 'RESOURCE_LIMIT' and '512' in e.get('message', ''), 'maxLimits in the configuration caps it', e)
+        r = c2.ok('createSandbox', {'sandboxId': 'fits', 'limits': {'memoryMB': 512, 'pids': 50}})
+        t.eq((r['limits']['memoryMB'], r['limits']['pids']), (512, 50), 'and what fits is made')
+    finally:
+        env.close()
+
+
 def test_fork_bomb(t, x):
     x.c.ok('createSandbox', {'sandboxId': 'bomb', 'limits': {'pids': 64}})
     r, answers = while_abusing(x, {'sandboxId': 'bomb', 'timeout': 5000,
@@ -253,5 +284,5 @@ def test_limits_after_destroy(t, x):
 
 
 if __name__ == '__main__':
-    sys.exit(run_tests([test_fork_bomb, test_memory_hog, test_disk, test_running_cap, test_sessions_cap, test_flood, test_sees_its_size,
+    sys.exit(run_tests([test_host_caps, test_fork_bomb, test_memory_hog, test_disk, test_running_cap, test_sessions_cap, test_flood, test_sees_its_size,
                         test_meminfo_follows, test_limits_after_destroy], Ctx))
