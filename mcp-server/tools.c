@@ -771,8 +771,9 @@ void mcp_wait_cancel(void *wait) { ((wait_head *)wait)->cancel(wait); }
  * target that is a mount point or holds one (a bucket mount, /etc, /usr)
  * is not replaced (exit 6, the mount point printed): rm -rf would delete
  * what is mounted there, a bucket's files among them, and then fail on
- * the mount point itself. mountinfo writes space, tab, newline and
- * backslash as octal escapes; the target is compared written the same. */
+ * the mount point itself. The target is compared with its symlinks
+ * resolved, written as mountinfo writes space, tab and backslash (octal
+ * escapes). */
 static const char git_script[] =
     "command -v git >/dev/null || exit 127\n"
     /* a session's tracing would print the Authorization header */
@@ -782,7 +783,7 @@ static const char git_script[] =
     "to=\"$SBX_GIT_DIR\"\n"
     "if [ -e \"$SBX_GIT_DIR\" ] && [ -n \"$(ls -A \"$SBX_GIT_DIR\" 2>/dev/null)\" ]; then\n"
     "  [ \"$SBX_GIT_FORCE\" = 1 ] || exit 3\n"
-    "  m=$(T=$(printf '%s' \"$SBX_GIT_DIR\" | sed 's/\\\\/\\\\134/g; s/ /\\\\040/g; s/\\t/\\\\011/g') awk "
+    "  m=$(T=$(realpath -m -- \"$SBX_GIT_DIR\" | sed 's/\\\\/\\\\134/g; s/ /\\\\040/g; s/\\t/\\\\011/g') awk "
     "'BEGIN { t = ENVIRON[\"T\"] } !m && ($5 == t || index($5, t \"/\") == 1) { m = $5 } END { if (m) print m; exit !m }' "
     "/proc/self/mountinfo) && { printf '%b\\n' \"$m\"; exit 6; }\n"
     "  to=\"$(dirname -- \"$SBX_GIT_DIR\")/.$(basename -- \"$SBX_GIT_DIR\").sbx-clone\"\n"

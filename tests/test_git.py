@@ -111,17 +111,18 @@ def test_force_spares_mounts(t, x):
     """force: true over a target that holds a mount point (a bucket mount,
     a system directory) is refused before anything is deleted."""
     c = x.c
-    for target in ('/workspace/held', '/workspace/with space'):
-        c.ok('mountBucket', {'bucket': 'gitkeep', 'mountPath': target + '/data', 'localBucket': True}, 60)
-        c.ok('writeFile', {'path': target + '/data/keep.txt', 'content': 'bucket\n'})
-        c.ok('writeFile', {'path': target + '/mine.txt', 'content': 'mine\n'})
+    c.sh("mkdir -p '/workspace/with space' && ln -sfn '/workspace/with space' /workspace/link")
+    for target, real in (('/workspace/held',) * 2, ('/workspace/with space',) * 2, ('/workspace/link', '/workspace/with space')):
+        c.ok('mountBucket', {'bucket': 'gitkeep', 'mountPath': real + '/data', 'localBucket': True}, 60)
+        c.ok('writeFile', {'path': real + '/data/keep.txt', 'content': 'bucket\n'})
+        c.ok('writeFile', {'path': real + '/mine.txt', 'content': 'mine\n'})
         res, _ = c.call('gitCheckout', {'repoUrl': 'git://127.0.0.1:9418/repo.git', 'targetDir': target, 'force': True}, 120)
         err = res['structuredContent'].get('error', {})
-        t.ok(err.get('code') == 'VALIDATION_FAILED' and target + '/data' in err.get('message', ''),
+        t.ok(err.get('code') == 'VALIDATION_FAILED' and real + '/data' in err.get('message', ''),
              'force: true over %r, which holds a bucket mount, is refused and says where' % target, err)
-        t.eq(c.sh("cat '%s/data/keep.txt' '%s/mine.txt'" % (target, target))['stdout'], 'bucket\nmine\n',
+        t.eq(c.sh("cat '%s/data/keep.txt' '%s/mine.txt'" % (real, real))['stdout'], 'bucket\nmine\n',
              'the bucket\'s files and the target\'s own are all there')
-        c.ok('unmountBucket', {'mountPath': target + '/data'}, 60)
+        c.ok('unmountBucket', {'mountPath': real + '/data'}, 60)
     res, _ = c.call('gitCheckout', {'repoUrl': 'git://127.0.0.1:9418/repo.git', 'targetDir': '/etc', 'force': True}, 120)
     t.eq(res['structuredContent'].get('error', {}).get('code'), 'VALIDATION_FAILED', 'force: true over /etc is refused', res)
     t.eq(c.sh('head -1 /etc/passwd | cut -d: -f1')['stdout'], 'root\n', 'and /etc is as it was')
