@@ -13,16 +13,18 @@
  * a closed fd 3 says nothing). With bash, the rest of what a persistent
  * shell keeps follows a \1 line: its other variables, functions, aliases
  * and options, given back to the next command of the session on fd 4. */
+/* Each wrapper is one line: the command's eval runs on line 1, so that its
+ * line N is line N (LINENO, and bash's "line N:" in its messages). */
 static const char sh_wrapper[] =
-    "trap '__sbx_rc=$?; { printf \"%s\\n\" \"$PWD\"; export -p; } 2>/dev/null >&3; exit $__sbx_rc' EXIT\n"
-    "__sbx_cmd=$1; shift\n"
+    "trap '__sbx_rc=$?; { printf \"%s\\n\" \"$PWD\"; export -p; } 2>/dev/null >&3; exit $__sbx_rc' EXIT; "
+    "__sbx_cmd=$1; shift; "
     "eval \"$__sbx_cmd\" 3>&-\n";
 static const char bash_wrapper[] =
     "trap '__sbx_rc=$?; { printf \"%s\\n\" \"$PWD\"; export -p; printf \"\\1\\n\"; declare -p; declare -f; "
-    "alias -p; set +o; shopt -p; } 2>/dev/null >&3; exit $__sbx_rc' EXIT\n"
-    "__sbx_cmd=$1\n"
-    "if [ \"$2\" = 1 ]; then . /dev/fd/4 2>/dev/null; else shopt -s expand_aliases; fi\n"
-    "set -- \n"
+    "alias -p; set +o; shopt -p; } 2>/dev/null >&3; exit $__sbx_rc' EXIT; "
+    "__sbx_cmd=$1; "
+    "if [ \"$2\" = 1 ]; then . /dev/fd/4 2>/dev/null; else shopt -s expand_aliases; fi; "
+    "set --; "
     "eval \"$__sbx_cmd\" 3>&- 4<&-\n";
 
 /* Variables of bash's own that a new shell must set for itself. */
@@ -722,16 +724,17 @@ static const char shell_head[] =
     "declare -p; declare -f; alias -p; set +o; shopt -p; printf \"\\1sbx-end\\1\\n\"; } >&3'\n"
     "trap '__sbx_rc=$?; __sbx_how=x; eval \"$__sbx_dump\"; exit $__sbx_rc' EXIT\n"
     "shopt -s expand_aliases\n";
-static const char shell_loop[] =
-    "\nset --\n"
-    "__sbx_how=\n"
-    "while IFS= read -r -n 1 -u 5 __sbx_go; do\n"
-    "  IFS= read -r -d '' -u 6 __sbx_cmd\n"
-    "  for __sbx_once in 1; do eval \"$__sbx_cmd\" </dev/null >&7 2>&8 3>&- 5<&- 6<&- 7>&- 8>&-; done\n"
-    "  __sbx_rc=$?\n"
-    "  disown -a\n" /* what it left running is killed, without a notice in the next command's output */
-    "  eval \"$__sbx_dump\"\n"
-    "done\n";
+/* bash -c runs this: the script (head and state), then the loop, on line 1
+ * (see the wrappers above). disown -a: what a command left running is
+ * killed, without a notice in the next command's output. */
+static const char shell_main[] =
+    "IFS= read -r -d '' __sbx_s <&4; eval \"$__sbx_s\"; "
+    "set --; __sbx_how=; "
+    "while IFS= read -r -n 1 -u 5 __sbx_go; do "
+    "IFS= read -r -d '' -u 6 __sbx_cmd; "
+    "for __sbx_once in 1; do eval \"$__sbx_cmd\" </dev/null >&7 2>&8 3>&- 5<&- 6<&- 7>&- 8>&-; done; "
+    "__sbx_rc=$?; disown -a; eval \"$__sbx_dump\"; "
+    "done";
 
 #define SHELL_END "\1sbx-end\1\n"
 #define SHELL_IDLE_MS (60 * 1000) /* an idle shell goes; the next command starts one */
@@ -864,18 +867,17 @@ static sbx_shell *shell_start(uv_loop_t *loop, sbx_sandbox *sb, sbx_session *s, 
     ours[i] = p[0];
     fds[i] = p[1];
   }
-  /* the script bash sources, with the session's state in the middle */
+  /* the script bash reads first: its head, then the session's state */
   if ((fds[4] = memfd_create("sbx-shell", MFD_CLOEXEC)) < 0 ||
       sbx_write_all(fds[4], shell_head, sizeof shell_head - 1) < 0 ||
-      sbx_write_all(fds[4], s->shell ? s->shell : "", s->shell_len) < 0 ||
-      sbx_write_all(fds[4], shell_loop, sizeof shell_loop - 1) < 0 || lseek(fds[4], 0, SEEK_SET) < 0)
+      sbx_write_all(fds[4], s->shell ? s->shell : "", s->shell_len) < 0 || lseek(fds[4], 0, SEEK_SET) < 0)
     goto fail;
   int p[2];
   if (pipe2(p, O_CLOEXEC) < 0) goto fail;
   fds[5] = p[0];
   ours[0] = p[1];
   if ((sh->cmdfd = memfd_create("sbx-command", MFD_CLOEXEC)) < 0 || (fds[6] = dup(sh->cmdfd)) < 0) goto fail;
-  char *argv[] = {"/bin/bash", "-c", "IFS= read -r -d '' __sbx_s <&4; eval \"$__sbx_s\"", "bash", NULL};
+  char *argv[] = {"/bin/bash", "-c", (char *)shell_main, "bash", NULL};
   sbx_spawn sp = {.argv = argv, .envp = s->env.v, .cwd = cwd, .fds = fds, .nfds = 7, .cg = &sh->cg};
   sh->pid = sbx_sandbox_spawn(sb, &sp, &sh->pidfd, &err);
   for (int i = 0; i < 7; i++) close(fds[i]), fds[i] = -1;

@@ -120,6 +120,19 @@ def test_bash_session(t, x):
     x.c.ok('deleteSession', {'id': 'bash'})
 
 
+def test_line_numbers(t, x):
+    """A command's lines are its own: LINENO and bash's "line N:" count from
+    its first line, in a session's shell, in a command of its own (a cwd for
+    one call) and after the session's state changed (set -u)."""
+    for args in ({}, {'cwd': '/tmp'}, {'sessionId': 'lines'}):
+        if args.get('sessionId'):
+            x.c.ok('createSession', {'id': 'lines'})
+            x.c.ok('exec', dict(args, command='set -u; f() { :; }; alias ll=ls'))
+        r = x.c.ok('exec', dict(args, command='echo $LINENO\n\nnosuch-cmd'))
+        t.eq((r['stdout'], r['stderr']), ('1\n', 'bash: line 3: nosuch-cmd: command not found\n'),
+             'LINENO and the line in bash\'s message are the command\'s own (%s)' % (args or 'the default session'))
+
+
 def test_stdin(t, x):
     r = x.c.sh('tr a-z A-Z', stdin='hello\n')
     t.eq(r['stdout'], 'HELLO\n', 'stdin is fed to the command')
@@ -261,6 +274,6 @@ def test_sandbox_creation_rules(t, x):
 
 
 if __name__ == '__main__':
-    sys.exit(run_tests([test_basic, test_default_sandbox, test_session_state, test_bash_session, test_stdin, test_timeout_kills_tree,
+    sys.exit(run_tests([test_basic, test_default_sandbox, test_session_state, test_bash_session, test_line_numbers, test_stdin, test_timeout_kills_tree,
                         test_background_does_not_block, test_cancel, test_progress_streams, test_output_bound,
                         test_utf8, test_env_is_clean, test_nonexistent_cwd, test_sandbox_creation_rules], lambda: Ctx('ex')))
