@@ -768,8 +768,8 @@ void mcp_wait_cancel(void *wait) { ((wait_head *)wait)->cancel(wait); }
  * first and replaces the target only once it succeeded: a failed clone (a
  * wrong URL or branch, a timeout) leaves the target as it was. A sibling
  * left by a clone killed on its timeout is removed by the next try. A
- * target that is a mount point or holds one (a bucket mount, /etc, /usr)
- * is not replaced (exit 6, the mount point printed): rm -rf would delete
+ * target (or sibling) that is a mount point or holds one (a bucket mount,
+ * /etc, /usr) is not replaced (exit 6, the mount point printed): rm -rf would delete
  * what is mounted there, a bucket's files among them, and then fail on
  * the mount point itself. The target is compared with its symlinks
  * resolved, written as mountinfo writes space, tab and backslash (octal
@@ -783,10 +783,12 @@ static const char git_script[] =
     "to=\"$SBX_GIT_DIR\"\n"
     "if [ -e \"$SBX_GIT_DIR\" ] && [ -n \"$(ls -A \"$SBX_GIT_DIR\" 2>/dev/null)\" ]; then\n"
     "  [ \"$SBX_GIT_FORCE\" = 1 ] || exit 3\n"
-    "  m=$(T=$(realpath -m -- \"$SBX_GIT_DIR\" | sed 's/\\\\/\\\\134/g; s/ /\\\\040/g; s/\\t/\\\\011/g') awk "
+    "  to=\"$(dirname -- \"$SBX_GIT_DIR\")/.$(basename -- \"$SBX_GIT_DIR\").sbx-clone\"\n"
+    "  for d in \"$SBX_GIT_DIR\" \"$to\"; do\n"
+    "    m=$(T=$(realpath -m -- \"$d\" | sed 's/\\\\/\\\\134/g; s/ /\\\\040/g; s/\\t/\\\\011/g') awk "
     "'BEGIN { t = ENVIRON[\"T\"] } !m && ($5 == t || index($5, t \"/\") == 1) { m = $5 } END { if (m) print m; exit !m }' "
     "/proc/self/mountinfo) && { printf '%b\\n' \"$m\"; exit 6; }\n"
-    "  to=\"$(dirname -- \"$SBX_GIT_DIR\")/.$(basename -- \"$SBX_GIT_DIR\").sbx-clone\"\n"
+    "  done\n"
     "  rm -rf -- \"$to\"\n"
     "fi\n"
     "git clone --progress ${SBX_GIT_BRANCH:+--branch \"$SBX_GIT_BRANCH\"} ${SBX_GIT_DEPTH:+--depth \"$SBX_GIT_DEPTH\"} "

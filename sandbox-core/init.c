@@ -12,14 +12,31 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-/* Written over, then cut to length: an O_TRUNC to empty would make ext4
- * start writing the file back at close (its guard for programs that
- * replace a file by truncating it), which a create would wait for. */
+/* path, a regular file of the sandbox's /etc, written with text. What the
+ * sandbox left there instead (a FIFO, which would block init and the
+ * daemon that waits for it; a symlink or a directory, which would fail
+ * every start) is moved aside to path.sbx-N first. Written over, then cut
+ * to length: an O_TRUNC to empty would make ext4 start writing the file
+ * back at close (its guard for programs that replace a file by truncating
+ * it), which a create would wait for. */
 static int write_file(const char *path, const char *text) {
-  int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  int fd = open(path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+  struct stat st;
+  if (fd >= 0 && (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))) {
+    close(fd);
+    fd = -1;
+  }
+  for (int n = 1; fd < 0 && n <= 64; n++) {
+    char aside[64];
+    snprintf(aside, sizeof aside, "%s.sbx-%d", path, n);
+    if (renameat2(AT_FDCWD, path, AT_FDCWD, aside, RENAME_NOREPLACE) < 0 && errno == EEXIST) continue;
+    fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0) return -1;
+  }
   if (fd < 0) return -1;
   size_t len = strlen(text);
   int r = write(fd, text, len) == (ssize_t)len && ftruncate(fd, (off_t)len) == 0 ? 0 : -1;

@@ -266,6 +266,26 @@ def test_symlinks_at_start(t, x):
         shutil.rmtree(victim, ignore_errors=True)
 
 
+def test_named_files_at_start(t, x):
+    """What a sandbox leaves at /etc/hostname and /etc/hosts, which its init
+    writes at every start: a FIFO (which blocked init, and the daemon
+    waiting for it, 15 s each start) or a symlink (which failed every
+    start) is moved aside, and the sandbox starts."""
+    c = x.c
+    c.sh('true', sandbox='named')
+    inits = inits_of(x.env.daemon_pid(), 'named')
+    r = c.sh('rm -f /etc/hostname /etc/hosts && mkfifo /etc/hostname && ln -s /proc/1/fd/3 /etc/hosts && echo planted',
+             sandbox='named')
+    t.eq(r['stdout'], 'planted\n', 'the sandbox put a FIFO at /etc/hostname and a symlink at /etc/hosts', r)
+    os.kill(inits[0], signal.SIGKILL)
+    t.ok(wait_until(lambda: gone(inits[0]), 10, 'its init to go'), 'its init killed: the next call starts it again')
+    res, _ = c.call('exec', {'sandboxId': 'named', 'command': 'hostname; cat /etc/hostname; grep -c named /etc/hosts; '
+                                                            'test -p /etc/hostname.sbx-1 -a -L /etc/hosts.sbx-1 && echo aside'})
+    s = res.get('structuredContent', {})
+    t.eq((s.get('stdout'), s.get('restarted')), ('named\nnamed\n1\naside\n', True),
+         'it starts, named, with what was there moved aside', s)
+
+
 def test_other_sandbox(t, x):
     x.c.ok('writeFile', {'sandboxId': 'other', 'path': '/workspace/' + MARK, 'content': 'other'})
     x.c.ok('exec', {'sandboxId': 'other', 'command': 'sleep 1000 > /dev/null 2>&1 &'})
@@ -293,4 +313,4 @@ def test_other_sandbox(t, x):
 if __name__ == '__main__':
     sys.exit(run_tests([test_host_files, test_host_usr, test_host_processes, test_daemon_socket_and_env,
                         test_host_loopback, test_namespaces_and_mounts, test_masked_proc, test_socket_families, test_per_user_counts,
-                        test_symlinks_at_start, test_other_sandbox], Ctx))
+                        test_symlinks_at_start, test_named_files_at_start, test_other_sandbox], Ctx))

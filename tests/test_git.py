@@ -123,6 +123,14 @@ def test_force_spares_mounts(t, x):
         t.eq(c.sh("cat '%s/data/keep.txt' '%s/mine.txt'" % (real, real))['stdout'], 'bucket\nmine\n',
              'the bucket\'s files and the target\'s own are all there')
         c.ok('unmountBucket', {'mountPath': real + '/data'}, 60)
+    c.ok('mountBucket', {'bucket': 'gitkeep', 'mountPath': '/workspace/.sib.sbx-clone', 'localBucket': True}, 60)
+    c.ok('writeFile', {'path': '/workspace/.sib.sbx-clone/keep.txt', 'content': 'bucket\n'})
+    c.ok('writeFile', {'path': '/workspace/sib/mine.txt', 'content': 'mine\n'})
+    res, _ = c.call('gitCheckout', {'repoUrl': 'git://127.0.0.1:9418/repo.git', 'targetDir': 'sib', 'force': True}, 120)
+    t.eq(res['structuredContent'].get('error', {}).get('code'), 'VALIDATION_FAILED',
+         'a bucket mounted where the clone goes first (the target\'s hidden sibling) is refused too', res)
+    t.eq(c.sh('cat /workspace/.sib.sbx-clone/keep.txt')['stdout'], 'bucket\n', 'and its files are there')
+    c.ok('unmountBucket', {'mountPath': '/workspace/.sib.sbx-clone'}, 60)
     res, _ = c.call('gitCheckout', {'repoUrl': 'git://127.0.0.1:9418/repo.git', 'targetDir': '/etc', 'force': True}, 120)
     t.eq(res['structuredContent'].get('error', {}).get('code'), 'VALIDATION_FAILED', 'force: true over /etc is refused', res)
     t.eq(c.sh('head -1 /etc/passwd | cut -d: -f1')['stdout'], 'root\n', 'and /etc is as it was')

@@ -13,6 +13,7 @@ import queue
 import resource
 import shutil
 import signal
+import stat
 import socket
 import subprocess
 import sys
@@ -439,10 +440,13 @@ def inits_of(daemon_pid, sandbox):
     hostname is its sandbox's id)."""
     named = []
     for pid in children(daemon_pid, 'sbx-init'):
-        try:
-            with open('/proc/%d/root/etc/hostname' % pid) as f:
-                if f.read() == sandbox + '\n':
+        try:  # what a sandbox left there may be a FIFO: never waited for
+            fd = os.open('/proc/%d/root/etc/hostname' % pid, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+            try:
+                if stat.S_ISREG(os.fstat(fd).st_mode) and os.read(fd, 128) == (sandbox + '\n').encode():
                     named.append(pid)
+            finally:
+                os.close(fd)
         except OSError:
             continue
     return named
