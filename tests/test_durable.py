@@ -359,10 +359,7 @@ FORKS = forks(150, 5)
 def test_config(t, x):
     env = Env()
     try:
-        cfg = os.path.join(env.root, 'config.json')
-        with open(cfg, 'w') as f:
-            f.write('{"maxSandboxes": 2, "limits": {"memoryMB": "lots"}}')
-        env.env['SBX_CONFIG'] = cfg
+        cfg = env.configure('{"maxSandboxes": 2, "limits": {"memoryMB": "lots"}}')
         r = env.run(['daemon'], timeout=30)
         err = r.stderr.decode()
         t.ok(r.returncode != 0 and cfg in err and 'limits.memoryMB' in err, 'an invalid config: the daemon refuses '

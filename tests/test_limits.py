@@ -55,10 +55,7 @@ def test_host_caps(t, x):
     t.eq(caps, [str(min(tasks) - min(tasks) // 4)], 'the sandboxes\' parent cgroup holds them to 3/4 of the host\'s tasks')
     env = Env()
     try:
-        cfg = os.path.join(env.root, 'config.json')
-        with open(cfg, 'w') as f:
-            f.write('{"maxLimits": {"memoryMB": 512, "pids": 100}}')
-        env.env['SBX_CONFIG'] = cfg
+        env.configure('{"maxLimits": {"memoryMB": 512, "pids": 100}}')
         c2 = env.socket_client()
         c2.initialize()
         res, _ = c2.call('createSandbox', {'sandboxId': 'big', 'limits': {'memoryMB': 1024, 'pids': 50}})

@@ -154,6 +154,15 @@ class Env:
         self.clients.append(c)
         return c
 
+    def configure(self, text):
+        """Writes text as this daemon's configuration file (SBX_CONFIG);
+        returns its path."""
+        path = os.path.join(self.root, 'config.json')
+        with open(path, 'w') as f:
+            f.write(text)
+        self.env['SBX_CONFIG'] = path
+        return path
+
     def socket_client(self):
         if not os.path.exists(os.path.join(self.runtime, 'sbx.sock')):
             self.run(['ls'])  # any client verb starts the daemon
