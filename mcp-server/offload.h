@@ -4,10 +4,10 @@
  * to answer: a bucket mount whose endpoint hangs holds a read or a lookup
  * for minutes (its server retries), and a recursive delete takes as long
  * as the tree the sandbox built. For a sandbox with a bucket mount, and
- * for a recursive delete, such work runs in a child process of its own (the daemon stays
- * single-threaded: its children are raw clones, util.h), which hands its
- * result back as JSON on a pipe, so the loop keeps serving every other
- * client and sandbox; a destroy kills it. Jobs of one sandbox run one at a
+ * for a recursive delete, such work runs in a child process of its own
+ * (the daemon stays single-threaded: its children are raw clones,
+ * util.h), which hands its result back as JSON on a pipe, so the loop
+ * keeps serving every other client and sandbox; a destroy kills it. Jobs of one sandbox run one at a
  * time, in the order they came; at most MCP_OFFLOAD_QUEUED wait behind the
  * one running. A job counts as a command running in its sandbox, so it is
  * never reset for idleness under it. */

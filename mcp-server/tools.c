@@ -769,9 +769,9 @@ void mcp_wait_cancel(void *wait) { ((wait_head *)wait)->cancel(wait); }
  * wrong URL or branch, a timeout) leaves the target as it was. A sibling
  * left by a clone killed on its timeout is removed by the next try. A
  * target (or sibling) that is a mount point or holds one (a bucket mount,
- * /etc, /usr) is not replaced (exit 6, the mount point printed): rm -rf would delete
- * what is mounted there, a bucket's files among them, and then fail on
- * the mount point itself. The target is compared with its symlinks
+ * /etc, /usr) is not replaced (exit 6, the mount point printed): rm -rf
+ * would delete what is mounted there, a bucket's files among them, and
+ * then fail on the mount point itself. The target is compared with its symlinks
  * resolved, written as mountinfo writes space, tab and backslash (octal
  * escapes). */
 static const char git_script[] =
