@@ -17,16 +17,29 @@
 
 #define MAX_HEADERS (64 * 1024)
 #define MAX_BACKLOG (16u * 1024 * 1024) /* unread reply bytes per client */
-#define MAX_CONNS 256 /* connections at once (each has at most one call in progress); more are closed at once */
+/* Connections at once (each has at most one call in progress). A new one
+ * past it takes the place of the oldest that has no call in progress. */
+#define MAX_CONNS 256
+/* A request's head must come whole within HEAD_MS of the connection or of
+ * the answer before (an idle keep-alive connection goes then), its body
+ * within BODY_MS of its head: nobody may hold a connection open without
+ * using it. The head is checked (Host, Origin, token) before any of the
+ * body is read: without the token, nothing is buffered but a head. */
+#define HEAD_MS (30 * 1000)
+#define BODY_MS (60 * 1000)
 
 typedef struct hconn {
   uv_tcp_t tcp;
+  uv_timer_t timer; /* HEAD_MS or BODY_MS */
+  int handles;      /* still to close */
   sbx_buf in;
   bool closing;
+  bool head_ok; /* the head of the request whose body is coming passed its checks */
   /* the request being answered */
   bool busy, sse, keep_alive;
   json_t *want_id; /* the response that ends this request */
   mcp_conn *mcp;
+  struct hconn *prev, *next; /* oldest first */
 } hconn;
 
 static struct {
@@ -37,22 +50,35 @@ static struct {
   int port;
   char host[128]; /* the listen address as a Host header writes it */
   int conns;
+  hconn *first, *last; /* open connections, oldest first */
 } h;
 
 static void hconn_closed(uv_handle_t *hd) {
   hconn *c = hd->data;
+  if (--c->handles > 0) return;
   if (c->mcp) mcp_conn_close(c->mcp); /* a client gone mid-call cancels its work (here, not inside a send) */
   c->mcp = NULL;
   sbx_buf_free(&c->in);
   json_decref(c->want_id);
   free(c);
-  h.conns--;
 }
 
 static void hconn_close(hconn *c) {
   if (c->closing) return;
   c->closing = true;
+  *(c->prev ? &c->prev->next : &h.first) = c->next;
+  *(c->next ? &c->next->prev : &h.last) = c->prev;
+  h.conns--;
+  uv_close((uv_handle_t *)&c->timer, hconn_closed);
   uv_close((uv_handle_t *)&c->tcp, hconn_closed);
+}
+
+static void timed_out(uv_timer_t *t) { hconn_close(t->data); }
+
+/* Waiting for a head (HEAD_MS) or for the rest of a body (BODY_MS); no
+ * limit while a call is in progress. */
+static void arm(hconn *c, uint64_t ms) {
+  if (!c->closing) uv_timer_start(&c->timer, timed_out, ms, 0);
 }
 
 static void write_done(uv_write_t *req, int status) {
@@ -117,6 +143,7 @@ static void respond(hconn *c, int status, const char *reason, const char *ctype,
   sbx_buf_free(&out);
   c->busy = false;
   if (!c->keep_alive) finish_close(c);
+  else arm(c, HEAD_MS);
 }
 
 static void respond_text(hconn *c, int status, const char *reason, const char *text) {
@@ -149,6 +176,7 @@ static void on_mcp_send(void *ud, const char *data, size_t len) {
       mcp_conn_close(c->mcp);
       c->mcp = NULL;
       if (!c->keep_alive) finish_close(c);
+      else arm(c, HEAD_MS);
     }
     return;
   }
@@ -209,15 +237,23 @@ static bool origin_ok(const char *headers) {
   return v && names_us(v, len);
 }
 
-static void handle_request(hconn *c, const char *method, const char *path, const char *headers, const char *body,
-                           size_t blen) {
+/* A head's checks, before any of its body is read; false: answered (and
+ * the connection ends after the answer). */
+static bool head_allowed(hconn *c, const char *path, const char *headers) {
+  c->keep_alive = false;
+  if (strcmp(path, "/mcp") && strncmp(path, "/mcp?", 5)) respond_text(c, 404, "Not Found", "not found\n");
+  else if (!origin_ok(headers)) respond_text(c, 403, "Forbidden", "Origin or Host not allowed\n");
+  else if (!token_ok(headers)) respond_text(c, 401, "Unauthorized", "a bearer token is required\n");
+  else c->keep_alive = true;
+  return c->keep_alive;
+}
+
+static void handle_request(hconn *c, const char *method, const char *headers, const char *body, size_t blen) {
   c->keep_alive = !header_has(headers, "Connection", "close");
-  if (strcmp(path, "/mcp") && strncmp(path, "/mcp?", 5)) return respond_text(c, 404, "Not Found", "not found\n");
-  if (!origin_ok(headers)) return respond_text(c, 403, "Forbidden", "Origin or Host not allowed\n");
-  if (!token_ok(headers)) return respond_text(c, 401, "Unauthorized", "a bearer token is required\n");
   if (!strcmp(method, "GET") || !strcmp(method, "DELETE"))
     return respond(c, 405, "Method Not Allowed", NULL, "Allow: POST\r\n", "", 0);
   if (strcmp(method, "POST")) return respond(c, 405, "Method Not Allowed", NULL, "Allow: POST\r\n", "", 0);
+  uv_timer_stop(&c->timer); /* a call may take as long as it takes */
   json_t *msg = json_loadb(body, blen, 0, NULL);
   json_t *id = json_object_get(msg, "id");
   bool request = json_is_object(msg) && json_object_get(msg, "method") && id;
@@ -281,6 +317,11 @@ static void process(hconn *c) {
       c->keep_alive = false;
       return respond_text(c, 501, "Not Implemented", "send a Content-Length body\n");
     }
+    if (!c->head_ok && !head_allowed(c, path, hdrs)) {
+      free(headers);
+      return;
+    }
+    c->head_ok = true;
     unsigned long long blen = cl ? strtoull(cl, NULL, 10) : 0;
     if (blen > MCP_MAX_MESSAGE) {
       free(headers);
@@ -289,10 +330,12 @@ static void process(hconn *c) {
     }
     if (c->in.len < head_len + blen) {
       free(headers);
+      if (c->in.len == head_len) arm(c, BODY_MS); /* the body starts: its own time */
       return; /* the rest of the body is on its way */
     }
     char *body = c->in.data + head_len;
-    handle_request(c, method, path, hdrs, body, blen);
+    c->head_ok = false;
+    handle_request(c, method, hdrs, body, blen);
     free(headers);
     size_t used = head_len + blen;
     memmove(c->in.data, c->in.data + used, c->in.len - used);
@@ -330,13 +373,25 @@ static void on_connection(uv_stream_t *server, int status) {
   hconn *c = calloc(1, sizeof *c);
   if (!c) return;
   uv_tcp_init(uv_default_loop(), &c->tcp);
-  c->tcp.data = c;
+  uv_timer_init(uv_default_loop(), &c->timer);
+  c->tcp.data = c->timer.data = c;
+  c->handles = 2;
+  c->prev = h.last;
+  *(h.last ? &h.last->next : &h.first) = c;
+  h.last = c;
   h.conns++;
-  if (uv_accept(server, (uv_stream_t *)&c->tcp) < 0 || h.conns > MAX_CONNS) {
+  if (uv_accept(server, (uv_stream_t *)&c->tcp) < 0) {
     hconn_close(c);
     return;
   }
+  if (h.conns > MAX_CONNS) { /* the oldest with no call in progress goes: this one if all others have one */
+    hconn *old = h.first;
+    while (old && old->busy) old = old->next;
+    hconn_close(old ? old : c);
+    if (c->closing) return;
+  }
   uv_tcp_nodelay(&c->tcp, 1);
+  arm(c, HEAD_MS);
   uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, read_cb);
 }
 
