@@ -20,7 +20,8 @@
 #define MAX_CONNS 4096             /* proxied connections at once */
 #define MAX_CONNS_PER_SANDBOX 1024
 #define HIGH_WATER (1024 * 1024)   /* bytes queued toward one side before its source pauses */
-#define QUEUED_MAX (64 * 1024 * 1024) /* queued by all connections together: then every source pauses */
+#define QUEUED_MAX (64 * 1024 * 1024) /* queued by all connections together: then the heavy ones pause */
+#define LIGHT (64 * 1024) /* past QUEUED_MAX, a side with less than this queued toward it still gets more */
 #define REVOKED_KEPT 1024          /* tokens that answer 410 instead of 404 */
 #define RETRY_MS 5000              /* a port in use is tried again this often */
 
@@ -39,7 +40,7 @@ static struct {
   size_t appended;         /* lines appended since it was written whole */
   int conns;
   size_t queued; /* what all connections' queued writes hold */
-  bool over;     /* it went past QUEUED_MAX: sources wait until it is half that */
+  bool over;     /* it went past QUEUED_MAX: the heavy sources wait until it is half that */
 } P = {.problem = "the preview proxy is off (previewPort 0)"};
 
 static int try_listen(void);
@@ -476,8 +477,12 @@ static void client_go_on(pconn *c);
 static void refuse_more(pconn *c);
 static void upgrade_answer(pconn *c, const char *data, size_t n);
 
-/* Whether a side with `queued` bytes toward it may be sent more. */
-static bool room(size_t queued) { return queued < HIGH_WATER && !P.over; }
+/* Whether a side with `queued` bytes toward it may be sent more. Past
+ * QUEUED_MAX only the light ones: connections whose clients read (and new
+ * ones, whose heads are read and routed) go on while the ones whose
+ * clients do not read wait; if all waited, a holder of one preview URL
+ * could stop every sandbox's with some 64 connections that read nothing. */
+static bool room(size_t queued) { return queued < HIGH_WATER && (!P.over || queued < LIGHT); }
 
 static void go_on(pconn *c, bool to_client);
 

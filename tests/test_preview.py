@@ -12,7 +12,7 @@ import socket
 import sys
 
 from browser import Browser, chromium_path
-from sbxtest import Env, free_port, run_tests
+from sbxtest import Env, free_port, run_tests, wait_until
 
 SERVER = r'''
 import base64, hashlib, os, socket, sys, threading
@@ -447,6 +447,28 @@ def test_big_download_bounded(t, x):
     t.ok(peak - before < 32 * 1024, 'with the daemon\'s memory bounded (+%d KiB)' % (peak - before))
 
 
+def test_readers_go_on(t, x):
+    """Clients that read nothing of answers that never end fill the proxy's
+    budget for all connections (64 MiB): those wait, and the others (a new
+    request, a download that is read) go on."""
+    hogs = []
+    try:
+        for _ in range(80):
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect(('127.0.0.1', x.port))
+            s.sendall(('GET /big HTTP/1.1\r\nHost: %s\r\n\r\n' % host_of(x.url)).encode())
+            hogs.append(s)
+        daemon = x.env.daemon_pid()
+        t.ok(wait_until(lambda: rss_kb(daemon) > 48 * 1024, 60, 'the proxy to hold the hogs\' answers'),
+             'the answers the hogs do not read fill the proxy\'s budget (RSS %d KiB)' % rss_kb(daemon))
+        status, _, body = request(x, host_of(x.url), '/meanwhile')
+        t.eq((status, json.loads(body)['path']), (200, '/meanwhile'), 'a request that is read is answered meanwhile')
+    finally:
+        for s in hogs:
+            s.close()
+
+
 def test_502_410(t, x):
     r = x.c.ok('exposePort', {'port': 9999})
     code, _, body = request(x, host_of(r['url']))
@@ -554,5 +576,5 @@ if __name__ == '__main__':
     sys.exit(run_tests([test_expose_and_reach, test_not_found_reveals_nothing, test_keep_alive_every_request,
                         test_no_tricks, test_500_connections, test_unexpose_while_connecting,
                         test_idle_connections_evicted, test_chromium, test_streaming, test_websocket,
-                        test_big_download_bounded, test_502_410, test_never_the_hosts_loopback, test_cli_expose, test_kept_across_restart,
+                        test_big_download_bounded, test_readers_go_on, test_502_410, test_never_the_hosts_loopback, test_cli_expose, test_kept_across_restart,
                         test_port_taken], setup=Ctx))
