@@ -18,7 +18,8 @@
 #define MAX_HEADERS (64 * 1024)
 #define MAX_BACKLOG (16u * 1024 * 1024) /* unread reply bytes per client */
 /* Connections at once (each has at most one call in progress). A new one
- * past it takes the place of the oldest that has no call in progress. */
+ * past it takes the place of the oldest that has no call in progress,
+ * one that never sent the token first. */
 #define MAX_CONNS 256
 /* A request's head must come whole within HEAD_MS of the connection or of
  * the answer before (an idle keep-alive connection goes then), its body
@@ -35,6 +36,7 @@ typedef struct hconn {
   sbx_buf in;
   bool closing;
   bool head_ok; /* the head of the request whose body is coming passed its checks */
+  bool trusted; /* a head of it passed them once (it has the token) */
   /* the request being answered */
   bool busy, sse, keep_alive;
   json_t *want_id; /* the response that ends this request */
@@ -321,7 +323,7 @@ static void process(hconn *c) {
       free(headers);
       return;
     }
-    c->head_ok = true;
+    c->head_ok = c->trusted = true;
     unsigned long long blen = cl ? strtoull(cl, NULL, 10) : 0;
     if (blen > MCP_MAX_MESSAGE) {
       free(headers);
@@ -384,10 +386,13 @@ static void on_connection(uv_stream_t *server, int status) {
     hconn_close(c);
     return;
   }
-  if (h.conns > MAX_CONNS) { /* the oldest with no call in progress goes: this one if all others have one */
+  if (h.conns > MAX_CONNS) { /* the oldest with no call in progress goes, one without the token first */
     hconn *old = h.first;
-    while (old && old->busy) old = old->next;
-    hconn_close(old ? old : c);
+    while (old && (old->busy || old->trusted)) old = old->next;
+    if (!old)
+      for (old = h.first; old->busy; old = old->next) { /* (this one has none) */
+      }
+    hconn_close(old);
     if (c->closing) return;
   }
   uv_tcp_nodelay(&c->tcp, 1);

@@ -131,6 +131,10 @@ def test_hostile_http(t, x):
     s.sendall(b'POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Length: %d\r\n\r\n' % (x.port, 64 << 20) + b'{' * 65536)
     t.ok(s.recv(100).startswith(b'HTTP/1.1 401'), 'a head without the token is answered 401 before its body is read')
     s.close()
+    kept = http.client.HTTPConnection('127.0.0.1', x.port, timeout=30)  # a client with the token, kept alive
+    hdr = {'Content-Type': 'application/json', 'Authorization': 'Bearer ' + x.token}
+    kept.request('POST', '/mcp', body=json.dumps({'jsonrpc': '2.0', 'id': 3, 'method': 'ping'}), headers=hdr)
+    kept.getresponse().read()
     idle = [socket.create_connection(('127.0.0.1', x.port)) for _ in range(256)]  # connections that say nothing
     try:
         for s in idle:
@@ -138,7 +142,11 @@ def test_hostile_http(t, x):
         t.eq(json.loads(x.post({'jsonrpc': '2.0', 'id': 2, 'method': 'ping'})[1])['result'], {},
              'past 256 connections at once, a client that sends a request is served')
         t.eq(idle[0].recv(100), b'', 'and the oldest connection that had no call in progress made room')
+        kept.request('POST', '/mcp', body=json.dumps({'jsonrpc': '2.0', 'id': 4, 'method': 'ping'}), headers=hdr)
+        t.eq(json.loads(kept.getresponse().read())['result'], {},
+             'a kept-alive connection that sent the token is not the one that goes')
     finally:
+        kept.close()
         for s in idle:
             s.close()
 
