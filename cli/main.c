@@ -546,6 +546,10 @@ static int cmd_logs(int argc, char **argv) {
   fwrite(json_string_value(out), 1, json_string_length(out), stdout);
   fflush(stdout);
   fwrite(json_string_value(err), 1, json_string_length(err), stderr);
+  const char *path = json_string_value(json_object_get(sc(r), "outputPath"));
+  if (path) /* it wrote more than the logs keep: their middle was left out above */
+    fprintf(stderr, "sbx logs: the middle of its output was left out above; `sbx logs -f` prints all of it, "
+                    "and it is whole at %s in the sandbox\n", path);
   json_decref(r);
   return 0;
 }

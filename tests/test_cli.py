@@ -304,6 +304,12 @@ def test_background(t, x):
     r = x.env.run(['exec', '-s', 'bg', '-d', '--', 'echo one; sleep 0.5; echo two; echo err >&2'])
     r = x.env.run(['logs', '-s', 'bg', '-f', r.stdout.decode().strip()], timeout=60)
     t.eq((r.returncode, r.stdout, r.stderr), (0, b'one\ntwo\n', b'err\n'), 'sbx logs -f follows it until it ends')
+    r = x.env.run(['exec', '-s', 'bg', '-d', '--', 'seq 1 400000'])
+    big = r.stdout.decode().strip()
+    x.env.run(['logs', '-s', 'bg', '-f', big], timeout=60)  # until it ends
+    r = x.env.run(['logs', '-s', 'bg', big])
+    t.ok(b'bytes omitted' in r.stdout and b'`sbx logs -f` prints all of it' in r.stderr and b'/tmp/sbx-output/' in r.stderr,
+         'logs longer than what is kept say where the whole output is', r.stderr)
     t.eq(x.env.run(['kill', '-s', 'bg', pid]).returncode, 0, 'sbx kill stops it')
     r = x.env.run(['ps', '-s', 'bg'])
     t.ok(any(l.split()[0] == pid and l.split()[2] == 'killed' for l in r.stdout.decode().splitlines()[1:]),
