@@ -129,7 +129,13 @@ static void h_create(mcp_call *call, json_t *args, sbx_sandbox *unused) {
     if (net && o.egress != sb->opts.egress) json_array_append_new(not_applied, json_string("network"));
     if (hosts) json_array_append_new(not_applied, json_string("allowedHosts"));
     if (image && strcmp(image, sb->opts.image)) json_array_append_new(not_applied, json_string("image"));
-    if (lim && memcmp(&o.limits, &sb->opts.limits, sizeof o.limits)) json_array_append_new(not_applied, json_string("limits"));
+    /* only the limits the call names: the others it leaves as they are */
+    const sbx_limits *l = &sb->opts.limits;
+    if (lim && ((json_object_get(lim, "memoryMB") && o.limits.memory_mb != l->memory_mb) ||
+                (json_object_get(lim, "cpus") && o.limits.cpus != l->cpus) ||
+                (json_object_get(lim, "pids") && o.limits.pids != l->pids) ||
+                (json_object_get(lim, "diskMB") && o.limits.disk_mb != l->disk_mb)))
+      json_array_append_new(not_applied, json_string("limits"));
     if (json_array_size(updated)) sbx_sandbox_save(sb);
   }
   sbx_env_clear(&o.env);

@@ -87,6 +87,10 @@ def test_update_existing(t, x):
     t.ok('need a new sandbox' in res['content'][0]['text'], 'and its text says so', res['content'][0]['text'])
     t.eq(c.sh('echo $STAGE', sandbox='upd')['stdout'], 'two\n', 'the new env reaches commands at once')
     t.ok(c.ok('createSandbox', {'sandboxId': 'upd'}).get('updated') is None, 'asking nothing changes nothing')
+    c.ok('createSandbox', {'sandboxId': 'lim', 'limits': {'memoryMB': 512, 'pids': 200}})
+    r = c.ok('createSandbox', {'sandboxId': 'lim', 'limits': {'memoryMB': 512}})
+    t.eq(r.get('notApplied'), None, 'the limits it has, asked again (some of them), are no change')
+    c.ok('destroySandbox', {'sandboxId': 'lim'})
     c.ok('destroySandbox', {'sandboxId': 'upd'})
 
 
