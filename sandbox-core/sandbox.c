@@ -1098,6 +1098,11 @@ int sbx_sandbox_create(const char *id, const sbx_sandbox_opts *opts, sbx_sandbox
   if (eng.count >= eng.cfg.max_sandboxes)
     return sbx_err(err, "RESOURCE_LIMIT", "at most %d sandboxes may exist at once (maxSandboxes in %s)",
                    eng.cfg.max_sandboxes, "the daemon's configuration");
+  /* a new one: its id is its host name (a sandbox of such an id made
+   * before this rule still answers to it) */
+  if (id[0] == '-' || id[strlen(id) - 1] == '-')
+    return sbx_err(err, "VALIDATION_FAILED", "sandboxId may not start or end with '-' (it is the sandbox's host "
+                   "name), got '%s'", id);
   if (over_max(opts, err) < 0) return -1;
   /* a directory left by a crash between making a disk and its record */
   sbx_disk_remove(id, -1);

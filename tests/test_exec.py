@@ -254,6 +254,9 @@ def test_sandbox_creation_rules(t, x):
     t.eq(x.c.err('readFile', {'sandboxId': 'never-made', 'path': '/etc/hostname'}), 'SANDBOX_NOT_FOUND',
          'a looking tool does not create')
     t.ok(not any(s['sandboxId'] == 'never-made' for s in x.c.ok('listSandboxes')['sandboxes']), 'still absent')
+    for bad in ('-lead', 'end-'):
+        t.eq(x.c.err('exec', {'sandboxId': bad, 'command': 'true'}), 'VALIDATION_FAILED',
+             'a new sandbox\'s id does not start or end with - (%s)' % bad)
     r = x.c.ok('createSandbox', {'sandboxId': 'made', 'env': {'GREETING': 'hi'}})
     t.eq({k: r[k] for k in ('sandboxId', 'status', 'created')}, {'sandboxId': 'made', 'status': 'running', 'created': True},
          'createSandbox')
