@@ -321,8 +321,11 @@ static void process(hconn *c) {
     }
     if (!c->head_ok && !head_allowed(c, path, hdrs)) {
       free(headers);
+      c->in.len = 0; /* nothing more of it is read */
+      uv_read_stop((uv_stream_t *)&c->tcp);
       return;
     }
+    if (!c->head_ok) arm(c, BODY_MS); /* the body has its own time from here */
     c->head_ok = c->trusted = true;
     unsigned long long blen = cl ? strtoull(cl, NULL, 10) : 0;
     if (blen > MCP_MAX_MESSAGE) {
@@ -332,7 +335,6 @@ static void process(hconn *c) {
     }
     if (c->in.len < head_len + blen) {
       free(headers);
-      if (c->in.len == head_len) arm(c, BODY_MS); /* the body starts: its own time */
       return; /* the rest of the body is on its way */
     }
     char *body = c->in.data + head_len;
@@ -388,11 +390,11 @@ static void on_connection(uv_stream_t *server, int status) {
   }
   if (h.conns > MAX_CONNS) { /* the oldest with no call in progress goes, one without the token first */
     hconn *old = h.first;
-    while (old && (old->busy || old->trusted)) old = old->next;
-    if (!old)
-      for (old = h.first; old->busy; old = old->next) { /* (this one has none) */
+    while (old != c && (old->busy || old->trusted)) old = old->next;
+    if (old == c)
+      for (old = h.first; old != c && old->busy; old = old->next) {
       }
-    hconn_close(old);
+    hconn_close(old); /* this one only if all others have a call in progress */
     if (c->closing) return;
   }
   uv_tcp_nodelay(&c->tcp, 1);

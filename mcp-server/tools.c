@@ -777,9 +777,10 @@ void mcp_wait_cancel(void *wait) { ((wait_head *)wait)->cancel(wait); }
  * target (or sibling) that is a mount point or holds one (a bucket mount,
  * /etc, /usr) is not replaced (exit 6, the mount point printed): rm -rf
  * would delete what is mounted there, a bucket's files among them, and
- * then fail on the mount point itself. The target is compared with its symlinks
- * resolved, written as mountinfo writes space, tab and backslash (octal
- * escapes). */
+ * then fail on the mount point itself. The target is compared with its
+ * symlinks resolved, written as mountinfo writes space, tab and backslash
+ * (octal escapes; a newline is refused before). Without awk or realpath to
+ * check with, force is refused (exit 7). */
 static const char git_script[] =
     "command -v git >/dev/null || exit 127\n"
     /* a session's tracing would print the Authorization header */
@@ -790,6 +791,7 @@ static const char git_script[] =
     "if [ -e \"$SBX_GIT_DIR\" ] && [ -n \"$(ls -A \"$SBX_GIT_DIR\" 2>/dev/null)\" ]; then\n"
     "  [ \"$SBX_GIT_FORCE\" = 1 ] || exit 3\n"
     "  to=\"$(dirname -- \"$SBX_GIT_DIR\")/.$(basename -- \"$SBX_GIT_DIR\").sbx-clone\"\n"
+    "  command -v awk >/dev/null && command -v realpath >/dev/null || exit 7\n"
     "  for d in \"$SBX_GIT_DIR\" \"$to\"; do\n"
     "    m=$(T=$(realpath -m -- \"$d\" | sed 's/\\\\/\\\\134/g; s/ /\\\\040/g; s/\\t/\\\\011/g') awk "
     "'BEGIN { t = ENVIRON[\"T\"] } !m && ($5 == t || index($5, t \"/\") == 1) { m = $5 } END { if (m) print m; exit !m }' "
@@ -881,6 +883,9 @@ static void git_done(void *ud, const sbx_exec_result *r, const sbx_error *err) {
             "%s holds a mount point (%.*s): force: true would delete what is mounted there; clone into a "
             "directory of its own",
             g->dir, nl ? (int)(nl - r->out) : 0, nl ? r->out : "");
+  } else if (r->exit_code == 7) {
+    sbx_err(&e, "VALIDATION_FAILED",
+            "force: true needs awk and realpath in the sandbox, to see that %s holds no mount point first", g->dir);
   } else if (r->exit_code == 5) {
     char *t = redact(g, r->err, r->err_len, NULL);
     char *last = t ? strrchr(t, '\n') : NULL;
@@ -1030,6 +1035,10 @@ static void h_git_checkout(mcp_call *call, json_t *args, sbx_sandbox *sb) {
   if (sbx_fs_abspath(rel, g->dir, &err) < 0) {
     git_free(g);
     return mcp_call_fail(call, &err);
+  }
+  if (strchr(g->dir, '\n')) { /* (the mount check compares lines) */
+    git_free(g);
+    return mcp_call_fail(call, &(sbx_error){.code = "VALIDATION_FAILED", .message = "targetDir may not hold a newline"});
   }
   char depth[32] = "";
   json_int_t d = json_integer_value(json_object_get(args, "depth"));

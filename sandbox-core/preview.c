@@ -481,8 +481,12 @@ static void upgrade_answer(pconn *c, const char *data, size_t n);
  * QUEUED_MAX only the light ones: connections whose clients read (and new
  * ones, whose heads are read and routed) go on while the ones whose
  * clients do not read wait; if all waited, a holder of one preview URL
- * could stop every sandbox's with some 64 connections that read nothing. */
-static bool room(size_t queued) { return queued < HIGH_WATER && (!P.over || queued < LIGHT); }
+ * could stop every sandbox's with some 64 connections that read nothing.
+ * At twice QUEUED_MAX all of them wait: light sides that read nothing
+ * (each takes one more read, up to READ_BUF) cannot hold more. */
+static bool room(size_t queued) {
+  return queued < HIGH_WATER && (!P.over || (queued < LIGHT && P.queued < 2 * QUEUED_MAX)); /* and a ceiling */
+}
 
 static void go_on(pconn *c, bool to_client);
 

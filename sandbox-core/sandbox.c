@@ -1064,6 +1064,12 @@ static int over_max(const sbx_sandbox_opts *o, sbx_error *err) {
   if (!o->limits_explicit) return 0;
   const sbx_config *c = sbx_config_get();
   sbx_limits m = sbx_limits_max(c, eng.cfg.state_dir), l = o->limits;
+  /* what the call leaves as the configured defaults is not asked for */
+  const sbx_limits *d = &eng.cfg.default_limits;
+  if (l.memory_mb == d->memory_mb) m.memory_mb = 0;
+  if (l.pids == d->pids) m.pids = 0;
+  if (l.cpus == d->cpus) m.cpus = 0;
+  if (l.disk_mb == d->disk_mb) m.disk_mb = 0;
   const char *host = " (what this host has)";
   if (m.memory_mb && l.memory_mb > m.memory_mb)
     return sbx_err(err, "RESOURCE_LIMIT", "memoryMB %llu is over the most a sandbox may have here, %llu%s; maxLimits in "

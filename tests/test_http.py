@@ -149,6 +149,18 @@ def test_hostile_http(t, x):
         kept.close()
         for s in idle:
             s.close()
+    pool = []  # 256 clients with the token, kept alive and idle
+    try:
+        for i in range(256):
+            k = http.client.HTTPConnection('127.0.0.1', x.port, timeout=30)
+            k.request('POST', '/mcp', body=json.dumps({'jsonrpc': '2.0', 'id': 10 + i, 'method': 'ping'}), headers=hdr)
+            k.getresponse().read()
+            pool.append(k)
+        t.eq(json.loads(x.post({'jsonrpc': '2.0', 'id': 5, 'method': 'ping'})[1])['result'], {},
+             'past 256 kept-alive clients with the token, one more is served (the oldest idle one makes room)')
+    finally:
+        for k in pool:
+            k.close()
 
 
 def test_disconnect_cancels(t, x):

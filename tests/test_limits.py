@@ -63,6 +63,9 @@ def test_host_caps(t, x):
         t.ok(e.get('code') == 'RESOURCE_LIMIT' and '512' in e.get('message', ''), 'maxLimits in the configuration caps it', e)
         r = c2.ok('createSandbox', {'sandboxId': 'fits', 'limits': {'memoryMB': 512, 'pids': 50}})
         t.eq((r['limits']['memoryMB'], r['limits']['pids']), (512, 50), 'and what fits is made')
+        r = c2.ok('createSandbox', {'sandboxId': 'some', 'limits': {'pids': 50}})
+        t.eq((r['limits']['memoryMB'], r['limits']['pids']), (2048, 50),
+             'a limit the call leaves out is the default, which maxLimits does not refuse')
     finally:
         env.close()
 
