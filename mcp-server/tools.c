@@ -886,20 +886,11 @@ static void git_done(void *ud, const sbx_exec_result *r, const sbx_error *err) {
   } else if (r->exit_code == 7) {
     sbx_err(&e, "VALIDATION_FAILED",
             "force: true needs awk and realpath in the sandbox, to see that %s holds no mount point first", g->dir);
-  } else if (r->exit_code == 5) {
-    char *t = redact(g, r->err, r->err_len, NULL);
-    char *last = t ? strrchr(t, '\n') : NULL;
-    while (last && last > t && !last[1]) { /* the last line that says something */
-      *last = 0;
-      last = strrchr(t, '\n');
-    }
-    sbx_err(&e, "GIT_CLONE_FAILED", "the clone worked, but it could not replace %s: %s", g->dir,
-            t ? (last ? last + 1 : t) : "(no message)");
-    free(t);
   } else if (r->exit_code == 127) {
     sbx_err(&e, "GIT_CLONE_FAILED", "git is not installed in the sandbox");
   } else if (r->exit_code != 0) {
-    /* git's own words: from its last "fatal:" (else its last line), credentials hidden */
+    /* git's own words: from its last "fatal:" (else its last line), credentials hidden;
+     * exit 5: the clone worked and replacing the target failed */
     size_t n;
     char *t = redact(g, r->err, r->err_len, &n);
     for (size_t k = 0; k < n; k++)
@@ -912,8 +903,12 @@ static void git_done(void *ud, const sbx_exec_result *r, const sbx_error *err) {
       last = last ? last + 1 : t;
     }
     bool offline = no_network_hint(call, r) != NULL;
-    sbx_err(&e, "GIT_CLONE_FAILED", "git clone %s failed: %s%s%s", g->shown, *last ? last : "(no message)",
-            offline ? "; " : "", offline ? NO_NETWORK_HINT : "");
+    if (r->exit_code == 5) /* rm's or mv's words */
+      sbx_err(&e, "GIT_CLONE_FAILED", "the clone worked, but it could not replace %s: %s", g->dir,
+              *last ? last : "(no message)");
+    else
+      sbx_err(&e, "GIT_CLONE_FAILED", "git clone %s failed: %s%s%s", g->shown, *last ? last : "(no message)",
+              offline ? "; " : "", offline ? NO_NETWORK_HINT : "");
     free(t);
   }
   if (e.code) {

@@ -217,7 +217,8 @@ uint64_t sbx_host_tasks_cap(void) {
   uint64_t pid_max = 0, threads = 0;
   read_u64("/proc/sys/kernel", "pid_max", &pid_max);
   read_u64("/proc/sys/kernel", "threads-max", &threads);
-  uint64_t n = pid_max && threads ? (pid_max < threads ? pid_max : threads) : pid_max ? pid_max : threads ? threads : 32768;
+  uint64_t n = pid_max ? pid_max : threads ? threads : 32768; /* (0: not read) */
+  if (threads && threads < n) n = threads;
   return n - n / 4;
 }
 

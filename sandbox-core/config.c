@@ -288,11 +288,7 @@ json_t *sbx_config_json(const sbx_config *c) {
 
 sbx_limits sbx_limits_max(const sbx_config *c, const char *state_dir) {
   sbx_limits m = c ? c->max_limits : (sbx_limits){0};
-  if (!m.memory_mb) {
-    _cleanup_fclose_ FILE *f = fopen("/proc/meminfo", "re");
-    unsigned long long kb = 0;
-    if (f && fscanf(f, "MemTotal: %llu kB", &kb) == 1) m.memory_mb = kb / 1024;
-  }
+  if (!m.memory_mb && sbx_host_ram() != UINT64_MAX) m.memory_mb = sbx_host_ram() >> 20;
   if (!m.pids) m.pids = sbx_host_tasks_cap();
   if (m.cpus <= 0) m.cpus = 1024; /* more cpus than there are is none */
   struct statvfs sv;

@@ -50,7 +50,7 @@ void sbx_config_free(sbx_config *c);
 json_t *sbx_config_json(const sbx_config *c);
 const sbx_bucket_profile *sbx_config_profile(const sbx_config *c, const char *name);
 /* The most limits a create may ask for: maxLimits, else the host's memory
- * (MemTotal), three quarters of its tasks (sbx_host_tasks_cap) and the size
+ * (sbx_host_ram), three quarters of its tasks (sbx_host_tasks_cap) and the size
  * of the filesystem that holds state_dir (the disks). */
 sbx_limits sbx_limits_max(const sbx_config *c, const char *state_dir);
 /* The process-wide configuration of the daemon (set once at start). */

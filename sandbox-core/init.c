@@ -16,6 +16,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "aside.h"
+
 /* path, a regular file of the sandbox's /etc, written with text. What the
  * sandbox left there instead (a FIFO, which would block init and the
  * daemon that waits for it; a symlink or a directory, which would fail
@@ -30,14 +32,10 @@ static int write_file(const char *path, const char *text) {
     close(fd);
     fd = -1;
   }
-  for (int n = 1; fd < 0 && n <= 64; n++) {
-    char aside[64];
-    snprintf(aside, sizeof aside, "%s.sbx-%d", path, n);
-    if (renameat2(AT_FDCWD, path, AT_FDCWD, aside, RENAME_NOREPLACE) < 0 && errno == EEXIST) continue;
-    fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-    if (fd < 0) return -1;
+  if (fd < 0) {
+    sbx_move_aside(AT_FDCWD, path); /* (when nothing is there, the open says why) */
+    if ((fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644)) < 0) return -1;
   }
-  if (fd < 0) return -1;
   size_t len = strlen(text);
   int r = write(fd, text, len) == (ssize_t)len && ftruncate(fd, (off_t)len) == 0 ? 0 : -1;
   close(fd);

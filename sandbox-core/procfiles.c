@@ -4,7 +4,6 @@
 
 #include <fcntl.h>
 #include <sys/mount.h>
-#include <sys/sysinfo.h>
 
 /* How many cpus the sandbox may use: its limit rounded up, at most the
  * daemon's own. */
@@ -58,23 +57,16 @@ static int rewrite(int fd, const char *text) {
   return ftruncate(fd, len) < 0 ? -errno : 0;
 }
 
-/* The host's RAM, read again every 10 s at most: sysinfo(2) walks every
- * block device (the loop device of each sandbox's disk), and this is asked
- * at every create and command. */
-static uint64_t host_ram(void) {
-  static uint64_t ram, at;
-  uint64_t now = sbx_now_ms();
-  if (!at || now - at >= 10000) {
-    struct sysinfo si;
-    ram = sysinfo(&si) == 0 ? (uint64_t)si.totalram * si.mem_unit : UINT64_MAX;
-    at = now;
-  }
-  return ram;
+/* cpu/online for n cpus: "0", "0-1"... */
+static int rewrite_online(int fd, int n) {
+  char text[32];
+  snprintf(text, sizeof text, n <= 1 ? "0\n" : "0-%d\n", n - 1);
+  return rewrite(fd, text);
 }
 
 void sbx_procfiles_refresh(sbx_sandbox *sb) {
   if (sb->meminfo_fd < 0) return;
-  uint64_t host = host_ram();
+  uint64_t host = sbx_host_ram();
   uint64_t total = (uint64_t)sb->opts.limits.memory_mb << 20, used = 0, cache = 0, shmem = 0;
   if (total > host) total = host;
   sbx_cg_memory(&sb->cg, &used, &cache, &shmem);
@@ -133,9 +125,7 @@ int sbx_procfiles_open(sbx_sandbox *sb, sbx_procfiles *out) {
   if (sbx_procfiles_cpuset(sb, &set)) {
     int fd = file_at(sb, SBX_FILE_CPU_ONLINE, O_RDWR | O_CREAT);
     if (fd < 0) return fd;
-    char text[32];
-    snprintf(text, sizeof text, CPU_COUNT(&set) == 1 ? "0\n" : "0-%d\n", CPU_COUNT(&set) - 1);
-    r = rewrite(fd, text);
+    r = rewrite_online(fd, CPU_COUNT(&set));
     close(fd);
     if (r < 0) return r;
     out->online = handout(sb, SBX_FILE_CPU_ONLINE);
@@ -155,10 +145,7 @@ int sbx_procfiles_resize(sbx_sandbox *sb) {
   _cleanup_close_ int fd = file_at(sb, SBX_FILE_CPU_ONLINE, O_RDWR);
   if (fd < 0) return fd == -ENOENT ? 0 : fd;
   cpu_set_t host;
-  int n = cpus_of(sb, &host);
-  char text[32];
-  snprintf(text, sizeof text, n <= 1 ? "0\n" : "0-%d\n", n - 1);
-  return rewrite(fd, text);
+  return rewrite_online(fd, cpus_of(sb, &host));
 }
 
 void sbx_procfiles_close(sbx_sandbox *sb) {

@@ -1,5 +1,6 @@
 #define _GNU_SOURCE
 #include "rootfs.h"
+#include "aside.h"
 #include "util.h"
 
 #include <dirent.h>
@@ -131,14 +132,10 @@ static int mkdirat_ok(int dfd, const char *path, mode_t mode) {
  * reached through real directories only. */
 static int real_dir(int stage, const char *path, mode_t mode) {
   struct stat st;
-  if (fstatat(stage, path, &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISDIR(st.st_mode)) {
-    char aside[300];
-    for (int n = 1;; n++) {
-      snprintf(aside, sizeof aside, "%s.sbx-%d", path, n);
-      if (renameat2(stage, path, stage, aside, RENAME_NOREPLACE) == 0) break;
-      if (errno != EEXIST || n == 64) return -errno;
-    }
-  }
+  int r;
+  if (fstatat(stage, path, &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISDIR(st.st_mode) &&
+      (r = sbx_move_aside(stage, path)) < 0)
+    return r;
   return mkdirat_ok(stage, path, mode);
 }
 

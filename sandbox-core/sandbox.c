@@ -1057,35 +1057,34 @@ static sbx_sandbox *ahead_take(const char *id, const sbx_sandbox_opts *opts) {
   return NULL;
 }
 
+/* One limit asked for (key) against the most it may be (0: no most);
+ * why: what sets that most when the configuration does not. */
+static int over(const char *key, double asked, double most, const char *why, sbx_error *err) {
+  if (!most || asked <= most) return 0;
+  return sbx_err(err, "RESOURCE_LIMIT", "%s %.15g is over the most a sandbox may have here, %.15g%s; maxLimits in the "
+                 "daemon's configuration sets it", key, asked, most, why);
+}
+
 /* Limits a create asks for are at most what a person allows (maxLimits)
  * or the host has: an agent cannot hand sandbox code all of its memory,
- * tasks or disk. */
+ * tasks or disk. What the call leaves as the configured defaults is not
+ * asked for. */
 static int over_max(const sbx_sandbox_opts *o, sbx_error *err) {
   if (!o->limits_explicit) return 0;
   const sbx_config *c = sbx_config_get();
-  sbx_limits m = sbx_limits_max(c, eng.cfg.state_dir), l = o->limits;
-  /* what the call leaves as the configured defaults is not asked for */
-  const sbx_limits *d = &eng.cfg.default_limits;
-  if (l.memory_mb == d->memory_mb) m.memory_mb = 0;
-  if (l.pids == d->pids) m.pids = 0;
-  if (l.cpus == d->cpus) m.cpus = 0;
-  if (l.disk_mb == d->disk_mb) m.disk_mb = 0;
-  const char *host = " (what this host has)";
-  if (m.memory_mb && l.memory_mb > m.memory_mb)
-    return sbx_err(err, "RESOURCE_LIMIT", "memoryMB %llu is over the most a sandbox may have here, %llu%s; maxLimits in "
-                   "the daemon's configuration sets it", (unsigned long long)l.memory_mb,
-                   (unsigned long long)m.memory_mb, c && c->max_limits.memory_mb ? "" : host);
-  if (m.pids && l.pids > m.pids)
-    return sbx_err(err, "RESOURCE_LIMIT", "pids %llu is over the most a sandbox may have here, %llu%s; maxLimits in "
-                   "the daemon's configuration sets it", (unsigned long long)l.pids, (unsigned long long)m.pids,
-                   c && c->max_limits.pids ? "" : " (three quarters of the host's tasks)");
-  if (m.cpus > 0 && l.cpus > m.cpus)
-    return sbx_err(err, "RESOURCE_LIMIT", "cpus %g is over the most a sandbox may have here, %g; maxLimits in the "
-                   "daemon's configuration sets it", l.cpus, m.cpus);
-  if (m.disk_mb && o->disk_explicit && l.disk_mb > m.disk_mb)
-    return sbx_err(err, "RESOURCE_LIMIT", "diskMB %llu is over the most a sandbox may have here, %llu%s; maxLimits in "
-                   "the daemon's configuration sets it", (unsigned long long)l.disk_mb, (unsigned long long)m.disk_mb,
-                   c && c->max_limits.disk_mb ? "" : " (the size of the filesystem its disk is on)");
+  const sbx_limits *d = &eng.cfg.default_limits, *l = &o->limits, *set = c ? &c->max_limits : &(sbx_limits){0};
+  sbx_limits m = sbx_limits_max(c, eng.cfg.state_dir);
+  if (l->memory_mb != d->memory_mb &&
+      over("memoryMB", (double)l->memory_mb, (double)m.memory_mb, set->memory_mb ? "" : " (what this host has)", err))
+    return -1;
+  if (l->pids != d->pids &&
+      over("pids", (double)l->pids, (double)m.pids, set->pids ? "" : " (three quarters of the host's tasks)", err))
+    return -1;
+  if (l->cpus != d->cpus && over("cpus", l->cpus, m.cpus, "", err)) return -1;
+  if (o->disk_explicit && l->disk_mb != d->disk_mb &&
+      over("diskMB", (double)l->disk_mb, (double)m.disk_mb,
+           set->disk_mb ? "" : " (the size of the filesystem its disk is on)", err))
+    return -1;
   return 0;
 }
 

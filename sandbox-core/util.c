@@ -10,6 +10,7 @@
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/sysinfo.h>
 #include <time.h>
 
 int sbx_err(sbx_error *err, const char *code, const char *fmt, ...) {
@@ -316,6 +317,20 @@ uint64_t sbx_now_us(void) {
   return (uint64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 uint64_t sbx_now_ms(void) { return sbx_now_us() / 1000; }
+
+/* Read again every 10 s at most: sysinfo(2) walks every block device (the
+ * loop device of each sandbox's disk), and this is asked at every create
+ * and command. */
+uint64_t sbx_host_ram(void) {
+  static uint64_t ram, at;
+  uint64_t now = sbx_now_ms();
+  if (!at || now - at >= 10000) {
+    struct sysinfo si;
+    ram = sysinfo(&si) == 0 ? (uint64_t)si.totalram * si.mem_unit : UINT64_MAX;
+    at = now;
+  }
+  return ram;
+}
 
 int64_t sbx_parse_duration_ms(const char *s, int64_t bare) {
   if (!s || !*s) return -1;

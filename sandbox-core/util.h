@@ -122,6 +122,8 @@ int sbx_remove_tree_at(int dfd, const char *name, bool one_fs);
 char *sbx_strdup_printf(const char *fmt, ...) SBX_PRINTF(1, 2);
 uint64_t sbx_now_ms(void);
 uint64_t sbx_now_us(void);
+/* The host's RAM in bytes (UINT64_MAX when unknown). */
+uint64_t sbx_host_ram(void);
 /* "10m" "30s" "1h" "250ms", or a number with no unit in units of bare ms,
  * → milliseconds; -1 when malformed. */
 int64_t sbx_parse_duration_ms(const char *s, int64_t bare);
