@@ -48,6 +48,9 @@
 #define LIST_AHEAD_KEPT 256   /* directories listed ahead and not looked up yet, at most */
 #define LIST_AHEAD_MAX 1000   /* entries of a listing made ahead (one page): a bigger one is read when wanted */
 #define LIST_TTL_MS 5000     /* a directory's listing is trusted this long */
+#define TREE_MAX 4000        /* keys of a directory's whole tree listed in one go (four pages), at most */
+#define TREE_DIRS 512        /* directories in it, at most */
+#define TREE_RETRY_MS 60000  /* a tree found bigger is listed directory by directory this long */
 #define LIST_SETTLE_MS 2000  /* what we put in a directory this long before a listing began is kept past it */
 #define MAX_LIST 200000      /* entries of one directory */
 #define ATTR_TIMEOUT 1.0
@@ -136,6 +139,7 @@ typedef struct bnode {
   size_t nlist, cap;
   lindex lix; /* over list, made when first wanted */
   uint64_t list_at, list_started;
+  uint64_t tree_big_at; /* when a listing of its tree found more than TREE_MAX keys */
   struct bnode *hnext;
 } bnode;
 
@@ -162,6 +166,8 @@ typedef struct fitem {
   size_t chunk, count; /* chunks [chunk, chunk + count), marked in flight when queued */
   bool whole;    /* a small object fetched ahead with its metadata */
   bool list;     /* a directory listed ahead */
+  bool tree;     /* a directory's whole tree listed (B.trees[slot] its path) */
+  size_t slot;
   struct fitem *next;
 } fitem;
 
@@ -206,6 +212,7 @@ static struct {
   char *busy_paths[UPLOADERS]; /* one operation per path at a time, in order */
   fitem *fetchq;   /* chunks a reader wants soon: first */
   fitem *aheadq;   /* small files fetched ahead */
+  char *trees[FETCHERS]; /* the directories whose trees are being listed */
   size_t nkept, nheld;
   nlist fds; /* nodes whose cache file is open, oldest first */
   size_t nfds, fds_max;         /* past fds_max, those not in use are closed */
@@ -219,6 +226,17 @@ static struct {
        .fetch_work = PTHREAD_COND_INITIALIZER};
 
 /* ---- names ---------------------------------------------------------------- */
+
+/* Whether path is in (or is) a directory whose tree is being listed
+ * (lock held). */
+static bool tree_covers(const char *path) {
+  for (size_t i = 0; i < FETCHERS; i++) {
+    const char *t = B.trees[i];
+    size_t l = t ? strlen(t) : 0;
+    if (t && (!l || (!strncmp(path, t, l) && (!path[l] || path[l] == '/')))) return true;
+  }
+  return false;
+}
 
 static void key_of(const char *path, char *out, size_t len) {
   if (snprintf(out, len, "%s%s", B.prefix, path) >= (int)len) out[0] = 0; /* cannot happen: join() bounds paths */
@@ -393,6 +411,8 @@ static bnode *node_new(const char *path, ntype type) {
   node_hash(n);
   return n;
 }
+
+static bool list_fresh(const bnode *d, uint64_t now) { return d->list_at && now - d->list_at < LIST_TTL_MS; }
 
 static void list_free(bnode *d) {
   for (size_t i = 0; i < d->nlist; i++) free(d->list[i].name);
@@ -1249,11 +1269,16 @@ static void list_ahead(bnode *n) {
 /* Queues the listing of the subdirectories of d whose listing is not
  * known or old: what a walker of the tree (tar, find, cp -r) opens next.
  * One not known at all is made, and kept for its lookup as one held is
- * (at most LIST_AHEAD_KEPT: their listings stay while they are) (lock
- * held). */
+ * (at most LIST_AHEAD_KEPT: their listings stay while they are). When
+ * its tree is small enough, one listing of all its keys gives every
+ * directory's in it instead (list_tree) (lock held). */
+static bool list_tree(bnode *d);
+
 static void list_after(bnode *d) {
+  if (tree_covers(d->path)) return; /* its listing and theirs come with its tree's */
   size_t queued = 0;
   uint64_t now = sbx_now_ms();
+  bool tree = !d->tree_big_at || now - d->tree_big_at >= TREE_RETRY_MS;
   for (size_t i = 0; i < d->nlist && queued < LIST_AHEAD && !B.fetch_stop; i++) {
     if (!d->list[i].dir) continue;
     char *path = join(d->path, d->list[i].name);
@@ -1263,10 +1288,15 @@ static void list_after(bnode *d) {
     if (!n) {
       if (!gone_find(path) && (n = node_new(path, T_DIR))) made = true;
     } else if (n->type != T_DIR || n->unlinked || n->busy || n->listing || n->kept || n->listed_ahead ||
-               (n->list_at && now - n->list_at < LIST_TTL_MS)) {
+               list_fresh(n, now)) {
       n = NULL; /* listed lately, or in use */
     }
     free(path);
+    if (n && tree && list_tree(d)) { /* one listing for all of them */
+      if (made) node_free(n);
+      return;
+    }
+    tree = false;
     fitem *f = n ? calloc(1, sizeof *f) : NULL;
     if (!f) {
       if (made) node_free(n);
@@ -1291,6 +1321,8 @@ static void list_after(bnode *d) {
   }
 }
 
+static void tree_ahead(bnode *d, size_t slot);
+
 static void *fetcher(void *arg) {
   (void)arg;
   pthread_mutex_lock(&B.lock);
@@ -1300,7 +1332,8 @@ static void *fetcher(void *arg) {
     if (!*q) break;
     fitem *f = *q;
     *q = f->next;
-    if (f->list) list_ahead(f->n);
+    if (f->tree) tree_ahead(f->n, f->slot);
+    else if (f->list) list_ahead(f->n);
     else if (f->whole && !B.fetch_stop) fetch_ahead(f->n);
     else if (!f->whole) fetch_span(f->n, f->chunk, f->count, true);
     f->n->busy--;
@@ -1539,13 +1572,19 @@ typedef struct list_ctx {
   bool oom;
 } list_ctx;
 
+/* A name a listing can give a file or directory: not a directory's own
+ * marker (""), nor what no file name can be ("a//b", "../x"). */
+static bool list_name_ok(const char *name, size_t len) {
+  return len && len <= NAME_MAX && !memchr(name, '/', len) && !(len == 1 && name[0] == '.') &&
+         !(len == 2 && name[0] == '.' && name[1] == '.');
+}
+
 static void list_cb(void *ud, const char *name, bool dir, uint64_t size, int64_t modified, uint64_t etag) {
   list_ctx *l = ud;
-  /* the directory's own marker, and keys no file name can be ("a//b", "../x") */
-  if (!*name || strchr(name, '/') || !strcmp(name, ".") || !strcmp(name, "..") || strlen(name) > NAME_MAX) return;
-  lentry *same = dir ? lindex_find(&l->ix, l->e, l->n, name) : NULL;
+  if (l->oom || !list_name_ok(name, strlen(name))) return;
+  lentry *same = lindex_find(&l->ix, l->e, l->n, name);
   if (same) { /* a name both a file and a directory: the directory wins */
-    same->dir = true;
+    same->dir |= dir;
     return;
   }
   lentry *e = lentry_append(&l->e, &l->n, &l->cap, &l->ix, name);
@@ -1565,12 +1604,50 @@ static void list_ctx_free(list_ctx *l) {
   lindex_free(&l->ix);
 }
 
+/* Makes l, a listing of the bucket begun at started, d's (taking what l
+ * holds; lock held). */
+static void list_install(bnode *d, list_ctx *l, uint64_t started) {
+  /* what we added while the bucket was being listed (an upload that ended
+   * meanwhile), or just before (a server may list an object a moment after
+   * it answered its PUT), may not be in the new listing: kept, else a name
+   * uploaded and forgotten would be ENOENT to a lookup (an rm of it would
+   * fail, and leave it in the bucket) until the next listing */
+  for (size_t i = 0; i < d->nlist && !l->oom; i++) {
+    lentry *o = &d->list[i];
+    if (!o->added_ms || o->added_ms + LIST_SETTLE_MS < started || lindex_find(&l->ix, l->e, l->n, o->name)) continue;
+    if (!lentry_append_copy(&l->e, &l->n, &l->cap, &l->ix, o)) break;
+  }
+  list_free(d);
+  d->list = l->e;
+  d->nlist = l->n;
+  d->cap = l->cap;
+  d->lix = l->ix;
+  d->list_at = sbx_now_ms();
+  d->list_started = started;
+  /* deletions the bucket had done before this listing began are in it */
+  size_t dl = strlen(d->path);
+  for (size_t h = 0; h < HASH_SIZE; h++)
+    for (gone **pp = &B.gone[h]; *pp;) {
+      gone *g = *pp;
+      const char *rest = dl ? (strncmp(g->path, d->path, dl) || g->path[dl] != '/' ? NULL : g->path + dl + 1) : g->path;
+      if (g->done_ms && g->done_ms < started && rest && !strchr(rest, '/')) {
+        *pp = g->next;
+        free(g->path);
+        free(g);
+      } else {
+        pp = &g->next;
+      }
+    }
+  *l = (list_ctx){0};
+}
+
 /* The directory's listing from the bucket, trusted for LIST_TTL_MS (lock
  * held, dropped during the request). When the bucket is away, an older
  * listing still serves. */
 static int refresh_listing(bnode *d) {
   d->busy++;
-  while (d->listing) pthread_cond_wait(&B.fetched, &B.lock); /* read ahead right now: that one serves */
+  /* read ahead right now, alone or with its tree: that one serves */
+  while (d->listing || (!list_fresh(d, sbx_now_ms()) && tree_covers(d->path))) pthread_cond_wait(&B.fetched, &B.lock);
   d->busy--;
   return list_dir(d, MAX_LIST);
 }
@@ -1579,7 +1656,7 @@ static int refresh_listing(bnode *d) {
  * (-E2BIG) unless max is MAX_LIST. */
 static int list_dir(bnode *d, long max) {
   uint64_t started = sbx_now_ms();
-  if (d->list_at && (started - d->list_at < LIST_TTL_MS || started < B.away_until)) return 0; /* away: the last one serves */
+  if (d->list_at && (list_fresh(d, started) || started < B.away_until)) return 0; /* away: the last one serves */
   char prefix[PBUF];
   dir_key_of(d->path, prefix, sizeof prefix);
   d->busy++;
@@ -1599,38 +1676,164 @@ static int list_dir(bnode *d, long max) {
     if (k < 0 && bucket_away(&e)) B.away_until = sbx_now_ms() + RETRY_MS; /* as for uploads */
     return d->list_at ? 0 : l.oom ? -ENOMEM : -e.errnum;
   }
-  /* what we added while the bucket was being listed (an upload that ended
-   * meanwhile), or just before (a server may list an object a moment after
-   * it answered its PUT), may not be in the new listing: kept, else a name
-   * uploaded and forgotten would be ENOENT to a lookup (an rm of it would
-   * fail, and leave it in the bucket) until the next listing */
-  for (size_t i = 0; i < d->nlist && !l.oom; i++) {
-    lentry *o = &d->list[i];
-    if (!o->added_ms || o->added_ms + LIST_SETTLE_MS < started || lindex_find(&l.ix, l.e, l.n, o->name)) continue;
-    if (!lentry_append_copy(&l.e, &l.n, &l.cap, &l.ix, o)) break;
-  }
-  list_free(d);
-  d->list = l.e;
-  d->nlist = l.n;
-  d->cap = l.cap;
-  d->lix = l.ix;
-  d->list_at = sbx_now_ms();
-  d->list_started = started;
-  /* deletions the bucket had done before this listing began are in it */
-  size_t dl = strlen(d->path);
-  for (size_t h = 0; h < HASH_SIZE; h++)
-    for (gone **pp = &B.gone[h]; *pp;) {
-      gone *g = *pp;
-      const char *rest = dl ? (strncmp(g->path, d->path, dl) || g->path[dl] != '/' ? NULL : g->path + dl + 1) : g->path;
-      if (g->done_ms && g->done_ms < started && rest && !strchr(rest, '/')) {
-        *pp = g->next;
-        free(g->path);
-        free(g);
-      } else {
-        pp = &g->next;
-      }
-    }
+  list_install(d, &l, started);
   return 0;
+}
+
+/* ---- a directory's whole tree in one listing ------------------------------ */
+
+/* A walker of a tree (tar, find, cp -r, git status) opens its directories
+ * one after the other, and each wants its listing. When a directory's
+ * tree holds at most TREE_MAX keys, one listing of them all without a
+ * delimiter (a few pages) gives every directory's listing at once: the
+ * same names a listing of each would give, at the same moment. */
+typedef struct tree_dir {
+  char *rel; /* relative to the listed directory: "" or "a/b" */
+  list_ctx l;
+  struct tree_dir *hnext, *next;
+} tree_dir;
+
+typedef struct tree_ctx {
+  tree_dir *hash[TREE_DIRS], *all;
+  size_t ndirs;
+  bool failed; /* out of memory, or more than TREE_DIRS directories */
+} tree_ctx;
+
+/* The directory key[0, len) of the tree, made when first named. */
+static tree_dir *tree_dir_of(tree_ctx *t, const char *key, size_t len) {
+  char rel[PBUF];
+  if (len >= sizeof rel) { /* cannot be: a key is at most MAX_KEY */
+    t->failed = true;
+    return NULL;
+  }
+  memcpy(rel, key, len);
+  rel[len] = 0;
+  tree_dir **slot = &t->hash[name_hash(rel) % TREE_DIRS];
+  for (tree_dir *d = *slot; d; d = d->hnext)
+    if (!strcmp(d->rel, rel)) return d;
+  tree_dir *d = t->ndirs < TREE_DIRS ? calloc(1, sizeof *d) : NULL;
+  if (!d || !(d->rel = strdup(rel))) {
+    free(d);
+    t->failed = true;
+    return NULL;
+  }
+  d->hnext = *slot, *slot = d;
+  d->next = t->all, t->all = d;
+  t->ndirs++;
+  return d;
+}
+
+/* A key under the listed directory: a name in each directory on its way
+ * (a directory's marker "a/b/" names b in a, and makes b known, empty). */
+static void tree_cb(void *ud, const char *key, bool is_dir, uint64_t size, int64_t modified, uint64_t etag) {
+  tree_ctx *t = ud;
+  (void)is_dir; /* no delimiter: every entry is a key */
+  for (size_t start = 0; !t->failed;) {
+    const char *slash = strchr(key + start, '/');
+    size_t end = slash ? (size_t)(slash - key) : strlen(key);
+    tree_dir *d = tree_dir_of(t, key, start ? start - 1 : 0);
+    if (!d || !list_name_ok(key + start, end - start)) return; /* a marker, or a name no walk reaches */
+    char name[NAME_MAX + 1];
+    memcpy(name, key + start, end - start);
+    name[end - start] = 0;
+    if (slash) list_cb(&d->l, name, true, 0, 0, 0);
+    else list_cb(&d->l, name, false, size, modified, etag);
+    if (d->l.oom) t->failed = true;
+    if (!slash) return;
+    start = end + 1;
+  }
+}
+
+static void tree_free(tree_ctx *t) {
+  if (!t) return;
+  while (t->all) {
+    tree_dir *d = t->all;
+    t->all = d->next;
+    list_ctx_free(&d->l);
+    free(d->rel);
+    free(d);
+  }
+  free(t);
+}
+
+/* Queues the listing of d's tree, unless FETCHERS trees are being listed
+ * already. From now until it is done, a listing of a directory in it
+ * waits for it (lock held). */
+static bool list_tree(bnode *d) {
+  size_t slot = 0;
+  while (slot < FETCHERS && B.trees[slot]) slot++;
+  fitem *f = slot < FETCHERS ? calloc(1, sizeof *f) : NULL;
+  if (!f || !(B.trees[slot] = strdup(d->path))) {
+    free(f);
+    return false;
+  }
+  d->busy++;
+  *f = (fitem){.n = d, .tree = true, .slot = slot};
+  fitem **tail = &B.fetchq; /* a walker waits for it */
+  while (*tail) tail = &(*tail)->next;
+  *tail = f;
+  pthread_cond_signal(&B.fetch_work);
+  return true;
+}
+
+/* Every directory's listing of t, a listing of d's tree begun at started:
+ * to the nodes known, or made ahead (kept as list_after's are, their
+ * markers' metadata fetched ahead) for those not known (lock held). */
+static void tree_install(bnode *d, tree_ctx *t, uint64_t started) {
+  for (tree_dir *td = t->all; td; td = td->next) {
+    size_t rl = strlen(td->rel);
+    if (strlen(B.prefix) + strlen(d->path) + 1 + rl + 1 > MAX_KEY || !sbx_utf8_valid(td->rel, rl)) continue; /* as join() */
+    char *path = !rl ? strdup(d->path) : *d->path ? sbx_strdup_printf("%s/%s", d->path, td->rel) : strdup(td->rel);
+    if (!path) continue;
+    bnode *n = node_find(path);
+    bool made = false;
+    if (!n && !gone_find(path) && B.nahead < LIST_AHEAD_KEPT && (n = node_new(path, T_DIR))) made = true;
+    free(path);
+    /* a listing under way, or begun since, serves instead */
+    if (!n || n->type != T_DIR || n->unlinked || n->listing || (n->list_at && n->list_started >= started)) continue;
+    fitem *f = made ? calloc(1, sizeof *f) : NULL;
+    if (made && !f) {
+      node_free(n);
+      continue;
+    }
+    list_install(n, &td->l, started);
+    if (made) {
+      n->remote = n->meta_pending = n->listed_ahead = true;
+      B.nahead++;
+      nlist_append(&B.ahead, n, HELD_LINK);
+      n->busy++;
+      *f = (fitem){.n = n, .list = true};
+      ahead_push(f);
+    }
+  }
+}
+
+/* The fetcher's part of list_tree. A tree with more than TREE_MAX keys
+ * (or TREE_DIRS directories) has its directories listed one by one
+ * instead, and is not tried again for TREE_RETRY_MS (lock held, dropped
+ * during the request). */
+static void tree_ahead(bnode *d, size_t slot) {
+  char *path = B.trees[slot], prefix[PBUF];
+  uint64_t started = sbx_now_ms();
+  tree_ctx *t = calloc(1, sizeof *t);
+  s3_err e = {0};
+  long k = -1;
+  if (t && !B.fetch_stop && !d->unlinked) {
+    dir_key_of(path, prefix, sizeof prefix);
+    pthread_mutex_unlock(&B.lock);
+    k = s3_list(&B.s3, prefix, NULL, TREE_MAX, tree_cb, t, &e);
+    pthread_mutex_lock(&B.lock);
+  }
+  B.trees[slot] = NULL;
+  bool whole = k >= 0 && k < TREE_MAX && !t->failed;
+  if (whole && !d->unlinked && !strcmp(d->path, path)) tree_install(d, t, started);
+  if (k < 0 && bucket_away(&e)) B.away_until = sbx_now_ms() + RETRY_MS; /* as list_dir */
+  tree_free(t);
+  free(path);
+  pthread_cond_broadcast(&B.fetched);
+  if (whole || k < 0 || d->unlinked) return;
+  d->tree_big_at = sbx_now_ms();
+  list_after(d);
 }
 
 /* Ours and in the bucket, but maybe not in a listing that began before

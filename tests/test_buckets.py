@@ -1100,6 +1100,67 @@ def test_cold_directory(t, x):
          [l.split()[0] for l in want.splitlines() if l.endswith(' f2')][0], 'its neighbours stay readable')
 
 
+def listings(x, since, prefix):
+    """The listings of the bucket under prefix sbx asked for since check
+    number since: their queries."""
+    return [ch['query'] for ch in x.s3.checks()[since:]
+            if ch['method'] == 'GET' and 'list-type=2' in ch['query'] and 'prefix=' + prefix in ch['query']]
+
+
+def test_tree_listing(t, x):
+    """A walk of a tree whose directories' listings are gone (the kernel
+    forgot them) gets every directory's listing from one listing of the
+    whole tree: the names the bucket has, other clients' changes in it
+    (a new file deep down, a file removed, a directory that is only a
+    marker, a name that is both a file and a directory), in a handful of requests instead of one per directory. A tree
+    with more directories than one such listing takes is walked the same,
+    directory by directory."""
+    c = x.c
+    c.ok('createSandbox', {'sandboxId': 'tree'})
+    sh = lambda cmd, **kw: c.sh(cmd, sandbox='tree', **kw)
+    x.mount('/tr', sandbox='tree', prefix='tree')
+    sh('cd /tr && for d in $(seq 10); do for s in 1 2 3; do mkdir -p d$d/s$s && '
+         'for f in 1 2 3; do echo $d$s$f > d$d/s$s/f$f; done; done; done && sync', wait=300)
+    x.s3.put('test', 'tree/d3/s1/new', b'from another client')
+    x.s3.delete('test', 'tree/d4/s2/f1')
+    x.s3.aws('s3api', 'put-object', '--bucket', 'test', '--key', 'tree/d5/marker/')
+    # (no marker for deep/ or deep/er/: s3rver's listing of d6/s1/ with a delimiter misses deep/, S3's has it)
+    x.s3.put('test', 'tree/d6/s1/deep/er/x', b'deep')
+    x.s3.put('test', 'tree/d7/both', b'a file')
+    x.s3.put('test', 'tree/d7/both/inside', b'and a directory')
+    want = set(['/tr'] + ['/tr/d%d' % d for d in range(1, 11)] + ['/tr/d%d/s%d' % (d, s) for d in range(1, 11) for s in (1, 2, 3)]
+               + ['/tr/d%d/s%d/f%d' % (d, s, f) for d in range(1, 11) for s in (1, 2, 3) for f in (1, 2, 3)])
+    want |= {'/tr/d3/s1/new', '/tr/d5/marker', '/tr/d6/s1/deep', '/tr/d6/s1/deep/er', '/tr/d6/s1/deep/er/x',
+             '/tr/d7/both', '/tr/d7/both/inside'}
+    want -= {'/tr/d4/s2/f1'}
+    walk = 'find /tr | sort; cat /tr/d3/s1/new /tr/d6/s1/deep/er/x /tr/d7/both/inside; echo; [ -d /tr/d7/both ] && echo dir'
+    last = {}
+
+    def walked():  # until the others' changes show: a listing is trusted 5 s
+        subprocess.run(['sh', '-c', 'echo 2 > /proc/sys/vm/drop_caches'], check=True)
+        before = len(x.s3.checks())
+        last['out'] = sh(walk)['stdout'].split('\n')
+        last['asked'] = listings(x, before, 'tree%2F')
+        return set(l for l in last['out'] if l.startswith('/tr')) == want
+    wait_until(walked, 30, 'a walk to find the bucket\'s tree')
+    t.ok(True, 'a walk after the kernel forgot the tree finds what the bucket has, others\' changes deep down included')
+    t.eq([l for l in last['out'] if l and not l.startswith('/tr')], ['from another clientdeepand a directory', 'dir'],
+         'their contents read, and a name that is a file and a directory is the directory')
+    t.ok(len(last['asked']) <= 4, 'the 45 directories took at most 4 listings (one per directory before)', last['asked'])
+    x.mount('/tr2', sandbox='tree', prefix='tree')
+    got = set(l.replace('/tr2', '/tr', 1) for l in sh('find /tr2 | sort')['stdout'].split())
+    t.eq(sorted(got ^ want), [], 'a fresh mount walks the same tree')
+    # more directories than one listing of a tree takes (512): listed one by one, the same names
+    sh('mkdir -p /tr/many && cd /tr/many && for i in $(seq 520); do mkdir d$i; done && sync . d*', wait=300)
+    x.s3.put('test', 'tree/many/d77/late', b'late')
+    subprocess.run(['sh', '-c', 'echo 2 > /proc/sys/vm/drop_caches'], check=True)
+    t.eq(sh('find /tr/many -type d | wc -l')['stdout'], '521\n', 'a tree of 520 directories walks whole')
+    wait_until(lambda: sh('find /tr/many -type f; cat /tr/many/d77/late')['stdout'] == '/tr/many/d77/late\nlate', 30,
+               'another client\'s file in it to show')
+    t.ok(True, 'and another client\'s file in it shows')
+    c.ok('destroySandbox', {'sandboxId': 'tree'})
+
+
 def test_destroy_cleans_up(t, x):
     c = x.c
     c.ok('createSandbox', {'sandboxId': 'gone'})
@@ -1117,4 +1178,5 @@ if __name__ == '__main__':
     sys.exit(run_tests([test_mount_write_read, test_names_not_utf8, test_object_grows_while_open, test_signatures, test_fsync_means_in_bucket, test_secrets_never_shown,
                         test_errors, test_read_only, test_server_cpu_bounded, test_fsyncs_hold_no_thread, test_hung_bucket_stalls_nobody, test_local_bucket, test_local_bucket_quota, test_reset_keeps_bucket, test_restart_kill9,
                         test_crash_of_bucket_server, test_daemon_killed_during_writes, test_outage, test_outage_names_bounded, test_removed_stays_removed, test_open_unlinked_files, test_crash_during_outage, test_syscall_suite,
-                        test_view_shows_bucket, test_unmount, test_cache_cap, test_forgotten_files_stay_cached, test_mounts_by_identity, test_mounts_bounded, test_more_files_than_fds, test_big_directory, test_dir_handles_bounded, test_cold_directory, test_destroy_cleans_up], Ctx))
+                        test_view_shows_bucket, test_unmount, test_cache_cap, test_forgotten_files_stay_cached, test_mounts_by_identity, test_mounts_bounded, test_more_files_than_fds, test_big_directory, test_dir_handles_bounded, test_cold_directory, test_tree_listing,
+                        test_destroy_cleans_up], Ctx))
