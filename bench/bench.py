@@ -34,8 +34,8 @@
            `node -e 0` run by exec; gitCheckout of a 1,000-commit repository
            against `git clone` of it on the host
   preview  wrk through a preview URL against wrk in the sandbox's own
-           namespace, both at busybox httpd inside the sandbox; a 1 GiB
-           download both ways
+           namespace, both at a small epoll server inside the sandbox
+           (bench/staticd.c); a 1 GiB download both ways
   exec     `exec true` through `sbx mcp` (stdio relay), p50/p99 over N,
            against plain fork+exec of /bin/true (posix_spawn + wait)
   parallel calls per second of `exec true` with C clients on C sessions
