@@ -14,13 +14,18 @@
  * shell keeps follows a \1 line: its other variables, functions, aliases
  * and options, given back to the next command of the session on fd 4. */
 /* Each wrapper is one line: the command's eval runs on line 1, so that its
- * line N is line N (LINENO, and bash's "line N:" in its messages). */
+ * line N is line N (LINENO, and bash's "line N:" in its messages). HUP,
+ * USR1 and USR2 (a reload, a log rotation: killProcess sends them to the
+ * whole tree) are the command's: the wrapper, waiting for it, lets them
+ * pass instead of dying of them and taking the command with it; a shell
+ * command that wants them sets its own trap. */
+#define WRAPPER_TRAPS "trap : HUP USR1 USR2; "
 static const char sh_wrapper[] =
-    "trap '__sbx_rc=$?; { printf \"%s\\n\" \"$PWD\"; export -p; } 2>/dev/null >&3; exit $__sbx_rc' EXIT; "
+    WRAPPER_TRAPS "trap '__sbx_rc=$?; { printf \"%s\\n\" \"$PWD\"; export -p; } 2>/dev/null >&3; exit $__sbx_rc' EXIT; "
     "__sbx_cmd=$1; shift; "
     "eval \"$__sbx_cmd\" 3>&-\n";
 static const char bash_wrapper[] =
-    "trap '__sbx_rc=$?; { printf \"%s\\n\" \"$PWD\"; export -p; printf \"\\1\\n\"; declare -p; declare -f; "
+    WRAPPER_TRAPS "trap '__sbx_rc=$?; { printf \"%s\\n\" \"$PWD\"; export -p; printf \"\\1\\n\"; declare -p; declare -f; "
     "alias -p; set +o; shopt -p; } 2>/dev/null >&3; exit $__sbx_rc' EXIT; "
     "__sbx_cmd=$1; "
     "if [ \"$2\" = 1 ]; then . /dev/fd/4 2>/dev/null; else shopt -s expand_aliases; fi; "

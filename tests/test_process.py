@@ -135,6 +135,30 @@ def test_with_sandbox(t, x):
     t.eq(c.err('listProcesses', {'sandboxId': 'never'}), 'SANDBOX_NOT_FOUND', 'listProcesses does not create')
 
 
+def test_signals_reach_command(t, x):
+    """A signal that does not ask a process to stop (HUP to reload, USR1,
+    USR2) reaches the command, which handles it and runs on: the shell sbx
+    runs it in does not die of it (and take the command with it)."""
+    c = x.c
+    prog = ('import signal, time\n'
+            'for s in (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):\n'
+            '    signal.signal(s, lambda n, f: print("got", signal.Signals(n).name, flush=True))\n'
+            'print("ready", flush=True)\n'
+            'time.sleep(600)\n')
+    c.ok('writeFile', {'path': '/workspace/handler.py', 'content': prog})
+    c.ok('startProcess', {'processId': 'reload', 'command': 'cd /workspace && python3 -u handler.py; echo after'})
+    c.ok('waitForLog', {'processId': 'reload', 'pattern': '^ready$', 'timeout': 20000}, 40)
+    for sig in ('SIGHUP', 'SIGUSR1', 'SIGUSR2'):
+        k = c.ok('killProcess', {'processId': 'reload', 'signal': sig})
+        t.ok(k['killed'] is True and k.get('status') == 'running', sig + ' is sent, and the process is said to run on', k)
+        w = c.ok('waitForLog', {'processId': 'reload', 'pattern': '^got %s$' % sig, 'timeout': 20000}, 40)
+        t.ok(w.get('line', '').strip() == 'got ' + sig or 'got ' + sig in str(w), 'the command handled ' + sig, w)
+    t.eq(status(x, 'reload')['status'], 'running', 'and it still runs')
+    k = c.ok('killProcess', {'processId': 'reload'}, 30)
+    t.eq(k.get('status'), 'killed', 'SIGTERM ends it')
+    t.ok('after' not in c.ok('getProcessLogs', {'processId': 'reload'})['stdout'], 'the whole command, not the python alone')
+
+
 def test_early_signals(t, x):
     """A command cancelled or destroyed the moment it starts: the signal must
     reach the command's supervisor, never a handler it inherited from the
@@ -248,5 +272,5 @@ def test_output_flood(t, x):
 
 
 if __name__ == '__main__':
-    sys.exit(run_tests([test_server, test_kill_waits, test_python_unbuffered, test_calls_bounded, test_exit_and_logs, test_tree_and_kill_all, test_with_sandbox, test_early_signals,
+    sys.exit(run_tests([test_server, test_kill_waits, test_python_unbuffered, test_calls_bounded, test_exit_and_logs, test_tree_and_kill_all, test_with_sandbox, test_signals_reach_command, test_early_signals,
                         test_wait_for_log_and_exit, test_stream_logs, test_output_flood], lambda: Ctx('procs')))
