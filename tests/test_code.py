@@ -4,6 +4,7 @@ timeouts and cancellation that interrupt without losing state, independent
 contexts, JavaScript with top-level await, and a driver channel that cannot
 be made to lie its way into the daemon."""
 import base64
+import re
 import sys
 import time
 
@@ -204,6 +205,11 @@ def test_javascript(t, x):
         tb = r.get('error', {}).get('traceback', [])
         t.ok(any('<code>:%d:' % line in l for l in tb) and not any('characters cut' in l for l in tb),
              'a JS error\'s stack names the line of the cell, lines whole: %r' % code, tb)
+    for code, frames in (('let z2 = 1\nz2.foo.bar', ['2:8']), ('[1,2].map(v => v.q.r)', ['1:20', '1:7']),
+                         ('let k = 2; // k\n  k.y.z + 1', ['2:7']), ('"s"\n/* c */ null.t', ['2:14'])):
+        tb = run(x, code, language='javascript').get('error', {}).get('traceback', [])
+        t.eq(re.findall(r'<code>:(\d+:\d+)', '\n'.join(tb)), frames,
+             'a JS error\'s frames are at the lines and columns node gives for the same file, none of sbx\'s own: %r' % code)
     r = run(x, 'let q = ;', language='javascript')
     t.ok(r.get('error', {}).get('name') == 'SyntaxError' and not any('characters cut' in l for l in r['error']['traceback']),
          'a syntax error comes back readable', r.get('error'))

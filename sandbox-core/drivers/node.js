@@ -266,37 +266,56 @@ function assignments(text) {
 // a result, not awaited): {script, isAsync}; script null when the code
 // cannot be rewritten (V8 refuses the rewrite, or it is strict mode code,
 // where assignments do not make globals).
+const RETURN = 'return { value: (';
+// The line of a wrapper's `})()` (lineOffset -1): the frame there is the
+// wrapper's call, not the cell's.
+const callLine = (wrapped) => wrapped.split('\n').length - 1;
+let call = 0; // the running cell's
+
 function cellWrap(code) {
   const toks = tokens(code);
   const isAsync = toks.some((tk) => tk.type === 'word' && tk.t === 'await');
   if (toks[0] && toks[0].type === 'str' && /^['"]use strict['"]$/.test(toks[0].t)) return { script: null, isAsync };
   const spans = statements(code, toks);
-  let out = '', at = 0;
   // each statement stays on its lines, so that an error's line is the
   // cell's (the wrapper's first line is taken off by lineOffset)
   const lines = (text) => text.split('\n').length - 1;
-  spans.forEach(([s, e], n) => {
-    const text = code.slice(s, e);
-    out += code.slice(at, s);
-    at = e;
-    if (DECL.test(text)) {
-      const set = assignments(text);
-      out += set + '\n'.repeat(Math.max(0, lines(text) - lines(set)));
-    } else if (n === spans.length - 1 && !NOT_EXPR.test(text)) {
-      out += `return { value: (${text.replace(/;\s*$/, '')}\n) };`;
-    } else {
-      out += text;
-      const m = NAMED.exec(text);
-      if (m) out += `;globalThis.${m[1]} = ${m[1]};`;
+  const wrap = (early) => {
+    let out = '', at = 0, head = '(async () => {';
+    spans.forEach(([s, e], n) => {
+      const text = code.slice(s, e), gap = code.slice(at, s);
+      at = e;
+      if (DECL.test(text)) {
+        const set = assignments(text);
+        out += gap + set + '\n'.repeat(Math.max(0, lines(text) - lines(set)));
+      } else if (n === spans.length - 1 && !NOT_EXPR.test(text)) {
+        // early: the return goes before the blanks and comments that lead
+        // to the expression (on the line before it), so that its columns
+        // stay the cell's
+        if (early && !out) head += RETURN;
+        else if (early) out += `;${RETURN}`;
+        out += `${gap}${early ? '' : RETURN}${text.replace(/;\s*$/, '')}\n) };`;
+      } else {
+        out += gap + text;
+        const m = NAMED.exec(text);
+        if (m) out += `;globalThis.${m[1]} = ${m[1]};`;
+      }
+    });
+    out += code.slice(at);
+    return `${head}\n${out}\n})()`;
+  };
+  // early when that leaves the expression's line as it is: it is the
+  // first statement, or a line ends before it
+  const n = spans.length, ahead = n === 1 || (n > 1 && code.slice(spans[n - 2][1], spans[n - 1][0]).includes('\n'));
+  for (const early of ahead ? [true, false] : [false]) {
+    const wrapped = wrap(early);
+    try {
+      return { script: new vm.Script(wrapped, { filename: '<code>', lineOffset: -1 }), isAsync, call: callLine(wrapped) };
+    } catch (e) {
+      // (early: something in the way, tried again as before)
     }
-  });
-  out += code.slice(at);
-  const wrapped = `(async () => {\n${out}\n})()`;
-  try {
-    return { script: new vm.Script(wrapped, { filename: '<code>', lineOffset: -1 }), isAsync };
-  } catch (e) {
-    return { script: null, isAsync };
   }
+  return { script: null, isAsync };
 }
 
 let abandon = null; // rejects the awaited run when interrupted or timed out
@@ -312,10 +331,13 @@ async function run(req) {
   const opts = { filename: '<code>', breakOnSigint: true, timeout };
   const cell = cellWrap(code);
   let value;
+  call = 0;
   if (cell.script || cell.isAsync) {
     let timer;
+    const plain = `(async () => {\n${code}\n})()`;
+    call = cell.script ? cell.call : callLine(plain);
     const started = cell.script ? cell.script.runInThisContext(opts)
-      : vm.runInThisContext(`(async () => {\n${code}\n})()`, { ...opts, lineOffset: -1 });
+      : vm.runInThisContext(plain, { ...opts, lineOffset: -1 });
     const done = await Promise.race([started,
       new Promise((_, reject) => {
         abandon = reject;
@@ -341,6 +363,7 @@ function errorOf(e) {
   if (e.code === 'ERR_SCRIPT_EXECUTION_TIMEOUT') name = 'TimeoutError';
   if (e.code === 'ERR_SCRIPT_EXECUTION_INTERRUPTED') name = 'KeyboardInterrupt';
   const stack = String(e.stack || '').split('\n').filter((l) => !/\(node:|node:internal|\[worker eval\]|\(\[eval\]:/.test(l)); // the driver's own frames
+  if (call && stack.length > 1 && stack[stack.length - 1].trim() === `at <code>:${call}:3`) stack.pop(); // and its wrapper's call
   // an error of megabytes would be a line too long for the daemon to take
   return { name: cut(String(name)), value: cut(String(value)), traceback: stack.slice(-100).map((line) => cut(line)) };
 }
