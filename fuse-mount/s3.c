@@ -674,10 +674,17 @@ int s3_copy(const s3_conf *c, const char *from, const char *to, const s3_meta *m
 }
 
 long s3_list(const s3_conf *c, const char *prefix, const char *delim, long max, s3_list_cb cb, void *ud, s3_err *e) {
-  char token[1024] = "";
+  char token[1024] = "", last[1024];
   long count = 0;
   size_t plen = strlen(prefix);
-  for (;;) {
+  /* a server whose listing never ends (pages said to be truncated, with
+   * nothing in them or the same token again) is not asked forever */
+  for (int empty = 0;;) {
+    if (empty > 64) {
+      fail(e, EIO, 200, "MalformedResponse", "the bucket's listing of '%.200s' did not end", prefix);
+      return -1;
+    }
+    long before = count;
     /* query keys sorted by hand, valueless keys written key= (curl 7.88's
      * SigV4 signs the query as given) */
     char q[6000], ep[4096], ed[16], et[3000];
@@ -726,8 +733,14 @@ long s3_list(const s3_conf *c, const char *prefix, const char *delim, long max, 
     pos = 0;
     s3_xml_next(x, xl, &pos, "IsTruncated", trunc, sizeof trunc);
     pos = 0;
+    empty = count == before ? empty + 1 : 0;
+    memcpy(last, token, sizeof last);
     bool more = !strcmp(trunc, "true") && s3_xml_next(x, xl, &pos, "NextContinuationToken", token, sizeof token);
     sbx_buf_free(&r.body);
+    if (more && !strcmp(token, last)) {
+      fail(e, EIO, 200, "MalformedResponse", "the bucket's listing of '%.200s' gave the same page again", prefix);
+      return -1;
+    }
     if (!more || count >= max) return count;
   }
 }

@@ -1161,6 +1161,65 @@ def test_tree_listing(t, x):
     c.ok('destroySandbox', {'sandboxId': 'tree'})
 
 
+def test_listing_that_never_ends(t, x):
+    """A bucket server whose listings never end (every page says there is
+    more, with nothing in it, or with the same token again): the listing
+    fails with an error instead of asking for pages forever, and the
+    sandbox goes on."""
+    import http.server
+    import threading
+
+    class Endless(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self):
+            self.send_response(200)
+            self.send_header('Content-Length', '0')
+            self.end_headers()
+
+        def do_GET(self):
+            if 'list-type=2' not in self.path:
+                self.send_response(404)
+                self.send_header('Content-Length', '0')
+                self.end_headers()
+                return
+            Endless.pages += 1
+            token = 'same' if 'same' in self.server.kind else 'p%d' % Endless.pages
+            body = ('<?xml version="1.0" encoding="UTF-8"?><ListBucketResult><IsTruncated>true</IsTruncated>'
+                    '<NextContinuationToken>%s</NextContinuationToken></ListBucketResult>' % token).encode()
+            self.send_response(200)
+            self.send_header('Content-Type', 'application/xml')
+            self.send_header('Content-Length', str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+    Endless.pages = 0
+    c = x.c
+    c.ok('createSandbox', {'sandboxId': 'endless'})
+    for kind in ('empty pages', 'same token'):
+        srv = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Endless)
+        srv.kind = kind
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        try:
+            Endless.pages = 0
+            res, _ = c.call('mountBucket', {'sandboxId': 'endless', 'bucket': 'test', 'mountPath': '/e',
+                                            'endpoint': 'http://127.0.0.1:%d' % srv.server_port,
+                                            'credentials': {'accessKeyId': AK, 'secretAccessKey': SK}}, 120)
+            err = res.get('structuredContent', {}).get('error')
+            if not err:
+                r = c.sh('ls /e; echo status $?', sandbox='endless', wait=120)
+                t.ok('status 2' in r['stdout'] and 'Input/output error' in r['stderr'],
+                     '%s: ls of the mount fails with EIO' % kind, r)
+                c.ok('unmountBucket', {'sandboxId': 'endless', 'mountPath': '/e'}, 120)
+            else:
+                t.ok(err['code'] == 'MOUNT_FAILED', '%s: the mount fails, saying so' % kind, err)
+            t.ok(Endless.pages <= 200, '%s: after a bounded number of pages' % kind, Endless.pages)
+            t.eq(c.sh('echo on', sandbox='endless')['stdout'], 'on\n', '%s: and the sandbox goes on' % kind)
+        finally:
+            srv.shutdown()
+    c.ok('destroySandbox', {'sandboxId': 'endless'})
+
+
 def test_destroy_cleans_up(t, x):
     c = x.c
     c.ok('createSandbox', {'sandboxId': 'gone'})
@@ -1178,5 +1237,5 @@ if __name__ == '__main__':
     sys.exit(run_tests([test_mount_write_read, test_names_not_utf8, test_object_grows_while_open, test_signatures, test_fsync_means_in_bucket, test_secrets_never_shown,
                         test_errors, test_read_only, test_server_cpu_bounded, test_fsyncs_hold_no_thread, test_hung_bucket_stalls_nobody, test_local_bucket, test_local_bucket_quota, test_reset_keeps_bucket, test_restart_kill9,
                         test_crash_of_bucket_server, test_daemon_killed_during_writes, test_outage, test_outage_names_bounded, test_removed_stays_removed, test_open_unlinked_files, test_crash_during_outage, test_syscall_suite,
-                        test_view_shows_bucket, test_unmount, test_cache_cap, test_forgotten_files_stay_cached, test_mounts_by_identity, test_mounts_bounded, test_more_files_than_fds, test_big_directory, test_dir_handles_bounded, test_cold_directory, test_tree_listing,
+                        test_view_shows_bucket, test_unmount, test_cache_cap, test_forgotten_files_stay_cached, test_mounts_by_identity, test_mounts_bounded, test_more_files_than_fds, test_big_directory, test_dir_handles_bounded, test_cold_directory, test_tree_listing, test_listing_that_never_ends,
                         test_destroy_cleans_up], Ctx))
