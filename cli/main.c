@@ -988,6 +988,13 @@ static int run(int argc, char **argv) {
     }
     return sbx_relay_main(sandbox, tools, read_only);
   }
+  /* the commands that take no arguments say so rather than ignore them */
+  static const char *const bare[] = {"ls", "doctor", "--version", "-V", "version"};
+  for (size_t i = 0; i < SBX_ARRAY_SIZE(bare); i++)
+    if (!strcmp(cmd, bare[i]) && argc > 2) {
+      fprintf(stderr, "sbx %s: takes no arguments (got '%s')\n", cmd, argv[2]);
+      return 2;
+    }
   if (!strcmp(cmd, "exec")) return cmd_exec(argc - 1, argv + 1);
   if (!strcmp(cmd, "ls")) return cmd_ls();
   if (!strcmp(cmd, "session")) return cmd_session(argc - 1, argv + 1);

@@ -456,6 +456,10 @@ def test_never_guesses(t, x):
     t.ok(r.returncode == 0 and r.stdout.startswith(b'sbx 0.'), 'sbx --version', r.stdout)
     r = x.env.run(['-h'])
     t.ok(r.returncode == 0 and b'usage: sbx' in r.stdout, 'sbx -h', r.stdout[:100])
+    for args in (['ls', 'extra'], ['doctor', 'x'], ['--version', 'x']):
+        r = x.env.run(args)
+        t.ok(r.returncode == 2 and b'takes no arguments' in r.stderr and not r.stdout,
+             'sbx %s: an argument it does not take is an error, not ignored' % ' '.join(args), r)
 
 
 def test_help(t, x):
