@@ -36,6 +36,7 @@ static struct {
   int init_exe_fd;
   uint64_t incarnations;
   sbx_sandbox *list;
+  sbx_sandbox *index[4096]; /* the list by id (id_slot), for a call's lookup among a thousand */
   int count;
   unsigned char *slots; /* uid ranges in use (root), SBX_MAX_SANDBOXES_CAP of them */
   int slots_used;
@@ -275,10 +276,34 @@ static void changed(const char *id, const char *event) {
   if (eng.cfg.on_change) eng.cfg.on_change(id, event);
 }
 
+static sbx_sandbox **id_slot(const char *id) {
+  uint32_t h = 2166136261u; /* FNV-1a */
+  for (const char *p = id; *p; p++) h = (h ^ (unsigned char)*p) * 16777619u;
+  return &eng.index[h % SBX_ARRAY_SIZE(eng.index)];
+}
+
 static void sandbox_link(sbx_sandbox *sb) {
   eng.count++;
   sb->next = eng.list;
   eng.list = sb;
+  sbx_sandbox **slot = id_slot(sb->id);
+  sb->hnext = *slot;
+  *slot = sb;
+}
+
+/* Out of the list and the index. */
+static void sandbox_unlink(sbx_sandbox *sb) {
+  for (sbx_sandbox **pp = &eng.list; *pp; pp = &(*pp)->next)
+    if (*pp == sb) {
+      *pp = sb->next;
+      eng.count--;
+      break;
+    }
+  for (sbx_sandbox **pp = id_slot(sb->id); *pp; pp = &(*pp)->hnext)
+    if (*pp == sb) {
+      *pp = sb->hnext;
+      break;
+    }
 }
 
 /* The sandboxes of earlier daemons, from their records: stopped (their
@@ -390,10 +415,9 @@ void sbx_engine_shutdown(void) {
   sbx_disk_pool_stop();
   while (eng.list) {
     sbx_sandbox *sb = eng.list;
-    eng.list = sb->next;
+    sandbox_unlink(sb);
     sandbox_free(sb);
   }
-  eng.count = 0;
   sbx_cg_shutdown();
   if (eng.etc_template) sbx_remove_tree_at(AT_FDCWD, eng.etc_template, true);
 }
@@ -409,7 +433,7 @@ void sbx_sandbox_default_opts(sbx_sandbox_opts *o) {
 }
 
 sbx_sandbox *sbx_sandbox_find(const char *id) {
-  for (sbx_sandbox *s = eng.list; s; s = s->next)
+  for (sbx_sandbox *s = *id_slot(id); s; s = s->hnext)
     if (!strcmp(s->id, id)) return s;
   return NULL;
 }
@@ -1209,12 +1233,9 @@ int sbx_sandbox_sweep_idle(char ids[][64], int max) {
 }
 
 int sbx_sandbox_destroy(const char *id, sbx_error *err) {
-  sbx_sandbox **pp = &eng.list;
-  while (*pp && strcmp((*pp)->id, id)) pp = &(*pp)->next;
-  if (!*pp) return sbx_err(err, "SANDBOX_NOT_FOUND", "no sandbox '%s'", id);
-  sbx_sandbox *sb = *pp;
-  *pp = sb->next;
-  eng.count--;
+  sbx_sandbox *sb = sbx_sandbox_find(id);
+  if (!sb) return sbx_err(err, "SANDBOX_NOT_FOUND", "no sandbox '%s'", id);
+  sandbox_unlink(sb);
   int shut = sbx_disk_fd(sb->id, sb->rootfd);
   stop_running_async(sb, false);
   sbx_disk_remove(sb->id, shut);

@@ -91,6 +91,7 @@ typedef struct sbx_sandbox {
   struct sbx_exposure *exposures; /* exposePort (preview.h), part of the record */
   struct json_t *code_gone; /* code contexts of an earlier daemon (code.h), part of the record */
   struct sbx_sandbox *next;
+  struct sbx_sandbox *hnext; /* in the engine's index by id */
 } sbx_sandbox;
 
 typedef struct sbx_engine_config {
