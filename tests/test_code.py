@@ -210,6 +210,14 @@ def test_javascript(t, x):
         tb = run(x, code, language='javascript').get('error', {}).get('traceback', [])
         t.eq(re.findall(r'<code>:(\d+:\d+)', '\n'.join(tb)), frames,
              'a JS error\'s frames are at the lines and columns node gives for the same file, none of sbx\'s own: %r' % code)
+    run(x, 'globalThis.later = () => Promise.resolve().then(() => {\n  nope()\n})', language='javascript')
+    tb = run(x, 'await later()', language='javascript').get('error', {}).get('traceback', [])
+    t.eq(re.findall(r'<code>:(\d+:\d+)', '\n'.join(tb)), ['2:3', '1:1'], 'a frame of an earlier cell stays in the stack', tb)
+    for code, out, value in (("if (false)\n  console.log('ran')", '', None), ('let w = 0\nwhile (w < 3)\n  w++\nw', '', '3'),
+                             ('for (const v of [1, 2])\n  console.log(v)', '1\n2\n', None)):
+        r = run(x, code, language='javascript')
+        t.eq((''.join(r['logs']['stdout']), r['results'][0]['text'] if r['results'] else None, r.get('error')),
+             (out, value, None), 'an if or a loop whose body is on the next line keeps its body: %r' % code)
     r = run(x, 'let q = ;', language='javascript')
     t.ok(r.get('error', {}).get('name') == 'SyntaxError' and not any('characters cut' in l for l in r['error']['traceback']),
          'a syntax error comes back readable', r.get('error'))

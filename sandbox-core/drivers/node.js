@@ -207,6 +207,17 @@ function tokens(code) {
   return out;
 }
 
+// Whether the top-level `)` toks[k] closes the head of an if, for, while
+// or with (whose body may be on the next line), not a do's while.
+function closesHead(toks, k, first) {
+  let open = k - 1;
+  while (open >= first && !(toks[open].t === '(' && toks[open].depth === 1)) open--;
+  let kw = open - 1 >= first ? toks[open - 1] : null;
+  if (kw && kw.t === 'await' && open - 2 >= first) kw = toks[open - 2]; // for await (...)
+  if (!kw || kw.type !== 'word' || !/^(?:if|for|while|with)$/.test(kw.t)) return false;
+  return !(kw.t === 'while' && toks[first].t === 'do');
+}
+
 // The top-level statements of code (toks: its tokens), as [start, end) spans of it.
 function statements(code, toks) {
   const spans = [];
@@ -229,7 +240,8 @@ function statements(code, toks) {
     const ends = tk.type === 'str' || tk.type === 'regex' || tk.t === ')' || tk.t === ']' || tk.t === '}' ||
       tk.t === '++' || tk.t === '--' || (tk.type === 'word' && !BEFORE_EXPR.has(tk.t) &&
       !/^(?:let|const|var|async|function|class|extends|if|for|while|with|switch|import|export)$/.test(tk.t));
-    const continues = CONTINUES.has(next.t) || (next.t === '!' && code[next.at + 1] === '=');
+    const continues = CONTINUES.has(next.t) || (next.t === '!' && code[next.at + 1] === '=') ||
+      (tk.t === ')' && closesHead(toks, k, first));
     if (ends && !continues) end(k);
   }
   if (first < toks.length) spans.push([toks[first].at, toks[toks.length - 1].end]);
@@ -267,10 +279,18 @@ function assignments(text) {
 // cannot be rewritten (V8 refuses the rewrite, or it is strict mode code,
 // where assignments do not make globals).
 const RETURN = 'return { value: (';
-// The line of a wrapper's `})()` (lineOffset -1): the frame there is the
-// wrapper's call, not the cell's.
-const callLine = (wrapped) => wrapped.split('\n').length - 1;
-let call = 0; // the running cell's
+// A cell's script makes its async function; this one calls it (under the
+// same timeout and interrupt), so that its frame, by its name, is left out
+// of a stack.
+const callCell = new vm.Script('globalThis[Symbol.for("sbx.cell")]()', { filename: '<sbx-call>' });
+function runCell(script, opts) {
+  globalThis[Symbol.for('sbx.cell')] = script.runInThisContext(opts);
+  try {
+    return callCell.runInThisContext(opts);
+  } finally {
+    delete globalThis[Symbol.for('sbx.cell')];
+  }
+}
 
 function cellWrap(code) {
   const toks = tokens(code);
@@ -302,7 +322,7 @@ function cellWrap(code) {
       }
     });
     out += code.slice(at);
-    return `${head}\n${out}\n})()`;
+    return `${head}\n${out}\n})`;
   };
   // early when that leaves the expression's line as it is: it is the
   // first statement, or a line ends before it
@@ -310,7 +330,7 @@ function cellWrap(code) {
   for (const early of ahead ? [true, false] : [false]) {
     const wrapped = wrap(early);
     try {
-      return { script: new vm.Script(wrapped, { filename: '<code>', lineOffset: -1 }), isAsync, call: callLine(wrapped) };
+      return { script: new vm.Script(wrapped, { filename: '<code>', lineOffset: -1 }), isAsync };
     } catch (e) {
       // (early: something in the way, tried again as before)
     }
@@ -331,13 +351,10 @@ async function run(req) {
   const opts = { filename: '<code>', breakOnSigint: true, timeout };
   const cell = cellWrap(code);
   let value;
-  call = 0;
   if (cell.script || cell.isAsync) {
     let timer;
-    const plain = `(async () => {\n${code}\n})()`;
-    call = cell.script ? cell.call : callLine(plain);
-    const started = cell.script ? cell.script.runInThisContext(opts)
-      : vm.runInThisContext(plain, { ...opts, lineOffset: -1 });
+    const started = runCell(cell.script || new vm.Script(`(async () => {\n${code}\n})`, { filename: '<code>', lineOffset: -1 }),
+      opts);
     const done = await Promise.race([started,
       new Promise((_, reject) => {
         abandon = reject;
@@ -362,8 +379,7 @@ function errorOf(e) {
   let name = e.name || 'Error', value = e.message;
   if (e.code === 'ERR_SCRIPT_EXECUTION_TIMEOUT') name = 'TimeoutError';
   if (e.code === 'ERR_SCRIPT_EXECUTION_INTERRUPTED') name = 'KeyboardInterrupt';
-  const stack = String(e.stack || '').split('\n').filter((l) => !/\(node:|node:internal|\[worker eval\]|\(\[eval\]:/.test(l)); // the driver's own frames
-  if (call && stack.length > 1 && stack[stack.length - 1].trim() === `at <code>:${call}:3`) stack.pop(); // and its wrapper's call
+  const stack = String(e.stack || '').split('\n').filter((l) => !/\(node:|node:internal|\[worker eval\]|\(\[eval\]:|<sbx-call>/.test(l)); // the driver's own frames
   // an error of megabytes would be a line too long for the daemon to take
   return { name: cut(String(name)), value: cut(String(value)), traceback: stack.slice(-100).map((line) => cut(line)) };
 }
