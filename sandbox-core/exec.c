@@ -649,9 +649,11 @@ void sbx_exec_signal(sbx_exec *x, int sig) {
     x->nsignalled = 0;
     struct signal_pass send = {x, false, 0};
     int n = sbx_cg_each_pid(&x->cg, signal_once, &send);
-    x->resig_left = 20;
-    uv_timer_start(&x->resig, resig_cb, 100, 100);
-    if (n > 0) return;
+    if (sbx_signal_stops(sig)) { /* (a reload's new workers must not get its HUP) */
+      x->resig_left = 20;
+      uv_timer_start(&x->resig, resig_cb, 100, 100);
+    }
+    if (n > 0 || !sbx_signal_stops(sig)) return;
   }
   /* a command that has not joined its cgroup yet (it does just before it
    * executes) is killed by its supervisor, which kills the command's group */

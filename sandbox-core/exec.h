@@ -4,6 +4,8 @@
 #pragma once
 #include "sandbox.h"
 
+#include <signal.h>
+
 #define SBX_DEFAULT_MAX_OUTPUT (64 * 1024)
 #define SBX_MAX_STDIN (16 * 1024 * 1024)
 #define SBX_MAX_RUNNING 256 /* commands and processes running at once in one sandbox */
@@ -67,8 +69,12 @@ size_t sbx_exec_input_queued(const sbx_exec *x);
 /* Output goes (cb) or stops going (NULL) to a chunk callback from now on
  * (the user data given at start). */
 void sbx_exec_set_chunk_cb(sbx_exec *x, sbx_exec_chunk_cb cb);
+/* Whether sig asks a process to stop (SIGTERM, SIGKILL, SIGINT, SIGQUIT):
+ * one that ends of it is "killed". */
+static inline bool sbx_signal_stops(int sig) { return sig == SIGKILL || sig == SIGTERM || sig == SIGINT || sig == SIGQUIT; }
 /* Sends sig to every process of the command (its cgroup), or, without
- * cgroups, to its process group. */
+ * cgroups, to its process group. One that stops is sent again for two
+ * seconds to what starts there meanwhile; another (a reload's HUP) once. */
 void sbx_exec_signal(sbx_exec *x, int sig);
 /* What the command wrote so far (head and tail within its bound), as valid
  * UTF-8; malloc'd. stream: 1 stdout, 2 stderr. */

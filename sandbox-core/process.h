@@ -39,9 +39,6 @@ int sbx_process_start(uv_loop_t *loop, sbx_sandbox *sb, const char *id, const sb
 sbx_process *sbx_process_find(const char *sandbox, const char *id);
 /* Every record (filter by ->sandbox, skip ->orphaned). */
 sbx_process *sbx_process_list(void);
-/* Whether sig asks a process to stop (SIGTERM, SIGKILL, SIGINT, SIGQUIT):
- * one that ends of it is "killed". */
-static inline bool sbx_signal_stops(int sig) { return sig == SIGKILL || sig == SIGTERM || sig == SIGINT || sig == SIGQUIT; }
 /* Signals a running process's whole tree; returns 1 if it was running. */
 int sbx_process_kill(sbx_process *p, int sig);
 /* The sandbox was destroyed or reset: its records go. */
