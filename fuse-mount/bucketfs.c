@@ -45,11 +45,12 @@
 #define PREFETCH_KEPT 4096 /* fetched ahead and not looked up yet, at most */
 #define HELD_MAX 8192      /* files the kernel forgot whose clean cached data stays, at most */
 #define LIST_AHEAD 16         /* subdirectories listed ahead when a directory is opened, at most */
-#define LIST_AHEAD_KEPT 256   /* directories listed ahead and not looked up yet, at most */
+#define LIST_AHEAD_KEPT 512   /* directories listed ahead and not looked up yet, at most */
 #define LIST_AHEAD_MAX 1000   /* entries of a listing made ahead (one page): a bigger one is read when wanted */
 #define LIST_TTL_MS 5000     /* a directory's listing is trusted this long */
 #define TREE_MAX 4000        /* keys of a directory's whole tree listed in one go (four pages), at most */
-#define TREE_DIRS 512        /* directories in it, at most */
+#define TREE_DIRS 256        /* directories in it, at most */
+#define TREES 2              /* trees listed at once, at most (the other fetchers read ahead) */
 #define TREE_RETRY_MS 60000  /* a tree found bigger is listed directory by directory this long */
 #define LIST_SETTLE_MS 2000  /* what we put in a directory this long before a listing began is kept past it */
 #define MAX_LIST 200000      /* entries of one directory */
@@ -212,7 +213,8 @@ static struct {
   char *busy_paths[UPLOADERS]; /* one operation per path at a time, in order */
   fitem *fetchq;   /* chunks a reader wants soon: first */
   fitem *aheadq;   /* small files fetched ahead */
-  char *trees[FETCHERS]; /* the directories whose trees are being listed */
+  char *trees[TREES]; /* the directories whose trees are being listed */
+  uint64_t renames;    /* renames begun and ended */
   size_t nkept, nheld;
   nlist fds; /* nodes whose cache file is open, oldest first */
   size_t nfds, fds_max;         /* past fds_max, those not in use are closed */
@@ -230,7 +232,7 @@ static struct {
 /* Whether path is in (or is) a directory whose tree is being listed
  * (lock held). */
 static bool tree_covers(const char *path) {
-  for (size_t i = 0; i < FETCHERS; i++) {
+  for (size_t i = 0; i < TREES; i++) {
     const char *t = B.trees[i];
     size_t l = t ? strlen(t) : 0;
     if (t && (!l || (!strncmp(path, t, l) && (!path[l] || path[l] == '/')))) return true;
@@ -1274,6 +1276,21 @@ static void list_ahead(bnode *n) {
  * directory's in it instead (list_tree) (lock held). */
 static bool list_tree(bnode *d);
 
+/* n kept among the directories listed ahead (made: not known before, its
+ * metadata to come), the oldest of them going past LIST_AHEAD_KEPT (lock
+ * held). */
+static void keep_ahead(bnode *n, bool made) {
+  if (B.nahead >= LIST_AHEAD_KEPT) { /* the oldest, never looked up, goes */
+    bnode *old = B.ahead.head;
+    unkeep(old);
+    if (!node_referenced(old)) node_free(old);
+  }
+  if (made) n->remote = n->meta_pending = true;
+  n->listed_ahead = true;
+  B.nahead++;
+  nlist_append(&B.ahead, n, HELD_LINK);
+}
+
 static void list_after(bnode *d) {
   if (tree_covers(d->path)) return; /* its listing and theirs come with its tree's */
   size_t queued = 0;
@@ -1304,15 +1321,7 @@ static void list_after(bnode *d) {
     }
     if (made || n->held) { /* no reference: kept among the LIST_AHEAD_KEPT listed ahead, for a lookup */
       unkeep(n);               /* a held one is listed ahead now */
-      if (B.nahead >= LIST_AHEAD_KEPT) { /* the oldest, never looked up, goes */
-        bnode *old = B.ahead.head;
-        unkeep(old);
-        if (!node_referenced(old)) node_free(old);
-      }
-      if (made) n->remote = n->meta_pending = true;
-      n->listed_ahead = true;
-      B.nahead++;
-      nlist_append(&B.ahead, n, HELD_LINK);
+      keep_ahead(n, made);
     }
     n->busy++;
     *f = (fitem){.n = n, .list = true};
@@ -1624,13 +1633,26 @@ static void list_install(bnode *d, list_ctx *l, uint64_t started) {
   d->lix = l->ix;
   d->list_at = sbx_now_ms();
   d->list_started = started;
-  /* deletions the bucket had done before this listing began are in it */
-  size_t dl = strlen(d->path);
+  *l = (list_ctx){0};
+}
+
+/* Deletions the bucket had done before a listing began are in it: their
+ * records go, for the entries of d (or, d NULL, of every directory whose
+ * listing began at started: a tree's) (lock held). */
+static void gone_listed(const bnode *d, uint64_t started) {
+  size_t dl = d ? strlen(d->path) : 0;
   for (size_t h = 0; h < HASH_SIZE; h++)
     for (gone **pp = &B.gone[h]; *pp;) {
       gone *g = *pp;
-      const char *rest = dl ? (strncmp(g->path, d->path, dl) || g->path[dl] != '/' ? NULL : g->path + dl + 1) : g->path;
-      if (g->done_ms && g->done_ms < started && rest && !strchr(rest, '/')) {
+      bool in;
+      if (d) {
+        const char *rest = dl ? (strncmp(g->path, d->path, dl) || g->path[dl] != '/' ? NULL : g->path + dl + 1) : g->path;
+        in = rest && !strchr(rest, '/');
+      } else {
+        const bnode *p = parent_of(g->path);
+        in = p && p->list_at && p->list_started == started;
+      }
+      if (g->done_ms && g->done_ms < started && in) {
         *pp = g->next;
         free(g->path);
         free(g);
@@ -1638,7 +1660,6 @@ static void list_install(bnode *d, list_ctx *l, uint64_t started) {
         pp = &g->next;
       }
     }
-  *l = (list_ctx){0};
 }
 
 /* The directory's listing from the bucket, trusted for LIST_TTL_MS (lock
@@ -1677,6 +1698,7 @@ static int list_dir(bnode *d, long max) {
     return d->list_at ? 0 : l.oom ? -ENOMEM : -e.errnum;
   }
   list_install(d, &l, started);
+  gone_listed(d, started);
   return 0;
 }
 
@@ -1694,7 +1716,7 @@ typedef struct tree_dir {
 } tree_dir;
 
 typedef struct tree_ctx {
-  tree_dir *hash[TREE_DIRS], *all;
+  tree_dir *hash[TREE_DIRS], *all, **tail; /* all: in the order first named (the keys' order) */
   size_t ndirs;
   bool failed; /* out of memory, or more than TREE_DIRS directories */
 } tree_ctx;
@@ -1718,7 +1740,8 @@ static tree_dir *tree_dir_of(tree_ctx *t, const char *key, size_t len) {
     return NULL;
   }
   d->hnext = *slot, *slot = d;
-  d->next = t->all, t->all = d;
+  *(t->tail ? t->tail : &t->all) = d;
+  t->tail = &d->next;
   t->ndirs++;
   return d;
 }
@@ -1756,13 +1779,13 @@ static void tree_free(tree_ctx *t) {
   free(t);
 }
 
-/* Queues the listing of d's tree, unless FETCHERS trees are being listed
+/* Queues the listing of d's tree, unless TREES trees are being listed
  * already. From now until it is done, a listing of a directory in it
  * waits for it (lock held). */
 static bool list_tree(bnode *d) {
   size_t slot = 0;
-  while (slot < FETCHERS && B.trees[slot]) slot++;
-  fitem *f = slot < FETCHERS ? calloc(1, sizeof *f) : NULL;
+  while (slot < TREES && B.trees[slot]) slot++;
+  fitem *f = slot < TREES ? calloc(1, sizeof *f) : NULL;
   if (!f || !(B.trees[slot] = strdup(d->path))) {
     free(f);
     return false;
@@ -1787,7 +1810,7 @@ static void tree_install(bnode *d, tree_ctx *t, uint64_t started) {
     if (!path) continue;
     bnode *n = node_find(path);
     bool made = false;
-    if (!n && !gone_find(path) && B.nahead < LIST_AHEAD_KEPT && (n = node_new(path, T_DIR))) made = true;
+    if (!n && !gone_find(path) && (n = node_new(path, T_DIR))) made = true;
     free(path);
     /* a listing under way, or begun since, serves instead */
     if (!n || n->type != T_DIR || n->unlinked || n->listing || (n->list_at && n->list_started >= started)) continue;
@@ -1798,14 +1821,13 @@ static void tree_install(bnode *d, tree_ctx *t, uint64_t started) {
     }
     list_install(n, &td->l, started);
     if (made) {
-      n->remote = n->meta_pending = n->listed_ahead = true;
-      B.nahead++;
-      nlist_append(&B.ahead, n, HELD_LINK);
+      keep_ahead(n, true);
       n->busy++;
       *f = (fitem){.n = n, .list = true};
       ahead_push(f);
     }
   }
+  gone_listed(NULL, started);
 }
 
 /* The fetcher's part of list_tree. A tree with more than TREE_MAX keys
@@ -1814,7 +1836,7 @@ static void tree_install(bnode *d, tree_ctx *t, uint64_t started) {
  * during the request). */
 static void tree_ahead(bnode *d, size_t slot) {
   char *path = B.trees[slot], prefix[PBUF];
-  uint64_t started = sbx_now_ms();
+  uint64_t started = sbx_now_ms(), renames = B.renames;
   tree_ctx *t = calloc(1, sizeof *t);
   s3_err e = {0};
   long k = -1;
@@ -1826,7 +1848,7 @@ static void tree_ahead(bnode *d, size_t slot) {
   }
   B.trees[slot] = NULL;
   bool whole = k >= 0 && k < TREE_MAX && !t->failed;
-  if (whole && !d->unlinked && !strcmp(d->path, path)) tree_install(d, t, started);
+  if (whole && !d->unlinked && B.renames == renames) tree_install(d, t, started); /* (a rename: walkers list) */
   if (k < 0 && bucket_away(&e)) B.away_until = sbx_now_ms() + RETRY_MS; /* as list_dir */
   tree_free(t);
   free(path);
@@ -2786,7 +2808,11 @@ static void b_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_i
     size_t l = strlen(n->path);
     if (!strncmp(to, n->path, l) && to[l] == '/') r = -EINVAL; /* into itself */
   }
-  if (r == 0) r = n->type == T_DIR ? rename_dir(p, np, n, to) : rename_file(p, np, n, to);
+  if (r == 0) {
+    B.renames++; /* (a tree being listed meanwhile may show the names before it: not installed) */
+    r = n->type == T_DIR ? rename_dir(p, np, n, to) : rename_file(p, np, n, to);
+    B.renames++;
+  }
 out:
   if (held) {
     held->busy--;

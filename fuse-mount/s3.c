@@ -678,9 +678,10 @@ long s3_list(const s3_conf *c, const char *prefix, const char *delim, long max, 
   long count = 0;
   size_t plen = strlen(prefix);
   /* a server whose listing never ends (pages said to be truncated, with
-   * nothing in them or the same token again) is not asked forever */
+   * nothing in them or the same token again) is not asked forever (S3
+   * itself may give a run of empty pages, over many delete markers) */
   for (int empty = 0;;) {
-    if (empty > 64) {
+    if (empty > 1000) {
       fail(e, EIO, 200, "MalformedResponse", "the bucket's listing of '%.200s' did not end", prefix);
       return -1;
     }
