@@ -54,6 +54,7 @@
 #define TREE_RETRY_MS 60000  /* a tree found bigger is listed directory by directory this long */
 #define LIST_SETTLE_MS 2000  /* what we put in a directory this long before a listing began is kept past it */
 #define MAX_LIST 200000      /* entries of one directory */
+#define LIST_BYTES_MAX (128u << 20) /* what all directories' listings take together: past it the least recently used go */
 #define ATTR_TIMEOUT 1.0
 #define PBUF 4096            /* paths and keys (a key is at most 1024 bytes) */
 #define JOURNAL_INPLACE 4096 /* a journal entry rewritten in place: within one page */
@@ -139,6 +140,8 @@ typedef struct bnode {
   lentry *list;
   size_t nlist, cap;
   lindex lix; /* over list, made when first wanted */
+  size_t list_bytes; /* what list and lix take, counted in B.list_bytes */
+  nlink list_link;   /* on B.listed while it has entries */
   uint64_t list_at, list_started;
   uint64_t tree_big_at; /* when a listing of its tree found more than TREE_MAX keys */
   struct bnode *hnext;
@@ -196,6 +199,8 @@ static struct {
   nlist lru; /* nodes with cached data, least recently used first */
   nlist held; /* nodes held with no reference, the oldest first */
   nlist ahead; /* directories listed ahead, not looked up yet, the oldest first */
+  nlist listed; /* directories with entries, the least recently used first */
+  uint64_t list_bytes;
   size_t nahead;
   uint64_t njournal; /* journal entries: dirty nodes and deletions not done yet */
   uint64_t journal_extra; /* what entries bigger than JOURNAL_COST take past it */
@@ -416,7 +421,13 @@ static bnode *node_new(const char *path, ntype type) {
 
 static bool list_fresh(const bnode *d, uint64_t now) { return d->list_at && now - d->list_at < LIST_TTL_MS; }
 
+static void nlist_remove(nlist *l, bnode *n, size_t off);
+#define LIST_LINK offsetof(bnode, list_link)
+
 static void list_free(bnode *d) {
+  if (d->list_link.on) nlist_remove(&B.listed, d, LIST_LINK);
+  B.list_bytes -= d->list_bytes;
+  d->list_bytes = 0;
   for (size_t i = 0; i < d->nlist; i++) free(d->list[i].name);
   free(d->list);
   d->list = NULL;
@@ -427,15 +438,31 @@ static void list_free(bnode *d) {
 
 static lentry *list_find(bnode *d, const char *name) { return lindex_find(&d->lix, d->list, d->nlist, name); }
 
+/* What an entry of a listing takes (its index's share counted). */
+static size_t entry_bytes(const char *name) { return sizeof(lentry) + strlen(name) + 1 + 2 * sizeof(int32_t); }
+
+static void nlist_append(nlist *l, bnode *n, size_t off);
+
+/* An entry of bytes added to d's listing or taken from it, in the count. */
+static void list_counted(bnode *d, size_t bytes, bool added) {
+  if (!added) bytes = bytes < d->list_bytes ? bytes : d->list_bytes;
+  d->list_bytes = added ? d->list_bytes + bytes : d->list_bytes - bytes;
+  B.list_bytes = added ? B.list_bytes + bytes : B.list_bytes - bytes;
+  if (added && !d->list_link.on) nlist_append(&B.listed, d, LIST_LINK);
+}
+
 /* Our own changes, kept in the listing so it stays right until the next
  * one from the bucket (which has them by then, or has them pending). */
 /* Its entry, or NULL when d has no listing (or memory ran out). */
 static lentry *list_add(bnode *d, const char *name, bool dir) {
   if (!d || !d->list_at) return NULL;
   lentry *e = list_find(d, name);
-  if (!e && !(e = lentry_append(&d->list, &d->nlist, &d->cap, &d->lix, name))) {
-    list_free(d); /* listed again next time */
-    return NULL;
+  if (!e) {
+    if (!(e = lentry_append(&d->list, &d->nlist, &d->cap, &d->lix, name))) {
+      list_free(d); /* listed again next time */
+      return NULL;
+    }
+    list_counted(d, entry_bytes(name), true);
   }
   e->dir = dir;
   e->added_ms = sbx_now_ms();
@@ -447,6 +474,7 @@ static void list_remove(bnode *d, const char *name) {
   if (!e) return;
   size_t i = (size_t)(e - d->list), last = d->nlist - 1;
   lindex_unlink(&d->lix, d->list, i);
+  list_counted(d, entry_bytes(d->list[i].name), false);
   free(d->list[i].name);
   if (i != last) { /* the last entry takes its place */
     lindex_unlink(&d->lix, d->list, last);
@@ -454,6 +482,42 @@ static void list_remove(bnode *d, const char *name) {
     if (d->lix.head) lindex_link(&d->lix, d->list, i);
   }
   d->nlist--;
+}
+
+/* d's listing counted in B.list_bytes again, as the one used last (lock
+ * held). */
+static void list_count(bnode *d) {
+  size_t bytes = 0;
+  for (size_t i = 0; i < d->nlist; i++) bytes += entry_bytes(d->list[i].name);
+  B.list_bytes = B.list_bytes - d->list_bytes + bytes;
+  d->list_bytes = bytes;
+  if (d->list_link.on) nlist_remove(&B.listed, d, LIST_LINK);
+  if (bytes) nlist_append(&B.listed, d, LIST_LINK);
+}
+
+/* d used now: the last of its listing to go (lock held). */
+static void list_touch(bnode *d) {
+  if (!d->list_link.on) return;
+  nlist_remove(&B.listed, d, LIST_LINK);
+  nlist_append(&B.listed, d, LIST_LINK);
+}
+
+/* d's listing goes (read again when next wanted), but for the names we put
+ * there in the last LIST_SETTLE_MS (the bucket may not list them yet) (lock
+ * held). */
+static void list_drop(bnode *d) {
+  uint64_t now = sbx_now_ms();
+  lentry *keep = NULL;
+  size_t nkeep = 0, cap = 0;
+  lindex ix = {0};
+  for (size_t i = 0; i < d->nlist; i++) {
+    lentry *o = &d->list[i];
+    if (!o->added_ms || o->added_ms + LIST_SETTLE_MS < now) continue;
+    if (!lentry_append_copy(&keep, &nkeep, &cap, &ix, o)) break; /* out of memory: fewer kept */
+  }
+  list_free(d);
+  d->list = keep, d->nlist = nkeep, d->cap = cap, d->lix = ix;
+  list_count(d);
 }
 
 /* The directory node of a path's parent, if we have it. */
@@ -560,17 +624,7 @@ static bool hold(bnode *n) {
   if (!n->remote || n->unlinked || n->stale || n->meta_pending || node_find(n->path) != n) return false;
   if (n->type == T_DIR) { /* only the names we just put there stay (refresh_listing keeps them) */
     if (!n->looked) return false;
-    uint64_t now = sbx_now_ms();
-    lentry *keep = NULL;
-    size_t nkeep = 0, cap = 0;
-    lindex ix = {0};
-    for (size_t i = 0; i < n->nlist; i++) {
-      lentry *o = &n->list[i];
-      if (!o->added_ms || o->added_ms + LIST_SETTLE_MS < now) continue;
-      if (!lentry_append_copy(&keep, &nkeep, &cap, &ix, o)) break; /* out of memory: fewer kept */
-    }
-    list_free(n); /* and read again at the next lookup */
-    n->list = keep, n->nlist = nkeep, n->cap = cap, n->lix = ix;
+    list_drop(n);
   } else if (n->type != T_FILE || !n->cached || (!n->etag && !n->remote_modified_ns)) {
     return false; /* no data, or nothing to tell the bucket's object by */
   }
@@ -617,8 +671,10 @@ static void apply_meta(bnode *n, const s3_meta *m) {
   if (!m->valid) return;
   n->mode = m->mode & 07777;
   if (m->mtime_ns) n->mtime_ns = m->mtime_ns;
-  n->uid = m->uid;
-  n->gid = m->gid;
+  /* the sandbox's ids are 0-65535: another (a client's metadata) would be
+   * another sandbox's, or the host's, on this side */
+  n->uid = m->uid <= 65535 ? m->uid : 0;
+  n->gid = m->gid <= 65535 ? m->gid : 0;
 }
 
 /* ---- the journal of what the bucket has not seen yet ---------------------- */
@@ -1182,7 +1238,7 @@ static void fetch_ahead(bnode *n) {
   s3_stat st = {0};
   s3_err e = {0};
   uint64_t got = 0;
-  int r = s3_get_object(&B.s3, key, fd, &st, &got, &e);
+  int r = s3_get_object(&B.s3, key, fd, len, &st, &got, &e); /* (more than listed: not this file) */
   pthread_mutex_lock(&B.lock);
   B.fetching_bytes -= len;
   n->fetching--;
@@ -1634,6 +1690,15 @@ static void list_install(bnode *d, list_ctx *l, uint64_t started) {
   d->list_at = sbx_now_ms();
   d->list_started = started;
   *l = (list_ctx){0};
+  list_count(d);
+  /* past LIST_BYTES_MAX, the listings used least recently go (d's not):
+   * a walk of a bucket of millions of keys, or a server that lists
+   * without end, does not take the mount's memory */
+  for (bnode *kept = NULL; B.list_bytes > LIST_BYTES_MAX && B.listed.head && B.listed.head != d && B.listed.head != kept;) {
+    bnode *old = B.listed.head;
+    list_drop(old);
+    if (old->list_link.on && !kept) kept = old; /* names it keeps: once round the list at most */
+  }
 }
 
 /* Deletions the bucket had done before a listing began are in it: their
@@ -1670,7 +1735,9 @@ static int refresh_listing(bnode *d) {
   /* read ahead right now, alone or with its tree: that one serves */
   while (d->listing || (!list_fresh(d, sbx_now_ms()) && tree_covers(d->path))) pthread_cond_wait(&B.fetched, &B.lock);
   d->busy--;
-  return list_dir(d, MAX_LIST);
+  int r = list_dir(d, MAX_LIST);
+  if (r == 0) list_touch(d);
+  return r;
 }
 
 /* The same, with at most max entries: a listing that has max is not taken
@@ -2634,9 +2701,25 @@ typedef struct keys {
   size_t n, cap;
 } keys;
 
+/* A key under a directory (relative to it) whose every part is a name a
+ * walk can reach, and a marker's trailing slash: a key such as
+ * "x/../../../other/f" is no file of the directory, and a request naming it
+ * could reach another key once its dots were resolved. */
+static bool key_below(const char *rel) {
+  for (const char *p = rel; *p;) {
+    const char *slash = strchr(p, '/');
+    size_t len = slash ? (size_t)(slash - p) : strlen(p);
+    if (!list_name_ok(p, len)) return false;
+    if (!slash) break;
+    p = slash + 1;
+  }
+  return true;
+}
+
 static void keys_cb(void *ud, const char *name, bool dir, uint64_t size, int64_t mtime, uint64_t etag) {
   (void)dir, (void)size, (void)mtime, (void)etag;
   keys *k = ud;
+  if (*name && !key_below(name)) return; /* ("": the directory's own marker) */
   if (k->n == k->cap) {
     k->cap = k->cap ? 2 * k->cap : 64;
     char **nk = realloc(k->k, k->cap * sizeof *nk);

@@ -145,7 +145,8 @@ typedef struct resp {
   char etag[128];   /* the ETag header */
   int fd;           /* GET: where the data goes (-1: into body) */
   uint64_t fd_off, got;
-  bool fd_error;
+  uint64_t max;     /* GET: what may come into fd, at most */
+  bool fd_error, too_long;
   s3_stat *st;      /* HEAD: filled from the headers */
   long status;
 } resp;
@@ -156,6 +157,10 @@ static size_t on_body(char *p, size_t sz, size_t n, void *ud) {
   long status = 0;
   curl_easy_getinfo(tl->curl, CURLINFO_RESPONSE_CODE, &status);
   if (r->fd >= 0 && status / 100 == 2) {
+    if (r->got + len > r->max) { /* a server that sends more than asked: not into the cache */
+      r->too_long = true;
+      return 0;
+    }
     if (pwrite(r->fd, p, len, (off_t)(r->fd_off + r->got)) != (ssize_t)len) {
       r->fd_error = true;
       return 0;
@@ -308,7 +313,7 @@ static int perform(const s3_conf *c, const req *q, resp *r, s3_err *e) {
     curl_easy_reset(h);
     sbx_buf_free(&r->body);
     r->got = 0;
-    r->fd_error = false;
+    r->fd_error = r->too_long = false;
     r->etag[0] = 0;
     if (r->st) *r->st = (s3_stat){0};
     upload up = q->up ? *q->up : (upload){0};
@@ -332,6 +337,7 @@ static int perform(const s3_conf *c, const req *q, resp *r, s3_err *e) {
     if (q->extra2) hd = curl_slist_append(hd, q->extra2);
     snprintf(region, sizeof region, "aws:amz:%s:s3", c->region[0] ? c->region : "us-east-1");
     curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_PATH_AS_IS, 1L); /* a key is a literal name: its dots are not resolved */
     curl_easy_setopt(h, CURLOPT_AWS_SIGV4, region);
     curl_easy_setopt(h, CURLOPT_USERNAME, c->access_key);
     curl_easy_setopt(h, CURLOPT_PASSWORD, c->secret_key);
@@ -343,6 +349,11 @@ static int perform(const s3_conf *c, const req *q, resp *r, s3_err *e) {
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, 10L);
     curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
     curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, 60L);
+    /* a listing, a HEAD or a DELETE is done in two minutes or failed: a
+     * server that trickles a byte a second does not hold it (and its
+     * caller) for ever; copies and uploads may take longer */
+    if ((!strcmp(q->method, "GET") && r->fd < 0) || !strcmp(q->method, "HEAD") || !strcmp(q->method, "DELETE"))
+      curl_easy_setopt(h, CURLOPT_TIMEOUT, 120L);
     curl_easy_setopt(h, CURLOPT_OPENSOCKETFUNCTION, open_socket);
     curl_easy_setopt(h, CURLOPT_OPENSOCKETDATA, (void *)c);
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
@@ -373,7 +384,8 @@ static int perform(const s3_conf *c, const req *q, resp *r, s3_err *e) {
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
     r->status = status;
     if (cr == CURLE_OK && status / 100 == 2 && !r->fd_error) return 0;
-    bool retry = cr != CURLE_OK ? cr != CURLE_COULDNT_RESOLVE_HOST && cr != CURLE_SSL_CACERT_BADFILE &&
+    bool retry = r->too_long ? false
+                 : cr != CURLE_OK ? cr != CURLE_COULDNT_RESOLVE_HOST && cr != CURLE_SSL_CACERT_BADFILE &&
                                       cr != CURLE_PEER_FAILED_VERIFICATION && cr != CURLE_COULDNT_CONNECT
                                 : status >= 500 || status == 429;
     if (retry && attempt < 2) {
@@ -381,7 +393,10 @@ static int perform(const s3_conf *c, const req *q, resp *r, s3_err *e) {
       nanosleep(&ts, NULL);
       continue;
     }
-    if (r->fd_error) {
+    if (r->too_long) {
+      fail(e, EIO, (int)status, "TooLong", "the bucket sent more than the %llu bytes asked for",
+           (unsigned long long)r->max);
+    } else if (r->fd_error) {
       fail(e, EIO, (int)status, "cache", "writing the local cache failed");
     } else if (cr != CURLE_OK) {
       const char *what = cr == CURLE_COULDNT_RESOLVE_HOST ? "DNS"
@@ -454,8 +469,8 @@ uint64_t s3_etag_hash(const char *etag) {
 }
 
 /* HEAD, or GET of the whole object into fd (fd >= 0). */
-static int head_or_get(const s3_conf *c, const char *key, int fd, s3_stat *st, uint64_t *got, s3_err *e) {
-  resp r = {.fd = fd, .st = st};
+static int head_or_get(const s3_conf *c, const char *key, int fd, uint64_t max, s3_stat *st, uint64_t *got, s3_err *e) {
+  resp r = {.fd = fd, .st = st, .max = max};
   req q = {.method = fd >= 0 ? "GET" : "HEAD", .key = key};
   int rc = perform(c, &q, &r, e);
   if (rc == 0) st->etag = s3_etag_hash(r.etag);
@@ -466,17 +481,17 @@ static int head_or_get(const s3_conf *c, const char *key, int fd, s3_stat *st, u
   return rc;
 }
 
-int s3_head(const s3_conf *c, const char *key, s3_stat *st, s3_err *e) { return head_or_get(c, key, -1, st, NULL, e); }
+int s3_head(const s3_conf *c, const char *key, s3_stat *st, s3_err *e) { return head_or_get(c, key, -1, 0, st, NULL, e); }
 
-int s3_get_object(const s3_conf *c, const char *key, int fd, s3_stat *st, uint64_t *got, s3_err *e) {
-  return head_or_get(c, key, fd, st, got, e);
+int s3_get_object(const s3_conf *c, const char *key, int fd, uint64_t max, s3_stat *st, uint64_t *got, s3_err *e) {
+  return head_or_get(c, key, fd, max, st, got, e);
 }
 
 int s3_get(const s3_conf *c, const char *key, uint64_t off, uint64_t len, int fd, uint64_t fd_off, uint64_t *got,
            s3_err *e) {
   char range[96];
   snprintf(range, sizeof range, "Range: bytes=%llu-%llu", (unsigned long long)off, (unsigned long long)(off + len - 1));
-  resp r = {.fd = fd, .fd_off = fd_off};
+  resp r = {.fd = fd, .fd_off = fd_off, .max = len ? len : UINT64_MAX};
   req q = {.method = "GET", .key = key, .extra = len ? range : NULL};
   int rc = perform(c, &q, &r, e);
   if (got) *got = r.got;

@@ -66,12 +66,14 @@ void s3_thread_done(void);
 /* Checks that the bucket answers and the credentials work. */
 int s3_check(const s3_conf *c, s3_err *e);
 int s3_head(const s3_conf *c, const char *key, s3_stat *st, s3_err *e);
-/* Reads [off, off+len) of key into fd at fd_off; *got is what came. */
+/* Reads [off, off+len) of key into fd at fd_off; *got is what came. More
+ * than len (a server that ignores the range) is an error (EIO). */
 int s3_get(const s3_conf *c, const char *key, uint64_t off, uint64_t len, int fd, uint64_t fd_off, uint64_t *got,
            s3_err *e);
 /* Reads the whole of key into fd from offset 0, and its metadata into st
- * (what a HEAD gives): one request where a HEAD and a GET would be two. */
-int s3_get_object(const s3_conf *c, const char *key, int fd, s3_stat *st, uint64_t *got, s3_err *e);
+ * (what a HEAD gives): one request where a HEAD and a GET would be two. An
+ * object of more than max bytes is an error (EIO). */
+int s3_get_object(const s3_conf *c, const char *key, int fd, uint64_t max, s3_stat *st, uint64_t *got, s3_err *e);
 /* Uploads the first size bytes of fd as key (multipart when larger than a
  * part, S3_PARALLEL parts at a time); etag (may be NULL) gets the hash of
  * the object's ETag, 0 when the service named none. */

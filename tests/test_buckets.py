@@ -1161,49 +1161,119 @@ def test_tree_listing(t, x):
     c.ok('destroySandbox', {'sandboxId': 'tree'})
 
 
+class Hostile:
+    """An S3 endpoint on loopback that lies: listings that never end
+    ('empty pages', 'same token'), a key that climbs out of its directory
+    ('dotdot': p/A/ holds p/A/x/../../../victim/f, and p/A/ok), objects
+    listed as 10 bytes that are 200 MB when read ('big body'), directories
+    d0/ to d9/ of 200,000 names of 240 bytes each ('huge'). What it was
+    asked is in .asked (method, path, copy source)."""
+
+    def __init__(self, kind):
+        import http.server
+        import threading
+        hostile = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = 'HTTP/1.1'
+            disable_nagle_algorithm = True
+
+            def answer(self, code, body=b'', length=None):
+                self.send_response(code)
+                self.send_header('Content-Length', str(len(body) if length is None else length))
+                self.send_header('ETag', '"e10"')
+                self.end_headers()
+                if self.command != 'HEAD':
+                    self.wfile.write(body)
+
+            def listing(self, keys=(), prefixes=(), token=None):
+                x = ''.join('<Contents><Key>%s</Key><Size>10</Size><LastModified>2024-01-01T00:00:00.000Z</LastModified>'
+                            '<ETag>"e10"</ETag></Contents>' % k for k in keys)
+                x += ''.join('<CommonPrefixes><Prefix>%s</Prefix></CommonPrefixes>' % p for p in prefixes)
+                x += '<IsTruncated>%s</IsTruncated>' % ('true' if token else 'false')
+                if token:
+                    x += '<NextContinuationToken>%s</NextContinuationToken>' % token
+                self.answer(200, ('<?xml version="1.0" encoding="UTF-8"?><ListBucketResult>%s</ListBucketResult>' % x).encode())
+
+            def any(self):
+                from urllib.parse import parse_qs, urlparse
+                u = urlparse(self.path)
+                q = parse_qs(u.query, keep_blank_values=True)
+                hostile.asked.append((self.command, u.path, self.headers.get('x-amz-copy-source', '')))
+                n = int(self.headers.get('Content-Length') or 0)
+                if n:
+                    self.rfile.read(n)
+                pre, delim = q.get('prefix', [''])[0], 'delimiter' in q
+                if 'list-type' in q:
+                    hostile.pages += 1
+                    if kind == 'empty pages':
+                        return self.listing(token='p%d' % hostile.pages)
+                    if kind == 'same token':
+                        return self.listing(token='same')
+                    if kind == 'dotdot':
+                        if delim and pre == 'p/':
+                            return self.listing(prefixes=['p/A/'])
+                        if pre == 'p/A/':
+                            return self.listing(keys=['p/A/ok'] + ([] if delim else ['p/A/x/../../../victim/f']),
+                                                prefixes=['p/A/x/'] if delim else [])
+                        return self.listing()
+                    if kind == 'big body' and pre == '':
+                        return self.listing(keys=['f%d' % i for i in range(1, 6)])
+                    if kind == 'huge' and pre == '':
+                        return self.listing(prefixes=['d%d/' % i for i in range(10)])
+                    if kind == 'huge' and delim:
+                        page = int(q.get('continuation-token', ['0'])[0])
+                        names = ['%sn%06d%s' % (pre, page * 1000 + j, 'x' * 233) for j in range(1000)]
+                        return self.listing(keys=names, token=str(page + 1) if page < 199 else None)
+                    return self.listing()
+                if kind == 'big body' and self.command == 'GET':
+                    self.send_response(200)
+                    self.send_header('Content-Length', str(200 << 20))
+                    self.send_header('ETag', '"e10"')
+                    self.end_headers()
+                    try:
+                        for _ in range(200):
+                            self.wfile.write(b'\0' * (1 << 20))
+                    except OSError:
+                        pass
+                    return
+                if self.command == 'HEAD' and kind == 'big body':
+                    return self.answer(200, length=10)
+                if self.command == 'HEAD':
+                    return self.answer(404 if u.path.rstrip('/').count('/') > 1 else 200)
+                if self.command == 'GET':
+                    return self.answer(404, b'<Error><Code>NoSuchKey</Code></Error>')
+                if self.command == 'PUT' and self.headers.get('x-amz-copy-source'):
+                    return self.answer(200, b'<CopyObjectResult><ETag>"e10"</ETag></CopyObjectResult>')
+                return self.answer(204 if self.command == 'DELETE' else 200)
+
+            do_GET = do_HEAD = do_PUT = do_DELETE = do_POST = any
+
+            def log_message(self, *a):
+                pass
+        self.asked, self.pages = [], 0
+        self.server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Handler)
+        self.server.daemon_threads = True
+        self.endpoint = 'http://127.0.0.1:%d' % self.server.server_port
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
 def test_listing_that_never_ends(t, x):
     """A bucket server whose listings never end (every page says there is
     more, with nothing in it, or with the same token again): the listing
     fails with an error instead of asking for pages forever, and the
     sandbox goes on."""
-    import http.server
-    import threading
-
-    class Endless(http.server.BaseHTTPRequestHandler):
-        def do_HEAD(self):
-            self.send_response(200)
-            self.send_header('Content-Length', '0')
-            self.end_headers()
-
-        def do_GET(self):
-            if 'list-type=2' not in self.path:
-                self.send_response(404)
-                self.send_header('Content-Length', '0')
-                self.end_headers()
-                return
-            Endless.pages += 1
-            token = 'same' if 'same' in self.server.kind else 'p%d' % Endless.pages
-            body = ('<?xml version="1.0" encoding="UTF-8"?><ListBucketResult><IsTruncated>true</IsTruncated>'
-                    '<NextContinuationToken>%s</NextContinuationToken></ListBucketResult>' % token).encode()
-            self.send_response(200)
-            self.send_header('Content-Type', 'application/xml')
-            self.send_header('Content-Length', str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a):
-            pass
-    Endless.pages = 0
     c = x.c
     c.ok('createSandbox', {'sandboxId': 'endless'})
     for kind in ('empty pages', 'same token'):
-        srv = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Endless)
-        srv.kind = kind
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        srv = Hostile(kind)
         try:
-            Endless.pages = 0
             res, _ = c.call('mountBucket', {'sandboxId': 'endless', 'bucket': 'test', 'mountPath': '/e',
-                                            'endpoint': 'http://127.0.0.1:%d' % srv.server_port,
+                                            'endpoint': srv.endpoint,
                                             'credentials': {'accessKeyId': AK, 'secretAccessKey': SK}}, 120)
             err = res.get('structuredContent', {}).get('error')
             if not err:
@@ -1213,11 +1283,74 @@ def test_listing_that_never_ends(t, x):
                 c.ok('unmountBucket', {'sandboxId': 'endless', 'mountPath': '/e'}, 120)
             else:
                 t.ok(err['code'] == 'MOUNT_FAILED', '%s: the mount fails, saying so' % kind, err)
-            t.ok(Endless.pages <= 1100, '%s: after a bounded number of pages' % kind, Endless.pages)
+            t.ok(srv.pages <= 1100, '%s: after a bounded number of pages' % kind, srv.pages)
             t.eq(c.sh('echo on', sandbox='endless')['stdout'], 'on\n', '%s: and the sandbox goes on' % kind)
         finally:
-            srv.shutdown()
+            srv.close()
     c.ok('destroySandbox', {'sandboxId': 'endless'})
+
+
+def test_hostile_keys_and_bodies(t, x):
+    """What a bucket's server (or another client of the bucket) says cannot
+    make sbx reach past the mount: a key with dots that climbs out of its
+    directory is not carried along by a rename (the request for it would
+    have named another key once curl resolved the dots), and an object
+    listed as 10 bytes that comes as 200 MB is refused, not written into
+    the host's cache past the sandbox's disk."""
+    c = x.c
+    c.ok('createSandbox', {'sandboxId': 'hostile', 'limits': {'diskMB': 64}})
+    srv = Hostile('dotdot')
+    try:
+        x.mount('/h', sandbox='hostile', endpoint=srv.endpoint, prefix='p')
+        r = c.sh('ls /h/A; mv /h/A /h/B; echo moved $?', sandbox='hostile', wait=60)
+        t.ok('moved 0' in r['stdout'], 'the directory is renamed', r)
+        wrote = [a for a in srv.asked if a[0] in ('PUT', 'DELETE', 'POST')]
+        t.ok(wrote and all(p.startswith('/test/p/') and '..' not in p and (not src or src.startswith('/test/p/'))
+                           for _, p, src in wrote),
+             'every request that writes or deletes names a key under the mount\'s prefix, without dots', wrote)
+        t.ok(not any('victim' in p or 'victim' in src for _, p, src in srv.asked), 'the climbing key is never asked for')
+        c.ok('unmountBucket', {'sandboxId': 'hostile', 'mountPath': '/h'}, 60)
+    finally:
+        srv.close()
+    srv = Hostile('big body')
+    try:
+        x.mount('/h', sandbox='hostile', endpoint=srv.endpoint)
+        r = c.sh('cat /h/f1 | wc -c; ls /h | wc -l', sandbox='hostile', wait=120)
+        t.eq(r['stdout'].split()[-1:], ['5'], 'the listing is read', r)
+        t.ok('Input/output error' in r['stderr'], 'a read of an object bigger than listed fails with EIO', r)
+        cache = os.path.join(x.env.state, 'bucket-cache')
+        used = int(subprocess.run(['du', '-sbx', cache], capture_output=True, text=True).stdout.split()[0])
+        t.ok(used < 64 << 20, 'and the host\'s cache holds less than the sandbox\'s 64 MB disk', used)
+        c.ok('unmountBucket', {'sandboxId': 'hostile', 'mountPath': '/h'}, 60)
+    finally:
+        srv.close()
+    c.ok('destroySandbox', {'sandboxId': 'hostile'})
+
+
+def test_listings_bounded(t, x):
+    """Directories of 200,000 names each, listed one after the other (a
+    walk of a bucket of millions of keys, or a server that lists without
+    end): the mount's listings take at most 128 MiB together, the least
+    recently used going, so its server is not killed for its memory, and
+    each directory still lists whole."""
+    c = x.c
+    c.ok('createSandbox', {'sandboxId': 'huge'})
+    srv = Hostile('huge')
+    try:
+        x.mount('/h', sandbox='huge', endpoint=srv.endpoint)
+        counts, peak = [], 0
+        for i in range(6):
+            counts.append(c.sh('ls /h/d%d | wc -l' % i, sandbox='huge', wait=300)['stdout'].strip())
+            for p in bucketfs_pids(x):
+                peak = max(peak, int(open('/proc/%d/status' % p).read().split('VmRSS:')[1].split()[0]))
+        t.eq(counts, ['200000'] * 6, 'each directory of 200,000 names lists whole')
+        t.ok(peak < 300 * 1024, 'the bucket servers\' memory stays bounded (about 55 MB of listings a directory)',
+             '%d KiB' % peak)
+        t.eq(c.sh('ls /h/d0 | wc -l', sandbox='huge', wait=300)['stdout'], '200000\n', 'and the first lists again')
+        c.ok('unmountBucket', {'sandboxId': 'huge', 'mountPath': '/h'}, 60)
+    finally:
+        srv.close()
+    c.ok('destroySandbox', {'sandboxId': 'huge'})
 
 
 def test_destroy_cleans_up(t, x):
@@ -1238,4 +1371,5 @@ if __name__ == '__main__':
                         test_errors, test_read_only, test_server_cpu_bounded, test_fsyncs_hold_no_thread, test_hung_bucket_stalls_nobody, test_local_bucket, test_local_bucket_quota, test_reset_keeps_bucket, test_restart_kill9,
                         test_crash_of_bucket_server, test_daemon_killed_during_writes, test_outage, test_outage_names_bounded, test_removed_stays_removed, test_open_unlinked_files, test_crash_during_outage, test_syscall_suite,
                         test_view_shows_bucket, test_unmount, test_cache_cap, test_forgotten_files_stay_cached, test_mounts_by_identity, test_mounts_bounded, test_more_files_than_fds, test_big_directory, test_dir_handles_bounded, test_cold_directory, test_tree_listing, test_listing_that_never_ends,
+                        test_hostile_keys_and_bodies, test_listings_bounded,
                         test_destroy_cleans_up], Ctx))
