@@ -273,11 +273,6 @@ function assignments(text) {
   return set.length ? `void (${set.join(', ')});` : ';';
 }
 
-// Code as an async function whose top-level declarations become globals
-// and whose last expression is returned as {value} (a promise it names is
-// a result, not awaited): {script, isAsync}; script null when the code
-// cannot be rewritten (V8 refuses the rewrite, or it is strict mode code,
-// where assignments do not make globals).
 const RETURN = 'return { value: (';
 // A cell's script makes its async function; this one calls it (under the
 // same timeout and interrupt), so that its frame, by its name, is left out
@@ -292,6 +287,11 @@ function runCell(script, opts) {
   }
 }
 
+// Code as an async function whose top-level declarations become globals
+// and whose last expression is returned as {value} (a promise it names is
+// a result, not awaited): {script, isAsync}; script null when the code
+// cannot be rewritten (V8 refuses the rewrite, or it is strict mode code,
+// where assignments do not make globals).
 function cellWrap(code) {
   const toks = tokens(code);
   const isAsync = toks.some((tk) => tk.type === 'word' && tk.t === 'await');
