@@ -220,6 +220,7 @@ static struct {
   fitem *aheadq;   /* small files fetched ahead */
   char *trees[TREES]; /* the directories whose trees are being listed */
   uint64_t renames;    /* renames begun and ended */
+  int renaming;        /* renames under way */
   size_t nkept, nheld;
   nlist fds; /* nodes whose cache file is open, oldest first */
   size_t nfds, fds_max;         /* past fds_max, those not in use are closed */
@@ -667,14 +668,17 @@ static s3_meta meta_of(const bnode *n) {
   return (s3_meta){.valid = true, .mode = type | (n->mode & 07777), .mtime_ns = n->mtime_ns, .uid = n->uid, .gid = n->gid};
 }
 
+/* An owner id as the sandbox has it (0-65535); another (an object's
+ * metadata from another client, a caller outside the sandbox's range)
+ * would be another sandbox's id or the host's on this side: nobody. */
+static uint32_t sandbox_id(int64_t id) { return id >= 0 && id <= 65535 ? (uint32_t)id : 65534; }
+
 static void apply_meta(bnode *n, const s3_meta *m) {
   if (!m->valid) return;
   n->mode = m->mode & 07777;
   if (m->mtime_ns) n->mtime_ns = m->mtime_ns;
-  /* the sandbox's ids are 0-65535: another (a client's metadata) would be
-   * another sandbox's, or the host's, on this side */
-  n->uid = m->uid <= 65535 ? m->uid : 0;
-  n->gid = m->gid <= 65535 ? m->gid : 0;
+  n->uid = sandbox_id(m->uid);
+  n->gid = sandbox_id(m->gid);
 }
 
 /* ---- the journal of what the bucket has not seen yet ---------------------- */
@@ -1904,6 +1908,7 @@ static void tree_install(bnode *d, tree_ctx *t, uint64_t started) {
 static void tree_ahead(bnode *d, size_t slot) {
   char *path = B.trees[slot], prefix[PBUF];
   uint64_t started = sbx_now_ms(), renames = B.renames;
+  bool quiet = !B.renaming; /* no rename under way as it begins */
   tree_ctx *t = calloc(1, sizeof *t);
   s3_err e = {0};
   long k = -1;
@@ -1915,7 +1920,7 @@ static void tree_ahead(bnode *d, size_t slot) {
   }
   B.trees[slot] = NULL;
   bool whole = k >= 0 && k < TREE_MAX && !t->failed;
-  if (whole && !d->unlinked && B.renames == renames) tree_install(d, t, started); /* (a rename: walkers list) */
+  if (whole && !d->unlinked && quiet && B.renames == renames) tree_install(d, t, started); /* (a rename: walkers list) */
   if (k < 0 && bucket_away(&e)) B.away_until = sbx_now_ms() + RETRY_MS; /* as list_dir */
   tree_free(t);
   free(path);
@@ -2013,6 +2018,7 @@ static int lookup_node(bnode *parent, const char *name, bnode **out) {
     while (n->fetching) pthread_cond_wait(&B.fetched, &B.lock);
     n->busy--;
     n = node_find(path);
+    if (!parent->list_at && (r = refresh_listing(parent)) < 0) goto out; /* (dropped meanwhile, past LIST_BYTES_MAX) */
   }
   if (n && n->unlinked) n = NULL;
   lentry *e = list_find(parent, name);
@@ -2241,8 +2247,8 @@ static int make_node(bnode *p, const char *name, ntype type, mode_t mode, const 
   if (!n) return -ENOMEM;
   n->mode = mode & 07777;
   n->tried = shadows;
-  n->uid = ctx->uid >= B.uid_base ? ctx->uid - B.uid_base : 0;
-  n->gid = ctx->gid >= B.uid_base ? ctx->gid - B.uid_base : 0;
+  n->uid = sandbox_id(ctx->uid >= B.uid_base ? (int64_t)ctx->uid - B.uid_base : 0);
+  n->gid = sandbox_id(ctx->gid >= B.uid_base ? (int64_t)ctx->gid - B.uid_base : 0);
   if (p->mode & S_ISGID) n->gid = p->gid;
   list_add(p, name, type == T_DIR);
   *out = n;
@@ -2892,9 +2898,9 @@ static void b_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_i
     if (!strncmp(to, n->path, l) && to[l] == '/') r = -EINVAL; /* into itself */
   }
   if (r == 0) {
-    B.renames++; /* (a tree being listed meanwhile may show the names before it: not installed) */
+    B.renames++, B.renaming++; /* (a tree being listed meanwhile may show a half-moved state: not installed) */
     r = n->type == T_DIR ? rename_dir(p, np, n, to) : rename_file(p, np, n, to);
-    B.renames++;
+    B.renames++, B.renaming--;
   }
 out:
   if (held) {
@@ -2981,8 +2987,8 @@ static bool recover_node(json_t *j, size_t len, const char *path, const char *jp
   n->size = t == T_FILE ? (uint64_t)st.st_size : 0; /* the cache file is the truth */
   n->mode = (mode_t)json_integer_value(json_object_get(j, "mode")) & 07777;
   n->mtime_ns = json_integer_value(json_object_get(j, "mtime"));
-  n->uid = (uid_t)json_integer_value(json_object_get(j, "uid"));
-  n->gid = (gid_t)json_integer_value(json_object_get(j, "gid"));
+  n->uid = sandbox_id(json_integer_value(json_object_get(j, "uid")));
+  n->gid = sandbox_id(json_integer_value(json_object_get(j, "gid")));
   const char *target = json_string_value(json_object_get(j, "target"));
   free(n->target);
   n->target = NULL;

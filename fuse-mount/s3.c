@@ -489,10 +489,12 @@ int s3_get_object(const s3_conf *c, const char *key, int fd, uint64_t max, s3_st
 
 int s3_get(const s3_conf *c, const char *key, uint64_t off, uint64_t len, int fd, uint64_t fd_off, uint64_t *got,
            s3_err *e) {
+  if (got) *got = 0;
+  if (!len) return 0; /* nothing asked (without a range, the whole object would come) */
   char range[96];
   snprintf(range, sizeof range, "Range: bytes=%llu-%llu", (unsigned long long)off, (unsigned long long)(off + len - 1));
-  resp r = {.fd = fd, .fd_off = fd_off, .max = len ? len : UINT64_MAX};
-  req q = {.method = "GET", .key = key, .extra = len ? range : NULL};
+  resp r = {.fd = fd, .fd_off = fd_off, .max = len};
+  req q = {.method = "GET", .key = key, .extra = range};
   int rc = perform(c, &q, &r, e);
   if (got) *got = r.got;
   sbx_buf_free(&r.body);
