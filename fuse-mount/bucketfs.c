@@ -84,6 +84,14 @@ typedef struct lindex {
   size_t mask;
 } lindex;
 
+/* A listing being made: entries, their index, whether memory ran out. */
+typedef struct list_ctx {
+  lentry *e;
+  size_t n, cap;
+  lindex ix;
+  bool oom;
+} list_ctx;
+
 /* A node's place on a list of nodes, oldest first (B.fds, B.lru). */
 typedef struct nlink {
   struct bnode *prev, *next;
@@ -219,7 +227,7 @@ static struct {
   fitem *fetchq;   /* chunks a reader wants soon: first */
   fitem *aheadq;   /* small files fetched ahead */
   char *trees[TREES]; /* the directories whose trees are being listed */
-  uint64_t renames;    /* renames begun and ended */
+  uint64_t renames;    /* renames begun */
   int renaming;        /* renames under way */
   size_t nkept, nheld;
   nlist fds; /* nodes whose cache file is open, oldest first */
@@ -292,12 +300,7 @@ static int64_t now_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-/* FNV-1a */
-static size_t name_hash(const char *p) {
-  uint64_t h = 1469598103934665603ull;
-  for (; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
-  return (size_t)h;
-}
+static size_t name_hash(const char *p) { return (size_t)sbx_fnv1a(p); }
 
 static size_t hash_of(const char *p) { return name_hash(p) % HASH_SIZE; }
 
@@ -503,21 +506,24 @@ static void list_touch(bnode *d) {
   nlist_append(&B.listed, d, LIST_LINK);
 }
 
+/* The names we put in d's listing since LIST_SETTLE_MS before since (the
+ * bucket may not list them yet), copied into l where it has them not. */
+static void keep_recent(const bnode *d, list_ctx *l, uint64_t since) {
+  for (size_t i = 0; i < d->nlist && !l->oom; i++) {
+    const lentry *o = &d->list[i];
+    if (!o->added_ms || o->added_ms + LIST_SETTLE_MS < since || lindex_find(&l->ix, l->e, l->n, o->name)) continue;
+    if (!lentry_append_copy(&l->e, &l->n, &l->cap, &l->ix, o)) break; /* out of memory: fewer kept */
+  }
+}
+
 /* d's listing goes (read again when next wanted), but for the names we put
  * there in the last LIST_SETTLE_MS (the bucket may not list them yet) (lock
  * held). */
 static void list_drop(bnode *d) {
-  uint64_t now = sbx_now_ms();
-  lentry *keep = NULL;
-  size_t nkeep = 0, cap = 0;
-  lindex ix = {0};
-  for (size_t i = 0; i < d->nlist; i++) {
-    lentry *o = &d->list[i];
-    if (!o->added_ms || o->added_ms + LIST_SETTLE_MS < now) continue;
-    if (!lentry_append_copy(&keep, &nkeep, &cap, &ix, o)) break; /* out of memory: fewer kept */
-  }
+  list_ctx keep = {0};
+  keep_recent(d, &keep, sbx_now_ms());
   list_free(d);
-  d->list = keep, d->nlist = nkeep, d->cap = cap, d->lix = ix;
+  d->list = keep.e, d->nlist = keep.n, d->cap = keep.cap, d->lix = keep.ix;
   list_count(d);
 }
 
@@ -1121,6 +1127,13 @@ static void account(bnode *n, uint64_t bytes) {
 /* Fetches chunks [i, i + count) into the cache file with one GET (lock
  * held, dropped meanwhile). queued: a readahead, whose chunks were marked
  * in flight when it was queued; else one chunk a reader waits for. */
+/* f at the end of queue q, for a fetcher (lock held). */
+static void fetch_queue(fitem **q, fitem *f) {
+  while (*q) q = &(*q)->next;
+  *q = f;
+  pthread_cond_signal(&B.fetch_work);
+}
+
 static int fetch_span(bnode *n, size_t i, size_t count, bool queued) {
   if (!queued) {
     if (i >= n->nchunks) return 0; /* past the layout of its cache file: see ensure_range */
@@ -1217,10 +1230,7 @@ static int ensure_range(bnode *n, uint64_t off, uint64_t len, bool ahead) {
     *f = (fitem){.n = n, .chunk = i, .count = count};
     for (size_t k = i; k <= j; k++) set_bit(n->inflight, k, true);
     n->busy++;
-    fitem **tail = &B.fetchq; /* in the order the reader will want them */
-    while (*tail) tail = &(*tail)->next;
-    *tail = f;
-    pthread_cond_signal(&B.fetch_work);
+    fetch_queue(&B.fetchq, f); /* in the order the reader will want them */
     i = j + 1;
   }
   return r;
@@ -1272,12 +1282,6 @@ static void fetch_ahead(bnode *n) {
 }
 
 /* Work for the fetching threads after what readers wait for, in order. */
-static void ahead_push(fitem *f) {
-  fitem **tail = &B.aheadq;
-  while (*tail) tail = &(*tail)->next;
-  *tail = f;
-  pthread_cond_signal(&B.fetch_work);
-}
 
 /* Queues the small files listed after position i of directory d to be
  * fetched ahead (lock held). Never evicts for it. */
@@ -1302,7 +1306,7 @@ static void fetch_after(bnode *d, size_t i) {
     B.nkept++;
     n->busy++;
     *f = (fitem){.n = n, .whole = true};
-    ahead_push(f);
+    fetch_queue(&B.aheadq, f);
   }
 }
 
@@ -1385,7 +1389,7 @@ static void list_after(bnode *d) {
     }
     n->busy++;
     *f = (fitem){.n = n, .list = true};
-    ahead_push(f);
+    fetch_queue(&B.aheadq, f);
     queued++;
   }
 }
@@ -1634,13 +1638,6 @@ static void syncs_settle(void) {
 
 /* ---- listings and lookups ------------------------------------------------------ */
 
-typedef struct list_ctx {
-  lentry *e;
-  size_t n, cap;
-  lindex ix;
-  bool oom;
-} list_ctx;
-
 /* A name a listing can give a file or directory: not a directory's own
  * marker (""), nor what no file name can be ("a//b", "../x"). */
 static bool list_name_ok(const char *name, size_t len) {
@@ -1681,11 +1678,7 @@ static void list_install(bnode *d, list_ctx *l, uint64_t started) {
    * it answered its PUT), may not be in the new listing: kept, else a name
    * uploaded and forgotten would be ENOENT to a lookup (an rm of it would
    * fail, and leave it in the bucket) until the next listing */
-  for (size_t i = 0; i < d->nlist && !l->oom; i++) {
-    lentry *o = &d->list[i];
-    if (!o->added_ms || o->added_ms + LIST_SETTLE_MS < started || lindex_find(&l->ix, l->e, l->n, o->name)) continue;
-    if (!lentry_append_copy(&l->e, &l->n, &l->cap, &l->ix, o)) break;
-  }
+  keep_recent(d, l, started);
   list_free(d);
   d->list = l->e;
   d->nlist = l->n;
@@ -1706,22 +1699,14 @@ static void list_install(bnode *d, list_ctx *l, uint64_t started) {
 }
 
 /* Deletions the bucket had done before a listing began are in it: their
- * records go, for the entries of d (or, d NULL, of every directory whose
- * listing began at started: a tree's) (lock held). */
-static void gone_listed(const bnode *d, uint64_t started) {
-  size_t dl = d ? strlen(d->path) : 0;
+ * records go, where the directory's listing is one begun at started (a
+ * directory's, or each of a tree's) (lock held). */
+static void gone_listed(uint64_t started) {
   for (size_t h = 0; h < HASH_SIZE; h++)
     for (gone **pp = &B.gone[h]; *pp;) {
       gone *g = *pp;
-      bool in;
-      if (d) {
-        const char *rest = dl ? (strncmp(g->path, d->path, dl) || g->path[dl] != '/' ? NULL : g->path + dl + 1) : g->path;
-        in = rest && !strchr(rest, '/');
-      } else {
-        const bnode *p = parent_of(g->path);
-        in = p && p->list_at && p->list_started == started;
-      }
-      if (g->done_ms && g->done_ms < started && in) {
+      const bnode *p = g->done_ms && g->done_ms < started ? parent_of(g->path) : NULL;
+      if (p && p->list_at && p->list_started == started) {
         *pp = g->next;
         free(g->path);
         free(g);
@@ -1769,7 +1754,7 @@ static int list_dir(bnode *d, long max) {
     return d->list_at ? 0 : l.oom ? -ENOMEM : -e.errnum;
   }
   list_install(d, &l, started);
-  gone_listed(d, started);
+  gone_listed(started);
   return 0;
 }
 
@@ -1863,10 +1848,7 @@ static bool list_tree(bnode *d) {
   }
   d->busy++;
   *f = (fitem){.n = d, .tree = true, .slot = slot};
-  fitem **tail = &B.fetchq; /* a walker waits for it */
-  while (*tail) tail = &(*tail)->next;
-  *tail = f;
-  pthread_cond_signal(&B.fetch_work);
+  fetch_queue(&B.fetchq, f); /* a walker waits for it */
   return true;
 }
 
@@ -1895,10 +1877,10 @@ static void tree_install(bnode *d, tree_ctx *t, uint64_t started) {
       keep_ahead(n, true);
       n->busy++;
       *f = (fitem){.n = n, .list = true};
-      ahead_push(f);
+      fetch_queue(&B.aheadq, f);
     }
   }
-  gone_listed(NULL, started);
+  gone_listed(started);
 }
 
 /* The fetcher's part of list_tree. A tree with more than TREE_MAX keys
@@ -1908,7 +1890,7 @@ static void tree_install(bnode *d, tree_ctx *t, uint64_t started) {
 static void tree_ahead(bnode *d, size_t slot) {
   char *path = B.trees[slot], prefix[PBUF];
   uint64_t started = sbx_now_ms(), renames = B.renames;
-  bool quiet = !B.renaming; /* no rename under way as it begins */
+  bool quiet = !B.renaming; /* no rename under way as it begins (and, below, none begun since) */
   tree_ctx *t = calloc(1, sizeof *t);
   s3_err e = {0};
   long k = -1;
@@ -2725,7 +2707,7 @@ static bool key_below(const char *rel) {
 static void keys_cb(void *ud, const char *name, bool dir, uint64_t size, int64_t mtime, uint64_t etag) {
   (void)dir, (void)size, (void)mtime, (void)etag;
   keys *k = ud;
-  if (*name && !key_below(name)) return; /* ("": the directory's own marker) */
+  if (!key_below(name)) return;
   if (k->n == k->cap) {
     k->cap = k->cap ? 2 * k->cap : 64;
     char **nk = realloc(k->k, k->cap * sizeof *nk);
@@ -2900,7 +2882,7 @@ static void b_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_i
   if (r == 0) {
     B.renames++, B.renaming++; /* (a tree being listed meanwhile may show a half-moved state: not installed) */
     r = n->type == T_DIR ? rename_dir(p, np, n, to) : rename_file(p, np, n, to);
-    B.renames++, B.renaming--;
+    B.renaming--;
   }
 out:
   if (held) {

@@ -93,9 +93,7 @@ static void mount_id(const sbx_bucket *b, char out[17]) {
   char key[2200];
   snprintf(key, sizeof key, "%s\n%s\n%s\n%s\n%d", b->local ? "local" : b->endpoint, b->bucket, b->prefix,
            b->mount_path, b->local);
-  uint64_t h = 1469598103934665603ull;
-  for (const char *p = key; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
-  snprintf(out, 17, "%016llx", (unsigned long long)h);
+  snprintf(out, 17, "%016llx", (unsigned long long)sbx_fnv1a(key));
 }
 
 int sbx_bucket_prepare(const sbx_bucket_req *r, sbx_bucket *b, char ak[256], char sk[256], sbx_error *err) {

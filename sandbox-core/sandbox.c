@@ -276,11 +276,7 @@ static void changed(const char *id, const char *event) {
   if (eng.cfg.on_change) eng.cfg.on_change(id, event);
 }
 
-static sbx_sandbox **id_slot(const char *id) {
-  uint32_t h = 2166136261u; /* FNV-1a */
-  for (const char *p = id; *p; p++) h = (h ^ (unsigned char)*p) * 16777619u;
-  return &eng.index[h % SBX_ARRAY_SIZE(eng.index)];
-}
+static sbx_sandbox **id_slot(const char *id) { return &eng.index[sbx_fnv1a(id) % SBX_ARRAY_SIZE(eng.index)]; }
 
 static void sandbox_link(sbx_sandbox *sb) {
   eng.count++;

@@ -360,9 +360,14 @@ bool sbx_valid_id(const char *id) {
   return true;
 }
 
+uint64_t sbx_fnv1a(const char *s) {
+  uint64_t h = 1469598103934665603ull;
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+  return h;
+}
+
 void sbx_default_id(const char *dir, char out[64]) {
-  uint64_t h = 1469598103934665603ull; /* FNV-1a */
-  for (const char *p = dir; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+  uint64_t h = sbx_fnv1a(dir);
   const char *base = strrchr(dir, '/');
   base = base && base[1] ? base + 1 : (base ? "root" : dir);
   char slug[48];

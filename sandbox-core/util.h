@@ -133,6 +133,8 @@ bool sbx_valid_id(const char *id);
 /* Default sandbox id for a directory: slug of its basename + '-' + 8 hex of
  * a hash of the full path. Writes into out (at least 64 bytes). */
 void sbx_default_id(const char *dir, char out[64]);
+/* FNV-1a of a string: for tables by name and names from a text. */
+uint64_t sbx_fnv1a(const char *s);
 
 /* fork() for the daemon's children (flags: extra clone flags, e.g. new
  * namespaces). The child dies with the daemon (PR_SET_PDEATHSIG) and starts
