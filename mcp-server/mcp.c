@@ -479,6 +479,8 @@ static void call_done(void *ud, json_t *r, const sbx_error *why) {
 }
 
 /* Takes args. */
+static void call_go(mcp_call *call, json_t *args);
+
 static void offload_call(mcp_call *call, json_t *args, sbx_sandbox *sb, mcp_tool_fn fn) {
   sbx_error err = {0};
   offloaded *o = calloc(1, sizeof *o);
@@ -541,40 +543,75 @@ static void do_tools_call(request *r) {
   }
   const char *sid = json_string_value(json_object_get(owned, "sandboxId"));
   snprintf(call->sandbox_id, sizeof call->sandbox_id, "%s", sid ? sid : c->default_sandbox);
+  call_go(call, owned);
+  json_decref(owned);
+}
+
+/* ---- a call whose sandbox is starting -----------------------------------
+ * It waits on the loop (which serves every other call meanwhile) and then
+ * goes on from its sandbox's lookup: the sandbox may have gone since. */
+typedef struct parked {
+  mcp_call *call;
+  json_t *args;
+} parked;
+
+static void parked_go(void *ud, const sbx_error *err) {
+  parked *p = ud;
+  mcp_call *call = p->call;
+  sbx_error gone = {0};
+  if (!err && call->cancelled) { /* nobody hears the answer: the call just goes */
+    sbx_err(&gone, "INTERNAL", "cancelled");
+    err = &gone;
+  }
+  if (err) mcp_call_fail(call, err);
+  else call_go(call, p->args);
+  json_decref(p->args);
+  free(p);
+}
+
+void mcp_call_wait_start(mcp_call *call, json_t *args, sbx_sandbox *sb) {
+  parked *p = calloc(1, sizeof *p);
+  sbx_error err = {0};
+  if (!p || sbx_sandbox_when_started(sb, parked_go, p) < 0) {
+    free(p);
+    sbx_err(&err, "INTERNAL", "out of memory");
+    return mcp_call_fail(call, &err);
+  }
+  p->call = call;
+  p->args = json_incref(args);
+}
+
+/* The call from its sandbox's lookup on (args borrowed). */
+static void call_go(mcp_call *call, json_t *args) {
+  const mcp_tool *t = call->tool;
+  sbx_error err = {0};
   sbx_sandbox *sb = NULL;
   if (!t->h->own_sandbox && !t->global) {
     sb = sbx_sandbox_find(call->sandbox_id);
-    if (sb && !t->h->no_wake && !sbx_sandbox_alive(sb) && sbx_sandbox_wake(sb, &err) < 0) {
-      mcp_call_fail(call, &err);
-      json_decref(owned);
-      return;
+    int r = sb && !t->h->no_wake ? sbx_sandbox_wake(sb, &err) : 0;
+    if (r == 0 && !sb && t->creates) {
+      sbx_sandbox_opts o;
+      sbx_sandbox_default_opts(&o);
+      bool created = false;
+      r = sbx_sandbox_create(call->sandbox_id, &o, &sb, &created, &err);
+      call->sandbox_created |= created;
     }
+    if (r < 0) return mcp_call_fail(call, &err);
+    if (r > 0) return mcp_call_wait_start(call, args, sb);
     if (sb && !t->h->no_wake) {
       call->reset = sbx_sandbox_take_reset(sb);
       call->restarted = sbx_sandbox_take_restart(sb);
     }
-    if (!sb && t->creates) {
-      sbx_sandbox_opts o;
-      sbx_sandbox_default_opts(&o);
-      if (sbx_sandbox_create(call->sandbox_id, &o, &sb, &call->sandbox_created, &err) < 0) {
-        mcp_call_fail(call, &err);
-        json_decref(owned);
-        return;
-      }
-    }
     if (!sb) {
       sbx_err(&err, "SANDBOX_NOT_FOUND", "no sandbox '%s' (tools that do work create it; call createSandbox)",
               call->sandbox_id);
-      mcp_call_fail(call, &err);
-      json_decref(owned);
-      return;
+      return mcp_call_fail(call, &err);
     }
     sbx_sandbox_touch(sb);
   }
-  bool long_work = t->h->offload_when && json_is_true(json_object_get(owned, t->h->offload_when));
-  if (sb && t->h->offload && (long_work || mcp_offload_wanted(sb))) return offload_call(call, owned, sb, t->h->fn);
-  t->h->fn(call, owned, sb);
-  json_decref(owned);
+  bool long_work = t->h->offload_when && json_is_true(json_object_get(args, t->h->offload_when));
+  if (sb && t->h->offload && (long_work || mcp_offload_wanted(sb))) return offload_call(call, json_incref(args), sb, t->h->fn);
+  t->h->fn(call, args, sb);
 }
 
 /* ---- resources: sbx://{sandboxId}/{+path} ------------------------------- */

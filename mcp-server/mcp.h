@@ -69,6 +69,10 @@ typedef struct mcp_call {
 } mcp_call;
 
 uv_loop_t *mcp_call_loop(mcp_call *call);
+/* sb is starting (sbx_sandbox_create or _wake said 1): the call goes on
+ * once it runs, from its sandbox's lookup (its handler runs again), or
+ * fails with why it did not start. */
+void mcp_call_wait_start(mcp_call *call, json_t *args, sbx_sandbox *sb);
 /* Every name of a comma-separated list is a tool (sbx mcp --tools): -1
  * with the valid names in err otherwise. The catalog must be loaded. */
 int mcp_catalog_check_names(const char *csv, char *err, size_t errlen);

@@ -147,6 +147,41 @@ static void view_error(client *c, json_t *id, const char *code, const char *mess
             -1);
 }
 
+static client *client_by_serial(uint64_t serial) {
+  for (client *c = d.clients; c; c = c->next)
+    if (c->serial == serial && !c->closing) return c;
+  return NULL;
+}
+
+/* A view's or cp's request whose sandbox is starting: handled again once
+ * it runs (the loop serves everyone else meanwhile), or answered with why
+ * it did not start; dropped if its client went. */
+typedef struct view_wait {
+  uint64_t client;
+  json_t *msg;
+  void (*again)(client *c, json_t *msg);
+  void (*error)(client *c, json_t *id, const char *code, const char *message);
+} view_wait;
+
+static void view_started(void *ud, const sbx_error *err) {
+  view_wait *w = ud;
+  client *c = client_by_serial(w->client);
+  if (c && err) w->error(c, json_object_get(w->msg, "id"), err->code, err->message);
+  else if (c) w->again(c, w->msg);
+  json_decref(w->msg);
+  free(w);
+}
+
+static void view_wait_start(client *c, json_t *msg, sbx_sandbox *sb, void (*again)(client *, json_t *),
+                            void (*error)(client *, json_t *, const char *, const char *)) {
+  view_wait *w = calloc(1, sizeof *w);
+  if (!w || sbx_sandbox_when_started(sb, view_started, w) < 0) {
+    free(w);
+    return error(c, json_object_get(msg, "id"), "INTERNAL", "out of memory");
+  }
+  *w = (view_wait){.client = c->serial, .msg = json_incref(msg), .again = again, .error = error};
+}
+
 static void view_message(client *c, json_t *msg) {
   c->view = true;
   json_t *id = json_object_get(msg, "id");
@@ -170,7 +205,9 @@ static void view_message(client *c, json_t *msg) {
   if (!sb) return view_error(c, id, "SANDBOX_NOT_FOUND", "no such sandbox");
   sbx_error err = {0};
   /* a view that enters a stopped or sleeping sandbox wakes it, as a call would */
-  if (sbx_sandbox_wake(sb, &err) < 0) return view_error(c, id, err.code, err.message);
+  int woken = sbx_sandbox_wake(sb, &err);
+  if (woken < 0) return view_error(c, id, err.code, err.message);
+  if (woken > 0) return view_wait_start(c, msg, sb, view_message, view_error);
   int fd = sbx_fs_open_dir(sb, "/workspace", &err);
   if (fd < 0) return view_error(c, id, err.code, err.message);
   view_send(c,
@@ -243,7 +280,9 @@ static void cp_message(client *c, json_t *msg) {
     sbx_err(&err, "SANDBOX_NOT_FOUND", "no sandbox '%s'", sid ? sid : "");
     return cp_error(c, id, err.code, err.message);
   }
-  if (sbx_sandbox_wake(sb, &err) < 0) return cp_error(c, id, err.code, err.message);
+  int woken = sbx_sandbox_wake(sb, &err);
+  if (woken < 0) return cp_error(c, id, err.code, err.message);
+  if (woken > 0) return view_wait_start(c, msg, sb, cp_message, cp_error);
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
     return cp_error(c, id, "INTERNAL", strerror(errno));

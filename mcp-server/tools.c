@@ -110,6 +110,13 @@ static void h_create(mcp_call *call, json_t *args, sbx_sandbox *unused) {
   sbx_sandbox *sb;
   bool created;
   int r = sbx_sandbox_create(call->sandbox_id, &o, &sb, &created, &err);
+  created |= call->sandbox_created; /* this call made it, and waited for its start */
+  if (r > 0) {
+    call->sandbox_created = created;
+    sbx_env_clear(&o.env);
+    sbx_strv_clear(&o.allowed_hosts);
+    return mcp_call_wait_start(call, args, sb);
+  }
   json_t *updated = json_array(), *not_applied = json_array();
   if (r == 0 && !created) {
     /* an existing sandbox: what can change live changes, the rest is named */

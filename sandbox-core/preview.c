@@ -676,6 +676,7 @@ static void refuse_more(pconn *c) {
 
 static void relay_start(pconn *c, int fd);
 static void bad_gateway(pconn *c, int error);
+static void started(void *ud, const sbx_error *err);
 
 static void cpoll_closed(uv_handle_t *h) {
   pconn *c = h->data;
@@ -774,17 +775,28 @@ static void route(pconn *c, const char *hv, size_t hlen) {
   snprintf(c->host, sizeof c->host, "%.*s", (int)hlen, hv);
   c->port = port;
   sbx_error err = {0};
-  if (!sbx_sandbox_alive(sb) && sbx_sandbox_wake(sb, &err) < 0)
-    return answer(c, 503, "Service Unavailable", "503: the sandbox could not be started\n");
+  int woken = sbx_sandbox_wake(sb, &err);
+  if (woken < 0) return answer(c, 503, "Service Unavailable", "503: the sandbox could not be started\n");
   activity(c);
   c->waiting = true;
   uv_read_stop((uv_stream_t *)&c->client); /* the rest waits for the upstream */
-  c->handles++; /* held by the want until connected() */
-  if (connect_in(sb, port, connected, c) < 0) {
+  c->handles++; /* held by the want until connected() (and by the wait for a start before it) */
+  if (woken > 0 ? sbx_sandbox_when_started(sb, started, c) : connect_in(sb, port, connected, c)) {
     c->handles--;
     c->waiting = false;
     answer(c, 502, "Bad Gateway", "502: cannot reach into the sandbox\n");
   }
+}
+
+/* The sandbox a request woke runs (or did not start): on to its port. */
+static void started(void *ud, const sbx_error *err) {
+  pconn *c = ud;
+  sbx_sandbox *sb = err || c->closing ? NULL : sbx_sandbox_find(c->sandbox);
+  if (sb && connect_in(sb, c->port, connected, c) == 0) return; /* the want holds c now */
+  c->waiting = false;
+  if (c->closing) return conn_unref(c);
+  conn_unref(c); /* its handles are open: it stays */
+  answer(c, 503, "Service Unavailable", "503: the sandbox could not be started\n");
 }
 
 /* What the client's next bytes are once a request's head or some of its

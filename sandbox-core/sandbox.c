@@ -59,11 +59,43 @@ static struct {
   bool timer_ready;
 } ahead;
 
+#define START_TIMEOUT_MS 15000
+#define START_MAX 4 /* starts at once (see "starts under way") */
+
+typedef struct start_waiter {
+  sbx_started_cb cb;
+  void *ud;
+  struct start_waiter *next;
+} start_waiter;
+
+typedef struct sbx_start {
+  uv_poll_t poll; /* on sock, once its turn came (sock >= 0) */
+  uv_timer_t timer;
+  int sock;
+  int open_handles;
+  struct sbx_start *qnext; /* waiting for its turn */
+  sbx_sandbox *sb;
+  sbx_state before; /* its state again if the start fails */
+  bool fresh;       /* a create: the sandbox goes if the start fails */
+  bool ahead;       /* made ahead: started afresh once if it fails */
+  start_waiter *waiters; /* in the order they came */
+} sbx_start;
+
+static struct {
+  sbx_start *queue; /* waiting for their turn, oldest first */
+  int running;
+  uv_timer_t timer; /* the next turns, on the loop's next turn */
+  bool timer_ready;
+} starts;
+
+static void start_abort(sbx_sandbox *sb, const char *code, const char *why);
+static sbx_sandbox *ahead_take(const char *id, const sbx_sandbox_opts *opts, int *sock_out);
 static void sandbox_free(sbx_sandbox *sb);
 static void ahead_discard(int i, bool wait);
 static void ahead_make(void);
 static void ahead_soon(void);
 static void stop_running_async(sbx_sandbox *sb, bool wait);
+static void stop_running(sbx_sandbox *sb);
 static void bury_all(void);
 static bool lock_slot(int slot, short type);
 static int session_new(sbx_sandbox *sb, const char *id, const char *cwd, const sbx_env *env, sbx_session **out,
@@ -399,7 +431,17 @@ int sbx_engine_init(const sbx_engine_config *cfg, sbx_error *err) {
 
 void sbx_engine_shutdown(void) {
   /* every init is told first, then waited for: they die in parallel */
-  for (sbx_sandbox *sb = eng.list; sb; sb = sb->next) {
+  for (sbx_sandbox *sb = eng.list, *next; sb; sb = next) {
+    next = sb->next;
+    bool fresh = sb->start && sb->start->fresh;
+    start_abort(sb, "INTERNAL", "was stopped with the daemon");
+    if (fresh) { /* a create that had not answered: no record, nothing left */
+      sandbox_unlink(sb);
+      stop_running(sb);
+      sbx_disk_remove(sb->id, -1);
+      sandbox_free(sb);
+      continue;
+    }
     sb->stopping = true;
     sbx_sandbox_save(sb); /* sessions as they are now, and when it was last used */
     stop_running_async(sb, false);
@@ -467,6 +509,7 @@ const char *sbx_sandbox_status(sbx_sandbox *sb) {
   switch (sb->state) {
   case SBX_ASLEEP: return "sleeping";
   case SBX_STOPPED: return "stopped";
+  case SBX_STARTING: return "starting";
   default: return sbx_sandbox_alive(sb) ? "running" : "failed";
   }
 }
@@ -658,6 +701,7 @@ static void bury_all(void) {
 }
 
 static void sandbox_free(sbx_sandbox *sb) {
+  start_abort(sb, "INTERNAL", "was stopped");
   stop_running(sb);
   free_sessions(sb);
   sbx_env_clear(&sb->opts.env);
@@ -736,14 +780,12 @@ static int take_slot(sbx_sandbox *sb, sbx_error *err) {
   return 0;
 }
 
-static int start_finish(sbx_sandbox *sb, int sock, sbx_error *err);
-
 /* Starts a sandbox from its record: uid range, cgroup, disk, namespaces,
- * root filesystem, init, sessions. Made ahead (ahead_sock set): only on a
- * fresh disk of the pool, and it returns once the root is being built,
- * with the socket its child waits on for a name (start_finish does the
- * rest). */
-static int start(sbx_sandbox *sb, int *ahead_sock, sbx_error *err) {
+ * and init, which builds the root filesystem meanwhile: it returns once
+ * that is under way, with the socket init answers on in *sock_out
+ * (start_finish does the rest). Made ahead (ahead set): only on a fresh
+ * disk of the pool, and its child waits on that socket for a name first. */
+static int start(sbx_sandbox *sb, bool ahead, int *sock_out, sbx_error *err) {
   const char *id = sb->id;
   const sbx_sandbox_opts *opts = &sb->opts;
   int diskfd = -1;
@@ -772,7 +814,7 @@ static int start(sbx_sandbox *sb, int *ahead_sock, sbx_error *err) {
                                     : "no loop devices (/dev/loop-control)");
   }
   if (!eng.cfg.rootless && !sbx_disk_exists(id)) diskfd = sbx_disk_take_fresh(id, opts->limits.disk_mb);
-  if (diskfd < 0 && ahead_sock) {
+  if (diskfd < 0 && ahead) {
     stop_running(sb);
     return sbx_err(err, "RESOURCE_LIMIT", "no fresh disk ready");
   }
@@ -791,7 +833,7 @@ static int start(sbx_sandbox *sb, int *ahead_sock, sbx_error *err) {
     stop_running(sb);
     return sbx_err_errno(err, "INTERNAL", errno, "socketpair");
   }
-  sbx_init_args args = {.sock = sv[1], .id = sb->id, .ahead = ahead_sock != NULL, .idmapped = !eng.cfg.rootless,
+  sbx_init_args args = {.sock = sv[1], .id = sb->id, .ahead = ahead, .idmapped = !eng.cfg.rootless,
                         .etc_template = eng.etc_template, .init_exe_fd = eng.init_exe_fd};
   if (eng.cfg.rootless) sbx_disk_path(id, args.disk_dir, sizeof args.disk_dir);
   char image_dir[1100];
@@ -882,11 +924,8 @@ static int start(sbx_sandbox *sb, int *ahead_sock, sbx_error *err) {
     sbx_err_errno(err, "INTERNAL", -r, "starting sandbox '%s'", id);
     goto fail;
   }
-  if (ahead_sock) {
-    *ahead_sock = sv[0];
-    return 0;
-  }
-  return start_finish(sb, sv[0], err);
+  *sock_out = sv[0];
+  return 0;
 fail:
   for (int i = 0; i < nfds; i++) close(fds[i]);
   if (diskfd >= 0) close(diskfd);
@@ -897,31 +936,15 @@ fail:
   return -1;
 }
 
-/* The end of a start: init's "ok" with the sandbox's root, then what runs
- * beside it. The socket is closed either way. */
+/* The end of a start, once init answered or its time ran out: its "ok"
+ * with the sandbox's root, then what runs beside it. The socket is closed
+ * either way. */
 static int start_finish(sbx_sandbox *sb, int sock, sbx_error *err) {
   const char *id = sb->id;
   const sbx_sandbox_opts *opts = &sb->opts;
   char reply[512] = "";
-  /* while init works, a fresh disk that comes is taken in and the next
-   * sandbox made ahead on it: the loop is not turning meanwhile, and in a
-   * burst of creates the next one would wait for it */
-  struct pollfd p[2] = {{.fd = sock, .events = POLLIN}, {.fd = sbx_disk_pool_fd(), .events = POLLIN}};
-  uint64_t deadline = sbx_now_ms() + 15000;
-  int pr;
-  for (;;) {
-    uint64_t now = sbx_now_ms();
-    pr = poll(p, 2, now >= deadline ? 0 : (int)(deadline - now)); /* past it: a last look */
-    if (pr < 0 && errno == EINTR) continue;
-    if (pr <= 0 || p[0].revents) break;
-    if (p[1].revents & POLLIN) {
-      sbx_disk_pool_take_in();
-      /* the sandbox starting here may not be counted yet: one more spare */
-      if (eng.count + ahead.n + 2 < eng.cfg.max_sandboxes) ahead_make();
-    }
-    if (p[1].revents & ~POLLIN) p[1].fd = -1; /* the helper is gone: its loop handler sees to it */
-    p[1].fd = p[1].fd < 0 ? -1 : sbx_disk_pool_fd();
-  }
+  struct pollfd p = {.fd = sock, .events = POLLIN};
+  int pr = poll(&p, 1, 0); /* a last look, when the time ran out */
   int rootfd = -1;
   ssize_t n = pr > 0 ? recv_reply(sock, reply, sizeof reply - 1, &rootfd) : -1;
   if (n > 0) reply[n] = 0;
@@ -929,20 +952,234 @@ static int start_finish(sbx_sandbox *sb, int sock, sbx_error *err) {
   close(sock);
   if (n <= 0 || strcmp(reply, "ok") || sb->rootfd < 0) {
     sbx_err(err, "INTERNAL", "setting up sandbox '%s': %s", id,
-            n > 0 && strcmp(reply, "ok") ? reply : pr == 0 ? "timed out" : "its init died");
-    stop_running(sb);
+            n > 0 && strcmp(reply, "ok") ? reply
+            : pr == 0                     ? "timed out (its init had not built its root in 15 s)"
+                                          : "its init died");
+    stop_running_async(sb, pr != 0); /* one that does not answer may not die soon either */
     return -1;
   }
   sb->state = SBX_RUNNING;
   if (opts->egress && sbx_net_egress_start(sb, err) < 0) {
     stop_running(sb);
-    sb->state = SBX_STOPPED;
     return -1;
   }
   ensure_default_session(sb);
   sbx_bucket_start_all(sb);
   return 0;
 }
+
+/* ---- starts under way -----------------------------------------------------
+ * A start returns once init builds the root; its answer is awaited on the
+ * loop, which serves every other sandbox meanwhile (a slow disk, a start
+ * that hangs: nobody else waits for it). Calls for the sandbox wait in
+ * its list of waiters. At most START_MAX starts run at once, the others
+ * wait their turn in order (a thousand creates at once would otherwise
+ * build a thousand roots on the host's cpus and disk together, and each
+ * would take as long as all of them); a start's time counts from its
+ * turn. */
+static void start_closed(uv_handle_t *h) {
+  sbx_start *st = h->data;
+  if (--st->open_handles == 0) free(st);
+}
+
+static void starts_kick(void);
+
+/* The start leaves its sandbox (and its turn or its place in the queue);
+ * its waiters are returned for the caller to tell. */
+static start_waiter *start_detach(sbx_sandbox *sb) {
+  sbx_start *st = sb->start;
+  start_waiter *w = st->waiters;
+  sb->start = NULL;
+  if (st->sock >= 0) {
+    starts.running--;
+    uv_close((uv_handle_t *)&st->poll, start_closed);
+    uv_close((uv_handle_t *)&st->timer, start_closed);
+    starts_kick();
+    return w;
+  }
+  for (sbx_start **pp = &starts.queue; *pp; pp = &(*pp)->qnext)
+    if (*pp == st) {
+      *pp = st->qnext;
+      break;
+    }
+  free(st);
+  return w;
+}
+
+static void tell_waiters(start_waiter *w, const sbx_error *err) {
+  while (w) {
+    start_waiter *next = w->next;
+    w->cb(w->ud, err);
+    free(w);
+    w = next;
+  }
+}
+
+/* A start that failed: the sandbox as it was (a create's: gone, nothing of
+ * it left, as no record was written), its waiters told why. */
+static void start_failed(sbx_sandbox *sb, start_waiter *w, bool fresh, sbx_state before, const sbx_error *err) {
+  sb->state = before;
+  if (fresh) {
+    sandbox_unlink(sb);
+    sbx_disk_remove(sb->id, -1);
+  }
+  tell_waiters(w, err);
+  if (fresh) sandbox_free(sb);
+}
+
+/* A start ends before init answered (a destroy, the daemon stopping): its
+ * waiters hear why. The caller stops what runs. */
+static void start_abort(sbx_sandbox *sb, const char *code, const char *why) {
+  if (!sb->start) return;
+  if (sb->start->sock >= 0) close(sb->start->sock);
+  sb->state = sb->start->before;
+  start_waiter *w = start_detach(sb);
+  sbx_error err = {0};
+  sbx_err(&err, code, "sandbox '%s' %s before it had started", sb->id, why);
+  tell_waiters(w, &err);
+}
+
+static void start_ready(uv_poll_t *p, int status, int events);
+static void start_late(uv_timer_t *t);
+
+/* Its turn: the start runs (a create takes a sandbox made ahead if one
+ * fits). On failure, -1 with err and nothing changed of sb->start. */
+static int start_begin(sbx_sandbox *sb, sbx_error *err) {
+  sbx_start *st = sb->start;
+  int sock = -1;
+  sbx_sandbox *made = st->fresh ? ahead_take(sb->id, &sb->opts, &sock) : NULL;
+  if (made) { /* it stands in for sb, in the list and for the start */
+    made->created_wall_ms = sb->created_wall_ms;
+    made->last_activity_wall_ms = sb->last_activity_wall_ms;
+    made->last_used_wall_ms = sb->last_used_wall_ms;
+    sandbox_unlink(sb);
+    sb->start = NULL;
+    sandbox_free(sb);
+    sb = made;
+    sb->start = st;
+    st->sb = sb;
+    st->ahead = true;
+    sandbox_link(sb);
+    ahead_soon();
+  } else if (start(sb, false, &sock, err) < 0) {
+    return -1;
+  }
+  sb->state = SBX_STARTING;
+  uv_poll_init(eng.cfg.loop, &st->poll, sock);
+  uv_timer_init(eng.cfg.loop, &st->timer);
+  st->poll.data = st->timer.data = st;
+  st->open_handles = 2;
+  st->sock = sock;
+  starts.running++;
+  uv_poll_start(&st->poll, UV_READABLE, start_ready);
+  uv_timer_start(&st->timer, start_late, START_TIMEOUT_MS, 0);
+  return 0;
+}
+
+/* A start for sb is asked for: it runs now, or waits its turn (starting,
+ * either way); -1 with err if it failed at once (sb as it was). */
+static int start_request(sbx_sandbox *sb, bool fresh, sbx_error *err) {
+  sbx_start *st = calloc(1, sizeof *st);
+  if (!st) return sbx_err(err, "INTERNAL", "out of memory");
+  st->sock = -1;
+  st->sb = sb;
+  st->before = sb->state;
+  st->fresh = fresh;
+  sb->start = st;
+  sb->state = SBX_STARTING;
+  if (starts.running >= START_MAX) {
+    sbx_start **pp = &starts.queue;
+    while (*pp) pp = &(*pp)->qnext;
+    *pp = st;
+    return 0;
+  }
+  if (start_begin(sb, err) == 0) return 0;
+  sb->state = st->before;
+  sb->start = NULL;
+  free(st);
+  return -1;
+}
+
+static void starts_next(uv_timer_t *t) {
+  (void)t;
+  while (starts.queue && starts.running < START_MAX) {
+    sbx_start *st = starts.queue;
+    starts.queue = st->qnext;
+    sbx_sandbox *sb = st->sb;
+    sbx_error err = {0};
+    if (start_begin(sb, &err) == 0) continue;
+    start_waiter *w = st->waiters;
+    bool fresh = st->fresh;
+    sbx_state before = st->before;
+    sb->start = NULL;
+    free(st);
+    start_failed(sb, w, fresh, before, &err);
+  }
+}
+
+static void starts_kick(void) {
+  if (!starts.queue) return;
+  if (!starts.timer_ready) {
+    uv_timer_init(eng.cfg.loop, &starts.timer);
+    uv_unref((uv_handle_t *)&starts.timer);
+    starts.timer_ready = true;
+  }
+  uv_timer_start(&starts.timer, starts_next, 0, 0);
+}
+
+int sbx_sandbox_when_started(sbx_sandbox *sb, sbx_started_cb cb, void *ud) {
+  start_waiter *w = sb->start ? calloc(1, sizeof *w) : NULL;
+  if (!w) return -1;
+  w->cb = cb;
+  w->ud = ud;
+  start_waiter **pp = &sb->start->waiters;
+  while (*pp) pp = &(*pp)->next;
+  *pp = w;
+  return 0;
+}
+
+/* Init answered (or its time ran out): the start ends, and its waiters
+ * hear how. */
+static void start_end(sbx_start *st) {
+  sbx_sandbox *sb = st->sb;
+  int sock = st->sock;
+  bool fresh = st->fresh, ahead = st->ahead;
+  sbx_state before = st->before;
+  start_waiter *w = start_detach(sb);
+  sbx_error err = {0};
+  int r = start_finish(sb, sock, &err);
+  if (r < 0 && ahead && !strstr(err.message, "timed out")) {
+    /* made ahead and it failed: once more from nothing, as a create that
+     * found none made ahead */
+    if (eng.cfg.warn) {
+      char msg[700];
+      snprintf(msg, sizeof msg, "the sandbox made ahead could not become '%s' (%s); starting it afresh", sb->id,
+               err.message);
+      eng.cfg.warn(msg);
+    }
+    sbx_disk_remove(sb->id, -1);
+    sb->state = before;
+    if (start_request(sb, false, &err) == 0) {
+      sb->start->fresh = fresh;
+      sb->start->before = before;
+      sb->start->waiters = w;
+      return;
+    }
+  }
+  if (r < 0) return start_failed(sb, w, fresh, before, &err);
+  sbx_sandbox_touch(sb);
+  sbx_sandbox_save(sb);
+  changed(sb->id, fresh ? "created" : "started");
+  tell_waiters(w, NULL);
+}
+
+static void start_ready(uv_poll_t *p, int status, int events) {
+  (void)status;
+  (void)events;
+  start_end(p->data);
+}
+
+static void start_late(uv_timer_t *t) { start_end(t->data); }
 
 /* ---- sandboxes made ahead ------------------------------------------------
  * As root, two sandboxes of the default options are kept made ahead: slot,
@@ -1009,7 +1246,7 @@ static void ahead_make(void) {
   sb->state = SBX_STOPPED;
   sbx_error err = {0};
   int sock = -1;
-  if (start(sb, &sock, &err) < 0) {
+  if (start(sb, true, &sock, &err) < 0) {
     sbx_disk_remove(id, -1);
     sandbox_free(sb);
     return;
@@ -1034,9 +1271,10 @@ static void ahead_soon(void) {
   uv_timer_start(&ahead.timer, ahead_timer, 0, 0);
 }
 
-/* The sandbox made ahead as `id` with opts (copied by the caller), started;
- * NULL when there is none or it failed (the caller starts one as usual). */
-static sbx_sandbox *ahead_take(const char *id, const sbx_sandbox_opts *opts) {
+/* The sandbox made ahead as `id` with opts (copied by the caller), its
+ * start under way (its init's socket in *sock); NULL when there is none or
+ * it failed (the caller starts one as usual). */
+static sbx_sandbox *ahead_take(const char *id, const sbx_sandbox_opts *opts, int *sock_out) {
   if (!ahead.n || !ahead_fits(ahead.made[0].sb, opts)) return NULL;
   int sock;
   sbx_sandbox *sb = ahead_remove(0, &sock); /* the oldest: the likeliest to be built */
@@ -1047,31 +1285,29 @@ static sbx_sandbox *ahead_take(const char *id, const sbx_sandbox_opts *opts) {
   bool moved = rename(from, to) == 0;
   if (moved) snprintf(sb->id, sizeof sb->id, "%s", id);
   sbx_cg_rename(&sb->cg, name); /* v2 may refuse: the name is only for people */
-  sbx_error err = {0};
   bool sized = same_limits(&sb->opts.limits, &opts->limits);
   if (moved && !sized) { /* its own limits, before anything of the create runs */
     sb->opts.limits = opts->limits;
     sized = sbx_cg_reapply(&sb->cg, &opts->limits) == 0 && sbx_procfiles_resize(sb) == 0;
-    if (!sized) sbx_err(&err, "INTERNAL", "its limits could not be set");
   }
-  if (!moved || !sized || send(sock, id, strlen(id), MSG_NOSIGNAL) < 0) {
-    close(sock);
-    stop_running(sb);
-  } else {
+  if (moved && sized && send(sock, id, strlen(id), MSG_NOSIGNAL) >= 0) {
     sb->opts.env = (sbx_env){0};
     sbx_env_copy(&sb->opts.env, &opts->env);
     sb->opts.sleep_after_ms = opts->sleep_after_ms;
     sb->opts.keep_alive = opts->keep_alive;
     sb->opts.limits_explicit = opts->limits_explicit;
     sb->opts.disk_explicit = opts->disk_explicit;
-    if (start_finish(sb, sock, &err) == 0) return sb;
+    *sock_out = sock;
+    return sb;
   }
+  close(sock);
   if (eng.cfg.warn) {
     char msg[700];
     snprintf(msg, sizeof msg, "the sandbox made ahead could not become '%s' (%s); starting it afresh", id,
-             err.message[0] ? err.message : moved ? "its setup had failed" : strerror(errno));
+             !moved ? strerror(errno) : !sized ? "its limits could not be set" : "its setup had failed");
     eng.cfg.warn(msg);
   }
+  stop_running(sb);
   sbx_disk_remove(sb->id, -1);
   sandbox_free(sb);
   return NULL;
@@ -1115,10 +1351,11 @@ int sbx_sandbox_create(const char *id, const sbx_sandbox_opts *opts, sbx_sandbox
   sbx_sandbox *sb = sbx_sandbox_find(id);
   if (created) *created = false;
   if (sb) {
-    if (sbx_sandbox_wake(sb, err) < 0) return -1;
+    int r = sbx_sandbox_wake(sb, err);
+    if (r < 0) return -1;
     sbx_sandbox_touch(sb);
     *out = sb;
-    return 0;
+    return r;
   }
   if (eng.count >= eng.cfg.max_sandboxes)
     return sbx_err(err, "RESOURCE_LIMIT", "at most %d sandboxes may exist at once (maxSandboxes in %s)",
@@ -1131,34 +1368,30 @@ int sbx_sandbox_create(const char *id, const sbx_sandbox_opts *opts, sbx_sandbox
   if (over_max(opts, err) < 0) return -1;
   /* a directory left by a crash between making a disk and its record */
   sbx_disk_remove(id, -1);
-  sb = ahead_take(id, opts);
-  if (!sb) {
-    sb = sandbox_new(id);
-    if (!sb) return sbx_err(err, "INTERNAL", "out of memory");
-    sb->opts = *opts;
-    sb->opts.env = (sbx_env){0};
-    sb->opts.allowed_hosts = (sbx_strv){0};
-    sbx_env_copy(&sb->opts.env, &opts->env);
-    sbx_strv_copy(&sb->opts.allowed_hosts, &opts->allowed_hosts);
-    sb->state = SBX_STOPPED;
-    if (start(sb, NULL, err) < 0) {
-      sbx_disk_remove(id, -1);
-      sandbox_free(sb);
-      return -1;
-    }
-  }
-  ahead_soon();
+  sb = sandbox_new(id);
+  if (!sb) return sbx_err(err, "INTERNAL", "out of memory");
+  sb->opts = *opts;
+  sb->opts.env = (sbx_env){0};
+  sb->opts.allowed_hosts = (sbx_strv){0};
+  sbx_env_copy(&sb->opts.env, &opts->env);
+  sbx_strv_copy(&sb->opts.allowed_hosts, &opts->allowed_hosts);
+  sb->state = SBX_STOPPED;
   sb->created_wall_ms = sb->last_activity_wall_ms = sb->last_used_wall_ms = wall_ms();
+  /* in the list while it starts: a call for it meanwhile waits for it */
   sandbox_link(sb);
-  sbx_sandbox_save(sb);
-  *out = sb;
+  if (start_request(sb, true, err) < 0) {
+    sandbox_unlink(sb);
+    sbx_disk_remove(id, -1);
+    sandbox_free(sb);
+    return -1;
+  }
+  *out = sbx_sandbox_find(id); /* one made ahead may stand in for sb */
   if (created) *created = true;
-  changed(id, "created");
-  return 0;
+  return 1;
 }
 
 int sbx_sandbox_reset(sbx_sandbox *sb) {
-  if (sb->state == SBX_ASLEEP) return 0;
+  if (sb->state == SBX_ASLEEP || sb->state == SBX_STARTING) return 0;
   int shut = sbx_disk_fd(sb->id, sb->rootfd);
   stop_running_async(sb, false);
   free_sessions(sb);
@@ -1175,6 +1408,7 @@ int sbx_sandbox_reset(sbx_sandbox *sb) {
 
 int sbx_sandbox_wake(sbx_sandbox *sb, sbx_error *err) {
   if (sbx_sandbox_alive(sb)) return 0;
+  if (sb->state == SBX_STARTING) return 1;
   if (sb->state == SBX_RUNNING) {
     /* its init died (killed from the host, or by the kernel): what ran
      * went with it; files, sessions and records stay, and it starts
@@ -1183,11 +1417,9 @@ int sbx_sandbox_wake(sbx_sandbox *sb, sbx_error *err) {
     sb->state = SBX_STOPPED;
     sb->restart_pending = true;
   }
-  if (start(sb, NULL, err) < 0) return -1;
+  if (start_request(sb, false, err) < 0) return -1;
   sbx_sandbox_touch(sb);
-  sbx_sandbox_save(sb);
-  changed(sb->id, "started");
-  return 0;
+  return 1;
 }
 
 bool sbx_sandbox_take_reset(sbx_sandbox *sb) {
@@ -1219,7 +1451,9 @@ int sbx_sandbox_sweep_idle(char ids[][64], int max) {
       sbx_disk_settle(sb->id, sb->rootfd);
       sb->settled = true;
     }
-    if (sb->state == SBX_ASLEEP || sb->opts.keep_alive || sb->running > 0 || sb->opts.sleep_after_ms <= 0) continue;
+    if (sb->state == SBX_ASLEEP || sb->state == SBX_STARTING || sb->opts.keep_alive || sb->running > 0 ||
+        sb->opts.sleep_after_ms <= 0)
+      continue;
     if (now - sb->last_activity_wall_ms < (uint64_t)sb->opts.sleep_after_ms) continue;
     if (n >= max) continue; /* the next sweep: each one reset is also told to the caller */
     sbx_sandbox_reset(sb);
@@ -1232,6 +1466,7 @@ int sbx_sandbox_destroy(const char *id, sbx_error *err) {
   sbx_sandbox *sb = sbx_sandbox_find(id);
   if (!sb) return sbx_err(err, "SANDBOX_NOT_FOUND", "no sandbox '%s'", id);
   sandbox_unlink(sb);
+  start_abort(sb, "SANDBOX_NOT_FOUND", "was destroyed");
   int shut = sbx_disk_fd(sb->id, sb->rootfd);
   stop_running_async(sb, false);
   sbx_disk_remove(sb->id, shut);

@@ -50,8 +50,9 @@ typedef struct sbx_sandbox_opts {
 
 /* running: its init is up (or it failed: sbx_sandbox_alive says);
  * stopped: its files are on disk, nothing runs (after a daemon restart);
- * asleep: reset for idleness, only the record is left. */
-typedef enum { SBX_RUNNING, SBX_STOPPED, SBX_ASLEEP } sbx_state;
+ * asleep: reset for idleness, only the record is left;
+ * starting: its init is building its root (sbx_sandbox_when_started). */
+typedef enum { SBX_RUNNING, SBX_STOPPED, SBX_ASLEEP, SBX_STARTING } sbx_state;
 
 typedef struct sbx_sandbox {
   char id[64];
@@ -90,6 +91,7 @@ typedef struct sbx_sandbox {
   uint64_t incarnation;       /* which start this is (its cgroup's name, bucket servers') */
   struct sbx_exposure *exposures; /* exposePort (preview.h), part of the record */
   struct json_t *code_gone; /* code contexts of an earlier daemon (code.h), part of the record */
+  struct sbx_start *start;  /* while starting: init's answer awaited, and who waits for it */
   struct sbx_sandbox *next;
   struct sbx_sandbox *hnext; /* in the engine's index by id */
 } sbx_sandbox;
@@ -101,7 +103,7 @@ typedef struct sbx_engine_config {
   int max_sandboxes;
   sbx_limits default_limits;
   void (*warn)(const char *msg); /* what the daemon's log should hear of */
-  uv_loop_t *loop;               /* teardowns finish on it (NULL: synchronously) */
+  uv_loop_t *loop;               /* starts and teardowns finish on it */
   /* a sandbox was "created", "started", "reset" or "destroyed" (for the
    * FUSE view; may be NULL) */
   void (*on_change)(const char *id, const char *event);
@@ -118,7 +120,9 @@ const sbx_engine_config *sbx_engine_cfg(void);
 void sbx_sandbox_default_opts(sbx_sandbox_opts *o);
 sbx_sandbox *sbx_sandbox_find(const char *id);
 sbx_sandbox *sbx_sandbox_list(void);
-/* Creates a sandbox; *created tells whether it was new (idempotent). */
+/* Creates a sandbox; *created tells whether this call made it
+ * (idempotent). Like sbx_sandbox_wake: 0 once it runs, 1 while it starts
+ * (*out set: sbx_sandbox_when_started), -1 with err. */
 int sbx_sandbox_create(const char *id, const sbx_sandbox_opts *opts, sbx_sandbox **out, bool *created,
                        sbx_error *err);
 int sbx_sandbox_destroy(const char *id, sbx_error *err);
@@ -126,7 +130,15 @@ int sbx_sandbox_destroy(const char *id, sbx_error *err);
  * /workspace, keeping the record; wake starts it (fresh after a reset, on
  * its own files when stopped). */
 int sbx_sandbox_reset(sbx_sandbox *sb);
+/* 0: it runs; 1: it is starting (now or already), and the loop goes on
+ * serving everyone else meanwhile; -1: it cannot start (err). */
 int sbx_sandbox_wake(sbx_sandbox *sb, sbx_error *err);
+/* cb(ud, NULL) once a starting sandbox runs, cb(ud, err) if its start
+ * failed or it was destroyed or stopped first: then sb may be gone, and cb
+ * must not touch it (look it up again by id). Never called from within
+ * this call. */
+typedef void (*sbx_started_cb)(void *ud, const sbx_error *err);
+int sbx_sandbox_when_started(sbx_sandbox *sb, sbx_started_cb cb, void *ud);
 /* True once after a reset: for the `reset: true` of the next result. */
 bool sbx_sandbox_take_reset(sbx_sandbox *sb);
 /* True once after a start that followed a daemon restart (`restarted`). */
@@ -139,7 +151,7 @@ typedef struct sbx_enforced {
   bool memory, cpus, pids, disk;
 } sbx_enforced;
 sbx_enforced sbx_sandbox_enforced(sbx_sandbox *sb);
-/* "running", "stopped", "sleeping" or "failed". */
+/* "running", "starting", "stopped", "sleeping" or "failed". */
 const char *sbx_sandbox_status(sbx_sandbox *sb);
 int sbx_sandbox_count(void);
 /* Resets the sandboxes idle past their sleepAfter (not keepAlive, nothing

@@ -395,15 +395,20 @@ def test_config(t, x):
 def test_thousand(t, x):
     c = x.env.socket_client()
     c.initialize()
-    n = 1000
-    for i in range(n):  # pipelined: the daemon takes them one after another
-        c.send({'jsonrpc': '2.0', 'id': 'm-%d' % i, 'method': 'tools/call',
-                'params': {'name': 'createSandbox', 'arguments': {'sandboxId': 'm-%d' % i}}})
+    n, window = 1000, 200  # pipelined, at most 200 in progress (a connection may have 256)
     bad = []
-    for i in range(n):
+
+    def answer(i):
         r = c.next(lambda m, i=i: m.get('id') == 'm-%d' % i, 120)
         if r['result'].get('isError'):
             bad.append(r['result']['structuredContent'])
+    for i in range(n):
+        if i >= window:
+            answer(i - window)
+        c.send({'jsonrpc': '2.0', 'id': 'm-%d' % i, 'method': 'tools/call',
+                'params': {'name': 'createSandbox', 'arguments': {'sandboxId': 'm-%d' % i}}})
+    for i in range(n - window, n):
+        answer(i)
     t.eq(bad[:3], [], '1,000 sandboxes created')
     listed = c.ok('listSandboxes')['sandboxes']
     t.eq(sum(1 for s in listed if s['sandboxId'].startswith('m-') and s['status'] == 'running'), n,
@@ -417,6 +422,100 @@ def test_thousand(t, x):
         c.next(lambda m, i=i: m.get('id') == 'd%d' % i, 120)
     left = os.listdir(os.path.join(x.env.state, 'sandboxes'))
     t.ok(not any(d.startswith('m-') for d in left), 'and all go again', left[:5])
+
+
+def test_start_that_hangs(t, x):
+    """A sandbox whose start hangs (its init frozen here: a slow disk, a
+    stuck mount) keeps no one else waiting: the daemon serves every other
+    sandbox meanwhile, calls for the starting one wait for it, and after
+    15 s its start fails and nothing of it is left. A destroy while it
+    starts answers the create at once."""
+    import glob
+    import threading
+    c, env = x.c, x.env
+    pid = env.daemon_pid()
+    if not glob.glob('/sys/fs/cgroup/freezer/**/sbx-%d' % pid, recursive=True):
+        return t.skip('a start that hangs', 'no cgroup v1 freezer here')
+    sandboxes = os.path.join(env.state, 'sandboxes')
+
+    def ahead():
+        return glob.glob('/sys/fs/cgroup/freezer/**/sbx-%d/_ahead-*' % pid, recursive=True)
+
+    def freezer_dirs():
+        return glob.glob('/sys/fs/cgroup/freezer/**/sbx-%d/*/' % pid, recursive=True)
+
+    def freeze_ahead():
+        """Freezes the sandboxes made ahead now (the next create takes the
+        oldest)."""
+        wait_until(lambda: len(ahead()) >= 2, 30, 'two sandboxes made ahead')
+        for d in ahead():
+            with open(os.path.join(d, 'freezer.state'), 'w') as f:
+                f.write('FROZEN')
+
+    def procs_of(sid):
+        return [int(p) for d in glob.glob('/sys/fs/cgroup/freezer/**/sbx-%d/%s.*/' % (pid, sid), recursive=True)
+                for p in open(os.path.join(d, 'cgroup.procs')).read().split()]
+
+    def status():
+        return {s['sandboxId']: s['status'] for s in c.ok('listSandboxes')['sandboxes']}
+
+    def thawed():
+        for d in freezer_dirs():  # where they are now (a create renames its sandbox's cgroups)
+            try:
+                with open(os.path.join(d, 'freezer.state'), 'w') as f:
+                    f.write('THAWED')
+            except OSError:
+                pass
+
+    stuck = []
+    try:
+        c.sh('true', sandbox='calm')
+        freeze_ahead()
+        other = env.socket_client()
+        other.initialize()
+        waiter = env.socket_client()
+        waiter.initialize()
+        got = {}
+        calls = [threading.Thread(target=lambda: got.update(create=other.call('createSandbox', {'sandboxId': 'slow'}))),
+                 threading.Thread(target=lambda: got.update(
+                     exec=waiter.call('exec', {'sandboxId': 'slow', 'command': 'echo ran'})))]
+        calls[0].start()
+        wait_until(lambda: status().get('slow') == 'starting', 10, 'the create to be under way')
+        stuck += procs_of('slow')
+        calls[1].start()
+        r = c.sh('echo still here', sandbox='calm')
+        t.eq(r['stdout'], 'still here\n', 'another sandbox\'s call answers while one start hangs')
+        t.eq(status().get('slow'), 'starting', 'listSandboxes answers too, and says the slow one is starting')
+        # a destroy while a create starts: the create hears of it at once
+        freeze_ahead()
+        third = env.socket_client()
+        third.initialize()
+        late = {}
+        th = threading.Thread(target=lambda: late.update(r=third.call('createSandbox', {'sandboxId': 'gone'})))
+        th.start()
+        wait_until(lambda: status().get('gone') == 'starting', 10, 'the second create to be under way')
+        stuck += procs_of('gone')
+        c.ok('destroySandbox', {'sandboxId': 'gone'})
+        th.join(30)
+        res = late['r'][0]
+        t.ok(res.get('isError') and res['structuredContent']['error']['code'] == 'SANDBOX_NOT_FOUND'
+             and 'destroyed' in res['structuredContent']['error']['message'],
+             'a create whose sandbox is destroyed while it starts answers so', res)
+        for th in calls:
+            th.join(40)
+        res = got['create'][0]
+        t.ok(res.get('isError') and 'timed out' in res['structuredContent']['error']['message'],
+             'the hung start fails after 15 s, with a reason', res)
+        t.eq(got['exec'][0].get('structuredContent', {}).get('error'), res['structuredContent']['error'],
+             'a call that waited for it hears the same')
+        t.ok('slow' not in status() and not os.path.exists(os.path.join(sandboxes, 'slow')),
+             'nothing of the failed create is left: not listed, no directory')
+    finally:
+        thawed()
+    t.ok(len(stuck) == 2 and wait_until(lambda: all(gone(p) for p in stuck), 30, 'the frozen inits to end'),
+         'their inits end once they can', stuck)
+    t.eq(c.sh('echo fine', sandbox='slow')['stdout'], 'fine\n', 'the same id starts afresh after it')
+
 
 def data_has(path, needle):
     """Whether a sparse file's data (its holes skipped) holds needle."""
@@ -566,6 +665,6 @@ def test_destroyed_disk_serves_again(t, x):
 
 if __name__ == '__main__':
     sys.exit(run_tests([test_disk_is_disk, test_spills_on_disk, test_kill_9, test_daemon_stop, test_init_killed,
-                        test_made_ahead, test_made_ahead_other_limits, test_destroyed_disk_serves_again,
+                        test_made_ahead, test_made_ahead_other_limits, test_start_that_hangs, test_destroyed_disk_serves_again,
                         test_listed_after_restart, test_relay_survives, test_relay_survives_upgrade, test_agent_not_reading, test_stdin_closed_early, test_config,
                         test_thousand], Ctx))
