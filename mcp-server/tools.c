@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include "mcp.h"
 #include "offload.h"
+#include "matcher.h"
 
 #include <ctype.h>
 #include <regex.h>
@@ -494,6 +495,7 @@ static int signal_number(const char *name) {
 /* ---- waiting on processes ------------------------------------------------------ */
 
 #define MAX_LOG_LINE (64 * 1024) /* a longer line is matched on its first 64 KiB */
+#define MAX_PROMPT 1024           /* a line not ended yet is matched as it grows up to this long */
 
 struct proc_wait {
   wait_head head;
@@ -502,6 +504,7 @@ struct proc_wait {
   sbx_process_watch *w;
   uv_timer_t timer;
   regex_t re;
+  mcp_matcher *m; /* matches re, off the loop (matcher.h) */
   bool has_re, stream_all, finished, kill;
   sbx_buf line[2];
   char id[64];
@@ -509,6 +512,7 @@ struct proc_wait {
 
 static void wait_closed(uv_handle_t *h) {
   struct proc_wait *pw = h->data;
+  mcp_matcher_free(pw->m);
   if (pw->has_re) regfree(&pw->re);
   sbx_buf_free(&pw->line[0]);
   sbx_buf_free(&pw->line[1]);
@@ -520,6 +524,8 @@ static void wait_finish(struct proc_wait *pw, json_t *ok, const char *text, cons
   if (pw->finished) return json_decref(ok);
   pw->finished = true;
   pw->call->wait = NULL;
+  mcp_matcher_free(pw->m);
+  pw->m = NULL;
   if (pw->w && pw->p) sbx_process_unwatch(pw->p, pw->w);
   pw->w = NULL;
   if (err) mcp_call_fail(pw->call, err);
@@ -534,42 +540,49 @@ static void proc_wait_cancel(void *self) {
   wait_finish(self, NULL, NULL, &err);
 }
 
-static bool wait_line(struct proc_wait *pw, int stream, const char *line, size_t len) {
-  char *z = strndup(line, len);
-  bool hit = z && regexec(&pw->re, z, 0, NULL, 0) == 0;
-  if (hit) {
-    char text[300];
-    snprintf(text, sizeof text, "%.280s", z);
-    wait_finish(pw, json_pack("{s:s, s:s, s:s}", "processId", pw->id, "line", z, "stream", stream == 2 ? "stderr" : "stdout"),
-                text, NULL);
+/* The matcher's answer: a line matched, none did by the process's end, or
+ * matching failed. */
+static void matched(void *ud, int stream, const char *line, size_t len, const sbx_error *err) {
+  struct proc_wait *pw = ud;
+  if (err) return wait_finish(pw, NULL, NULL, err);
+  if (!line) {
+    sbx_error e;
+    sbx_err(&e, "PROCESS_EXITED", "process '%s' ended (%s, exit code %d) without printing a matching line", pw->id,
+            pw->p ? pw->p->status : "gone", pw->p ? pw->p->exit_code : -1);
+    return wait_finish(pw, NULL, NULL, &e);
   }
-  free(z);
-  return hit;
+  char text[300];
+  snprintf(text, sizeof text, "%.280s", line);
+  wait_finish(pw, json_pack("{s:s, s:s%, s:s}", "processId", pw->id, "line", line, strnlen(line, len), "stream",
+                            stream == 2 ? "stderr" : "stdout"),
+              text, NULL);
 }
 
-/* Feeds output through the line buffers; true once a line matched. */
-static bool wait_feed(struct proc_wait *pw, int stream, const char *data, size_t len) {
+/* Feeds output through the line buffers to the matcher. A line not ended
+ * yet (a prompt waiting for input) is matched as it is, while short. */
+static void wait_feed(struct proc_wait *pw, int stream, const char *data, size_t len) {
   sbx_buf *b = &pw->line[stream == 2];
-  while (len) {
+  while (len && pw->m) {
     const char *nl = memchr(data, '\n', len);
     size_t take = nl ? (size_t)(nl - data) : len;
     if (b->len < MAX_LOG_LINE) sbx_buf_append(b, data, b->len + take > MAX_LOG_LINE ? MAX_LOG_LINE - b->len : take);
-    if (!nl) /* a line not ended yet (a prompt waiting for input) counts as it is */
-      return b->len && take && wait_line(pw, stream, b->data, b->len);
-    bool hit = wait_line(pw, stream, b->data ? b->data : "", b->len);
+    if (!nl) {
+      if (b->len && take && b->len <= MAX_PROMPT) mcp_matcher_feed(pw->m, stream, b->data, b->len);
+      break;
+    }
+    mcp_matcher_feed(pw->m, stream, b->data ? b->data : "", b->len);
     b->len = 0;
-    if (hit) return true;
     len -= take + 1;
     data = nl + 1;
   }
-  return false;
+  if (pw->m) mcp_matcher_flush(pw->m);
 }
 
 static void wait_chunk(void *ud, int stream, const char *data, size_t len) {
   struct proc_wait *pw = ud;
   if (pw->finished) return;
   if (pw->stream_all) return mcp_call_progress(pw->call, stream == 2 ? "stderr" : "stdout", data, len);
-  if (pw->has_re) wait_feed(pw, stream, data, len);
+  if (pw->m) wait_feed(pw, stream, data, len);
 }
 
 static json_t *exit_json(sbx_process *p) {
@@ -586,12 +599,10 @@ static void wait_end(void *ud, sbx_process *p) {
     sbx_err(&err, "PROCESS_NOT_FOUND", "process '%s' is gone (its sandbox was reset or destroyed)", pw->id);
     return wait_finish(pw, NULL, NULL, &err);
   }
-  if (pw->has_re) {
-    for (int i = 0; i < 2; i++) /* a last line without a newline */
-      if (pw->line[i].len && wait_line(pw, i + 1, pw->line[i].data, pw->line[i].len)) return;
-    sbx_err(&err, "PROCESS_EXITED", "process '%s' ended (%s, exit code %d) without printing a matching line", pw->id,
-            p->status, p->exit_code);
-    return wait_finish(pw, NULL, NULL, &err);
+  if (pw->m) { /* a last line without a newline; the answer comes once every line is matched */
+    for (int i = 0; i < 2; i++)
+      if (pw->line[i].len > MAX_PROMPT) mcp_matcher_feed(pw->m, i + 1, pw->line[i].data, pw->line[i].len);
+    return mcp_matcher_end(pw->m);
   }
   char text[128];
   snprintf(text, sizeof text, "%s %s (exit code %d)", p->id, p->status, p->exit_code);
@@ -659,15 +670,17 @@ static void process_wait(mcp_call *call, json_t *args, sbx_sandbox *sb, char kin
       return wait_finish(pw, NULL, NULL, &err);
     }
     pw->has_re = true;
+    sbx_error err = {0};
+    if (!(pw->m = mcp_matcher_start(mcp_call_loop(call), sb, &pw->re, matched, pw, &err)))
+      return wait_finish(pw, NULL, NULL, &err);
   }
   /* what is there already: the logs so far (the last 1 MiB of each stream) */
   for (int stream = 1; stream <= 2 && kind != 'x'; stream++) {
     size_t n = 0;
     char *old = sbx_process_logs(p, stream, 0, &n);
     if (old && kind == 's' && n) mcp_call_progress(call, stream == 2 ? "stderr" : "stdout", old, n);
-    bool hit = old && kind == 'l' && wait_feed(pw, stream, old, n);
+    if (old && kind == 'l') wait_feed(pw, stream, old, n);
     free(old);
-    if (hit) return;
   }
   if (p->done) return wait_end(pw, p);
   pw->w = sbx_process_watch_add(p, wait_chunk, wait_end, pw);

@@ -213,6 +213,37 @@ def test_wait_for_log_and_exit(t, x):
     c.ok('killProcess', {'processId': 'srv'})
 
 
+def test_costly_pattern(t, x):
+    """A pattern that is slow to match on the lines a process prints
+    ("(((a|b){32}){32}){32}c" takes glibc minutes on a 64 KiB line) slows
+    its own wait, never the daemon: it is matched by a child in the
+    sandbox's cgroups. One that cannot keep up with the output ends with
+    RESOURCE_LIMIT rather than hold more of it."""
+    c = x.c
+    c.ok('startProcess', {'processId': 'long', 'command': 'python3 -c "print((\'ab\' * 32767 + \'\\n\') * 3, end=\'\', '
+                                                          'flush=True)"; exec sleep 1000'})
+    c.ok('waitForLog', {'processId': 'long', 'pattern': '^(ab){16}', 'timeout': 20000}, 40)
+    other = x.env.socket_client()
+    other.initialize()
+    # one connection, in order: the wait is under way before the list is read
+    other.send({'jsonrpc': '2.0', 'id': 'w', 'method': 'tools/call', 'params': {'name': 'waitForLog', 'arguments': {
+        'sandboxId': 'procs', 'processId': 'long', 'pattern': '(((a|b){32}){32}){32}c', 'timeout': 3000}}})
+    other.send({'jsonrpc': '2.0', 'id': 'l', 'method': 'tools/call', 'params': {'name': 'listSandboxes'}})
+    r = other.next(lambda m: m.get('id') in ('l', 'w'))
+    t.eq(r['id'], 'l', 'a call after it answers while the costly match goes on (the daemon is not matching)')
+    t.eq(c.sh('echo quick')['stdout'], 'quick\n', 'commands too, in the same sandbox')
+    r = other.next(lambda m: m.get('id') == 'w')
+    t.eq(r['result']['structuredContent'].get('error', {}).get('code'), 'COMMAND_TIMEOUT', 'the wait ends at its timeout',
+         r)
+    c.ok('startProcess', {'processId': 'flood', 'command': 'python3 -c "print((\'a\' * 65535 + \'\\n\') * 100, end=\'\', '
+                                                           'flush=True)"; exec sleep 1000'})
+    r = c.call('waitForLog', {'processId': 'flood', 'pattern': '(.*a){32}x', 'timeout': 30000}, 60)[0]
+    t.ok(r['structuredContent'].get('error', {}).get('code') == 'RESOURCE_LIMIT'
+         and 'behind' in r['structuredContent']['error']['message'],
+         'a match that falls 4 MiB behind the output ends with RESOURCE_LIMIT, not by holding more', r)
+    c.ok('killProcess', {'processId': 'flood'})
+    c.ok('killProcess', {'processId': 'long'})
+
 def test_stream_logs(t, x):
     c = x.c
     c.ok('startProcess', {'processId': 'ticker', 'command': 'echo first; for i in 1 2 3; do sleep 0.2; echo tick$i; done'})
@@ -273,4 +304,4 @@ def test_output_flood(t, x):
 
 if __name__ == '__main__':
     sys.exit(run_tests([test_server, test_kill_waits, test_python_unbuffered, test_calls_bounded, test_exit_and_logs, test_tree_and_kill_all, test_with_sandbox, test_signals_reach_command, test_early_signals,
-                        test_wait_for_log_and_exit, test_stream_logs, test_output_flood], lambda: Ctx('procs')))
+                        test_wait_for_log_and_exit, test_costly_pattern, test_stream_logs, test_output_flood], lambda: Ctx('procs')))
