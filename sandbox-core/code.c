@@ -11,6 +11,13 @@
 #define MAX_TOKENS 100000              /* JSON structure in one message: jansson's memory grows with it */
 #define MAX_LOGS (1024u * 1024)        /* per stream and run, kept in the result */
 #define MAX_RESULTS (16u * 1024 * 1024) /* all of a run's results */
+/* What the daemon holds of a run is counted as what it costs it, not as
+ * the text the driver sent: a JSON value parsed is some 100-250 bytes of
+ * jansson's whatever its text ("{}" is two), a log entry some 60 beside
+ * its text. The sandbox chooses both. */
+#define TOKEN_COST 256     /* of a result's JSON structure, a '{', '[', ',' or ':' */
+#define LOG_ENTRY_COST 64  /* of each entry in a run's logs */
+#define HELD_MAX (256u * 1024 * 1024) /* all runs' results and logs, every sandbox's together */
 #define STOP_GRACE_MS 5000             /* an interrupted run has this long to stop */
 #define LINE_COST 512                  /* what a line read from a driver counts of its sandbox's output budget */
 #define INPUT_MAX (32u * 1024 * 1024)  /* queued toward a context that does not read its input: then it ends */
@@ -23,7 +30,7 @@ struct sbx_code_run {
   int64_t timeout_ms;
   bool sent, cancelled, counted;
   json_t *results, *out, *err;
-  size_t out_bytes, err_bytes, result_bytes;
+  size_t out_bytes, err_bytes, result_bytes; /* what each costs (see TOKEN_COST) */
   bool truncated;
   sbx_buf pending[2]; /* stdout, stderr not yet sent as progress: one notification a read, not one a write */
   uv_timer_t timer; /* the backstop: a run that does not stop ends its context */
@@ -111,8 +118,19 @@ bool sbx_code_take_gone(sbx_sandbox *sb, const char *id) {
 
 /* ---- runs ------------------------------------------------------------------ */
 
+static size_t held; /* the cost of every run's results and logs (HELD_MAX) */
+
+/* Whether n more of a run's cost may be held (it is counted if so). */
+static bool hold(size_t *bytes, size_t most, size_t n) {
+  if (*bytes + n > most || held + n > HELD_MAX) return false;
+  *bytes += n;
+  held += n;
+  return true;
+}
+
 static void run_timer_closed(uv_handle_t *h) {
   sbx_code_run *r = h->data;
+  held -= r->out_bytes + r->err_bytes + r->result_bytes;
   sbx_buf_free(&r->pending[0]);
   sbx_buf_free(&r->pending[1]);
   free(r->code);
@@ -300,16 +318,23 @@ static void add_log(sbx_code_run *r, const char *stream, const char *text, size_
   bool out = !strcmp(stream, "stdout");
   int i = out ? 0 : 1; /* of r->pending */
   size_t *bytes = out ? &r->out_bytes : &r->err_bytes;
-  if (*bytes + len > MAX_LOGS) {
-    len = *bytes < MAX_LOGS ? sbx_utf8_complete_prefix(text, MAX_LOGS - *bytes) : 0; /* whole characters */
+  /* a line written in parts (print's text, then its newline) is one entry,
+   * up to 4 KiB: longer ones stay in the parts they came in */
+  json_t *a = out ? r->out : r->err, *last = json_array_get(a, json_array_size(a) - 1);
+  size_t ll = last ? json_string_length(last) : 0;
+  bool join = last && ll && ll + len <= 4096 && json_string_value(last)[ll - 1] != '\n';
+  size_t cost = join ? 0 : LOG_ENTRY_COST;
+  size_t room = *bytes < MAX_LOGS ? MAX_LOGS - *bytes : 0;
+  if (held >= HELD_MAX) room = 0;
+  else if (HELD_MAX - held < room) room = HELD_MAX - held;
+  if (len + cost > room) {
+    len = room > cost ? sbx_utf8_complete_prefix(text, room - cost) : 0; /* whole characters */
     r->truncated = true;
   }
   if (len) {
-    /* a line written in parts (print's text, then its newline) is one entry,
-     * up to 4 KiB: longer ones stay in the parts they came in */
-    json_t *a = out ? r->out : r->err, *last = json_array_get(a, json_array_size(a) - 1);
-    size_t ll = last ? json_string_length(last) : 0;
-    if (last && ll && ll + len <= 4096 && json_string_value(last)[ll - 1] != '\n') {
+    *bytes += len + cost;
+    held += len + cost;
+    if (join) {
       char joined[4096];
       memcpy(joined, json_string_value(last), ll);
       memcpy(joined + ll, text, len);
@@ -317,7 +342,6 @@ static void add_log(sbx_code_run *r, const char *stream, const char *text, size_
     } else {
       json_array_append_new(a, json_stringn(text, len));
     }
-    *bytes += len;
   }
   if (len && r->chunk_cb) {
     if (r->pending[!i].len) flush_progress(r); /* the other stream's first: in the order printed */
@@ -341,7 +365,8 @@ static json_t *clean_result(json_t *in) {
   return o;
 }
 
-static void on_message(sbx_code_ctx *c, json_t *msg) {
+/* tokens: how much JSON structure the message's line had (TOKEN_COST) */
+static void on_message(sbx_code_ctx *c, json_t *msg, size_t tokens) {
   if (json_is_true(json_object_get(msg, "ready")) && !c->ready) {
     c->ready = true;
     json_t *pid = json_object_get(msg, "pid"), *ver = json_object_get(msg, "version");
@@ -370,13 +395,12 @@ static void on_message(sbx_code_ctx *c, json_t *msg) {
   json_t *res = clean_result(json_object_get(msg, "result"));
   if (res) {
     char *dump = json_dumps(res, JSON_COMPACT);
-    size_t n = dump ? strlen(dump) : 0;
+    size_t n = dump ? strlen(dump) + tokens * TOKEN_COST : 0;
     free(dump);
-    if (r->result_bytes + n > MAX_RESULTS) {
+    if (!hold(&r->result_bytes, MAX_RESULTS, n)) {
       r->truncated = true;
       json_decref(res);
     } else {
-      r->result_bytes += n;
       json_array_append_new(r->results, res);
     }
     return;
@@ -429,7 +453,7 @@ static void on_output(void *ud, int stream, const char *data, size_t len) {
       json_t *msg = tokens > MAX_TOKENS || c->line.data[0] != '{'
                         ? NULL
                         : json_loadb(c->line.data, c->line.len, JSON_REJECT_DUPLICATES, &je);
-      if (json_is_object(msg)) on_message(c, msg);
+      if (json_is_object(msg)) on_message(c, msg, tokens);
       else {
         /* not a message: something wrote to the channel; it is output */
         sbx_code_run *r = c->runs;
