@@ -26,14 +26,16 @@ static int left(uint64_t deadline, int cap) {
   return now >= deadline ? 1 : deadline - now < (uint64_t)cap ? (int)(deadline - now) : cap;
 }
 
-/* One attempt: connect within 500 ms (and for http, get a status line
- * within 2 s), none of it past the deadline. */
-static bool probe(int port, bool http, uint64_t deadline) {
-  int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+/* One attempt at 127.0.0.1 or [::1] (v6): connect within 500 ms (and for
+ * http, get a status line within 2 s), none of it past the deadline. */
+static bool probe(int port, bool http, bool v6, uint64_t deadline) {
+  int s = socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (s < 0) return false;
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  struct sockaddr_in6 a6 = {.sin6_family = AF_INET6, .sin6_port = htons(port), .sin6_addr = IN6ADDR_LOOPBACK_INIT};
   bool ok = false;
-  if (connect(s, (struct sockaddr *)&a, sizeof a) == 0 || errno == EINPROGRESS) {
+  if ((v6 ? connect(s, (struct sockaddr *)&a6, sizeof a6) : connect(s, (struct sockaddr *)&a, sizeof a)) == 0 ||
+      errno == EINPROGRESS) {
     struct pollfd p = {.fd = s, .events = POLLOUT};
     int err = 0;
     socklen_t l = sizeof err;
@@ -83,7 +85,8 @@ int sbx_port_wait(uv_loop_t *loop, sbx_sandbox *sb, int port, int64_t timeout_ms
     close_range(3, ~0U, 0); /* none of the daemon's sockets stay open in here */
     uint64_t deadline = sbx_now_ms() + (uint64_t)timeout_ms;
     for (;;) {
-      if (probe(port, http, deadline)) _exit(0);
+      /* a server on "localhost" may listen on [::1] alone (Node, Vite) */
+      if (probe(port, http, false, deadline) || probe(port, http, true, deadline)) _exit(0);
       if (sbx_now_ms() >= deadline) _exit(1);
       struct timespec ts = {0, 50 * 1000 * 1000}; /* between attempts: nothing to wait on in another netns */
       nanosleep(&ts, NULL);

@@ -204,12 +204,15 @@ int sbx_preview_from_json(sbx_sandbox *sb, json_t *a) {
 
 /* A child of the daemon in the sandbox's user and network namespaces (not
  * its pid namespace: nothing in the sandbox sees it) that connects to
- * 127.0.0.1:PORT there and hands the socket back. */
+ * 127.0.0.1:PORT there (or [::1]:PORT: a server on "localhost" may listen
+ * on that alone, as Node and Vite do where localhost is ::1 first) and
+ * hands the socket back. */
 typedef void (*connected_cb)(void *ud, int fd, int error);
 typedef struct want {
   connected_cb cb;
   void *ud;
   uint16_t port;
+  bool v6;
   struct want *next;
 } want;
 
@@ -234,15 +237,19 @@ static factory *factories;
 
 static void factory_child(int sock) {
   for (;;) {
-    uint16_t port;
-    ssize_t n = recv(sock, &port, sizeof port, 0);
-    if (n != sizeof port) _exit(0);
-    int err = 0, s = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    unsigned char m[3]; /* the port, and 1 for [::1] */
+    ssize_t n = recv(sock, m, sizeof m, 0);
+    if (n != sizeof m) _exit(0);
+    uint16_t port = (uint16_t)(m[0] | m[1] << 8);
+    int err = 0, s = socket(m[2] ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    struct sockaddr_in6 a6 = {.sin6_family = AF_INET6, .sin6_port = htons(port), .sin6_addr = IN6ADDR_LOOPBACK_INIT};
     /* the connect goes on in the daemon's loop (a dropped SYN waits a
      * second; the next connection must not wait behind it) */
     if (s < 0) err = errno;
-    else if (connect(s, (struct sockaddr *)&a, sizeof a) < 0 && errno != EINPROGRESS) err = errno;
+    else if ((m[2] ? connect(s, (struct sockaddr *)&a6, sizeof a6) : connect(s, (struct sockaddr *)&a, sizeof a)) < 0 &&
+             errno != EINPROGRESS)
+      err = errno;
     int32_t e = err;
     if (sbx_send_fds(sock, &e, sizeof e, &s, err ? 0 : 1, 0) < 0) _exit(0);
     if (s >= 0) close(s);
@@ -276,7 +283,8 @@ static void factory_kill(factory *f) {
 /* Sends what waits, as far as the factory takes it; false: it is gone. */
 static bool factory_pump(factory *f) {
   while (!f->dead && f->unsent && f->sent < FACTORY_INFLIGHT) {
-    if (send(f->sock, &f->unsent->port, sizeof f->unsent->port, MSG_NOSIGNAL | MSG_DONTWAIT) != sizeof f->unsent->port) {
+    unsigned char m[3] = {(unsigned char)f->unsent->port, (unsigned char)(f->unsent->port >> 8), f->unsent->v6};
+    if (send(f->sock, m, sizeof m, MSG_NOSIGNAL | MSG_DONTWAIT) != sizeof m) {
       if (errno == EAGAIN) break; /* sent again with the next answer */
       factory_kill(f);
       return false;
@@ -359,13 +367,14 @@ static factory *factory_for(sbx_sandbox *sb) {
   return f;
 }
 
-static int connect_in(sbx_sandbox *sb, int port, connected_cb cb, void *ud) {
+static int connect_in(sbx_sandbox *sb, int port, bool v6, connected_cb cb, void *ud) {
   factory *f = factory_for(sb);
   want *w = f ? calloc(1, sizeof *w) : NULL;
   if (!w) return -1;
   w->cb = cb;
   w->ud = ud;
   w->port = (uint16_t)port;
+  w->v6 = v6;
   *f->tail = w;
   f->tail = &w->next;
   if (!f->unsent) f->unsent = w;
@@ -384,6 +393,7 @@ typedef struct pconn {
   uv_poll_t cpoll; /* the connect in progress to the port in the sandbox */
   int cfd;
   bool up_open, closing, client_eof, up_eof, waiting;
+  bool v6; /* the connect in progress is to [::1] (127.0.0.1 refused it) */
   int handles;
   sbx_buf head;
   uv_timer_t timer;
@@ -677,6 +687,7 @@ static void refuse_more(pconn *c) {
 static void relay_start(pconn *c, int fd);
 static void bad_gateway(pconn *c, int error);
 static void started(void *ud, const sbx_error *err);
+static void connected(void *ud, int fd, int error);
 
 static void cpoll_closed(uv_handle_t *h) {
   pconn *c = h->data;
@@ -686,6 +697,13 @@ static void cpoll_closed(uv_handle_t *h) {
   socklen_t l = sizeof err;
   if (c->closing || getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &l) < 0 || err) {
     close(fd);
+    sbx_sandbox *sb = c->closing || err != ECONNREFUSED || c->v6 ? NULL : sbx_sandbox_find(c->sandbox);
+    if (sb && sbx_sandbox_alive(sb)) { /* nothing on 127.0.0.1: perhaps on [::1] */
+      c->v6 = true;
+      c->handles++; /* held by the want, as the first */
+      if (connect_in(sb, c->port, true, connected, c) == 0) return conn_freed(h);
+      c->handles--;
+    }
     if (!c->closing) bad_gateway(c, err ? err : errno);
   } else {
     relay_start(c, fd);
@@ -723,7 +741,7 @@ static void bad_gateway(pconn *c, int error) {
   c->waiting = false;
   char body[300];
   snprintf(body, sizeof body, "502: nothing answers on port %d in sandbox %s (%s); is the server running and "
-                              "listening on 0.0.0.0 or 127.0.0.1?\n", c->port, c->sandbox, strerror(error));
+                              "listening on 0.0.0.0, 127.0.0.1 or ::1?\n", c->port, c->sandbox, strerror(error));
   answer(c, 502, "Bad Gateway", body);
 }
 
@@ -781,7 +799,7 @@ static void route(pconn *c, const char *hv, size_t hlen) {
   c->waiting = true;
   uv_read_stop((uv_stream_t *)&c->client); /* the rest waits for the upstream */
   c->handles++; /* held by the want until connected() (and by the wait for a start before it) */
-  if (woken > 0 ? sbx_sandbox_when_started(sb, started, c) : connect_in(sb, port, connected, c)) {
+  if (woken > 0 ? sbx_sandbox_when_started(sb, started, c) : connect_in(sb, port, false, connected, c)) {
     c->handles--;
     c->waiting = false;
     answer(c, 502, "Bad Gateway", "502: cannot reach into the sandbox\n");
@@ -792,7 +810,7 @@ static void route(pconn *c, const char *hv, size_t hlen) {
 static void started(void *ud, const sbx_error *err) {
   pconn *c = ud;
   sbx_sandbox *sb = err || c->closing ? NULL : sbx_sandbox_find(c->sandbox);
-  if (sb && connect_in(sb, c->port, connected, c) == 0) return; /* the want holds c now */
+  if (sb && connect_in(sb, c->port, false, connected, c) == 0) return; /* the want holds c now */
   c->waiting = false;
   if (c->closing) return conn_unref(c);
   conn_unref(c); /* its handles are open: it stays */

@@ -488,6 +488,21 @@ def test_502_410(t, x):
     t.eq(c.ok('getExposedPorts', {'sandboxId': 'nap'})['ports'], [], 'and it has no exposed ports')
 
 
+def test_localhost_is_ipv6(t, x):
+    """A server that listens on "localhost" where that is ::1 first (Node's
+    and Vite's default) listens on [::1] alone: waitForPort sees it and its
+    preview URL reaches it."""
+    c = x.c
+    c.ok('startProcess', {'processId': 'six', 'command': 'exec python3 -m http.server --bind ::1 8006'})
+    r = c.ok('waitForPort', {'port': 8006, 'mode': 'http', 'timeout': 20000}, 40)
+    t.eq(r['ready'], True, 'waitForPort sees a server on [::1] only', r)
+    url = c.ok('exposePort', {'port': 8006})['url']
+    code, _, body = request(x, host_of(url))
+    t.ok(code == 200 and b'Directory listing' in body, 'its preview URL reaches it', (code, body[:200]))
+    c.ok('unexposePort', {'port': 8006})
+    c.ok('killProcess', {'processId': 'six'})
+
+
 def test_never_the_hosts_loopback(t, x):
     # a server on the host's loopback, on a port the sandbox then exposes
     srv = socket.socket()
@@ -573,7 +588,7 @@ def test_port_taken(t, x):
 
 
 if __name__ == '__main__':
-    sys.exit(run_tests([test_expose_and_reach, test_not_found_reveals_nothing, test_keep_alive_every_request,
+    sys.exit(run_tests([test_expose_and_reach, test_localhost_is_ipv6, test_not_found_reveals_nothing, test_keep_alive_every_request,
                         test_no_tricks, test_500_connections, test_unexpose_while_connecting,
                         test_idle_connections_evicted, test_chromium, test_streaming, test_websocket,
                         test_big_download_bounded, test_readers_go_on, test_502_410, test_never_the_hosts_loopback, test_cli_expose, test_kept_across_restart,
