@@ -150,6 +150,13 @@ int sbx_bucket_prepare(const sbx_bucket_req *r, sbx_bucket *b, char ak[256], cha
   if (b->local) {
     if (r->endpoint || creds || prof)
       return sbx_err(err, "VALIDATION_FAILED", "a localBucket takes no endpoint, credentials or profile");
+    /* a directory path in it: no part that leads elsewhere */
+    for (const char *c = b->prefix; *c;) {
+      size_t n = strcspn(c, "/");
+      if ((n == 1 && c[0] == '.') || (n == 2 && c[0] == '.' && c[1] == '.'))
+        return sbx_err(err, "VALIDATION_FAILED", "prefix '%s' of a local bucket has a '.' or '..' part", b->prefix);
+      c += n + (c[n] == '/');
+    }
     mount_id(b, b->id);
     return 0;
   }
@@ -364,7 +371,8 @@ typedef struct helper {
   int pidfd;            /* the sandbox's init */
   const char *path;     /* inside */
   int mfd;              /* H_ATTACH: a detached mount; H_UMOUNT: an attached one */
-  const char *host_dir; /* H_LOCAL_ROOTLESS */
+  const char *host_dir; /* H_LOCAL_ROOTLESS, and the part of it mounted: */
+  const char *prefix;
   bool read_only;
 } helper;
 
@@ -406,12 +414,11 @@ static int fuse_detached(uid_t owner, bool ro, int *devfd) {
   return mfd;
 }
 
-/* The directory path names on the sandbox's root filesystem, as its root
- * sees it, made where missing, reached through no symlink and into no
- * other mount (not a bucket's, whose server could keep the walk waiting):
- * an O_PATH fd, or -1 with errno (ELOOP: a symlink, EXDEV: another mount). */
-static int walk_root(const char *path) {
-  int dfd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+/* The directory path names below dfd (taken), made where missing, reached
+ * through no symlink and into no other mount (not a bucket's, whose server
+ * could keep the walk waiting): an O_PATH fd, or -1 with errno (ELOOP: a
+ * symlink, EXDEV: another mount). */
+static int walk_from(int dfd, const char *path) {
   char copy[sizeof ((sbx_bucket *)0)->mount_path];
   snprintf(copy, sizeof copy, "%s", path);
   for (char *save = NULL, *c = strtok_r(copy, "/", &save); c && dfd >= 0; c = strtok_r(NULL, "/", &save)) {
@@ -434,6 +441,22 @@ static int walk_root(const char *path) {
     errno = e;
   }
   return dfd;
+}
+
+/* path on the sandbox's root filesystem, as its root sees it */
+static int walk_root(const char *path) { return walk_from(open("/", O_PATH | O_DIRECTORY | O_CLOEXEC), path); }
+
+/* The part of a local bucket's tree under prefix (made where missing,
+ * through no symlink: the sandboxes that mount the bucket write it), as a
+ * detached mount of its own; mfd, the whole tree's, is closed. */
+static int prefix_tree(int mfd, const char *prefix) {
+  int dfd = walk_from(openat(mfd, ".", O_PATH | O_DIRECTORY | O_CLOEXEC), prefix);
+  int sub = dfd < 0 ? -1 : open_tree(dfd, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
+  int e = errno;
+  if (dfd >= 0) close(dfd);
+  close(mfd);
+  errno = e;
+  return sub;
 }
 
 /* Makes path (as the sandbox's root, never through a symlink nor into
@@ -466,6 +489,8 @@ static _Noreturn void helper_main(const helper *h, int sock) {
     if (unshare(CLONE_NEWNS) < 0) helper_fail(sock, "unshare");
     if ((mfd = open_tree(AT_FDCWD, h->host_dir, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC)) < 0)
       helper_fail(sock, "cloning the bucket's directory");
+    if (*h->prefix && (mfd = prefix_tree(mfd, h->prefix)) < 0)
+      helper_fail(sock, errno == ELOOP ? "prefix goes through a symlink" : "reaching prefix in the bucket");
     struct mount_attr a = {.attr_set = mount_flags(h->read_only)};
     if (mount_setattr(mfd, "", AT_EMPTY_PATH, &a, sizeof a) < 0) helper_fail(sock, "mount_setattr");
     if (setns(h->pidfd, CLONE_NEWNS) < 0) helper_fail(sock, "joining the sandbox's mount namespace");
@@ -1004,7 +1029,7 @@ static int mount_local(sbx_sandbox *sb, sbx_bucket *b, sbx_error *err) {
   /* stored as the sandbox sees them (root is 0): owners survive a new uid range */
   int mfd = local_tree(sb, b, parent, dir, err);
   if (mfd == -2) {
-    helper h = {.op = H_LOCAL_ROOTLESS, .path = b->mount_path, .host_dir = dir, .read_only = b->read_only};
+    helper h = {.op = H_LOCAL_ROOTLESS, .path = b->mount_path, .host_dir = dir, .prefix = b->prefix, .read_only = b->read_only};
     int fds[2] = {-1, -1};
     if (run_helper(sb, &h, fds, err) < 0) return -1;
     if (fds[0] >= 0) attached(b, fds[0]), close(fds[0]);
@@ -1012,6 +1037,9 @@ static int mount_local(sbx_sandbox *sb, sbx_bucket *b, sbx_error *err) {
     return 0;
   }
   if (mfd < 0) return -1;
+  if (b->prefix[0] && (mfd = prefix_tree(mfd, b->prefix)) < 0)
+    return sbx_err_errno(err, "MOUNT_FAILED", errno, "%s prefix %s of local bucket %s",
+                         errno == ELOOP ? "a symlink is on the way to" : "reaching", b->prefix, b->bucket);
   char ns[64];
   snprintf(ns, sizeof ns, "/proc/%d/ns/user", sb->init_pid);
   int userns = open(ns, O_RDONLY | O_CLOEXEC);

@@ -413,6 +413,26 @@ def test_local_bucket(t, x):
          'after the reset the local bucket is back with its files and their owner; the rest is gone')
 
 
+def test_local_bucket_prefix(t, x):
+    """prefix mounts part of a local bucket too (it was ignored: the whole
+    bucket was mounted); the part is made if absent and reached through no
+    symlink, which a sandbox that mounts the bucket whole could plant."""
+    c = x.c
+    c.ok('mountBucket', {'sandboxId': 'lp', 'bucket': 'keep', 'mountPath': 'whole'})
+    c.ok('mountBucket', {'sandboxId': 'lp', 'bucket': 'keep', 'mountPath': 'part', 'prefix': 'sub/dir/'})
+    r = c.sh('echo in > /workspace/part/p.txt; cat /workspace/whole/sub/dir/p.txt; ls /workspace/part; '
+             'test -e /workspace/whole/p.txt || echo not-at-root', sandbox='lp')
+    t.eq(r['stdout'], 'in\np.txt\nnot-at-root\n', 'a file written under the prefix is at sub/dir/ in the bucket, not at its root')
+    c.sh('ln -s /etc /workspace/whole/evil && mkdir -p /workspace/whole/ok', sandbox='lp')
+    res, _ = c.call('mountBucket', {'sandboxId': 'lp', 'bucket': 'keep', 'mountPath': 'e', 'prefix': 'evil'})
+    t.ok(res.get('isError') and res['structuredContent']['error']['code'] == 'MOUNT_FAILED'
+         and 'symlink' in res['structuredContent']['error']['message'],
+         'a prefix through a symlink the bucket holds is refused', res['structuredContent'])
+    res, _ = c.call('mountBucket', {'sandboxId': 'lp', 'bucket': 'keep', 'mountPath': 'u', 'prefix': 'ok/../..'})
+    t.eq(res['structuredContent'].get('error', {}).get('code'), 'VALIDATION_FAILED', 'and one with a .. part')
+    c.ok('destroySandbox', {'sandboxId': 'lp'})
+
+
 def test_local_bucket_quota(t, x):
     """A local bucket is bounded (the diskMB of the sandbox that made it):
     a sandbox cannot fill the host's disk through it; every sandbox that
@@ -1371,7 +1391,7 @@ def test_destroy_cleans_up(t, x):
 
 if __name__ == '__main__':
     sys.exit(run_tests([test_mount_write_read, test_names_not_utf8, test_object_grows_while_open, test_signatures, test_fsync_means_in_bucket, test_secrets_never_shown,
-                        test_errors, test_read_only, test_server_cpu_bounded, test_fsyncs_hold_no_thread, test_hung_bucket_stalls_nobody, test_local_bucket, test_local_bucket_quota, test_reset_keeps_bucket, test_restart_kill9,
+                        test_errors, test_read_only, test_server_cpu_bounded, test_fsyncs_hold_no_thread, test_hung_bucket_stalls_nobody, test_local_bucket, test_local_bucket_prefix, test_local_bucket_quota, test_reset_keeps_bucket, test_restart_kill9,
                         test_crash_of_bucket_server, test_daemon_killed_during_writes, test_outage, test_outage_names_bounded, test_removed_stays_removed, test_open_unlinked_files, test_crash_during_outage, test_syscall_suite,
                         test_view_shows_bucket, test_unmount, test_cache_cap, test_forgotten_files_stay_cached, test_mounts_by_identity, test_mounts_bounded, test_more_files_than_fds, test_big_directory, test_dir_handles_bounded, test_cold_directory, test_tree_listing, test_listing_that_never_ends,
                         test_hostile_keys_and_bodies, test_listings_bounded,
