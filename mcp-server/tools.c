@@ -1398,11 +1398,23 @@ static void h_exists(mcp_call *call, json_t *args, sbx_sandbox *sb) {
 
 /* ---- sessions ---------------------------------------------------------- */
 
+/* A session's name, as "id" or as "sessionId" (the other tools' name for
+ * it): NULL with err when both are given and differ. */
+static const char *session_arg(json_t *args, sbx_error *err) {
+  const char *id = str(args, "id"), *sid = str(args, "sessionId");
+  if (id && sid && strcmp(id, sid)) {
+    sbx_err(err, "VALIDATION_FAILED", "id '%.63s' and sessionId '%.63s' name different sessions: give one", id, sid);
+    return NULL;
+  }
+  return id ? id : sid;
+}
+
 static void h_session_create(mcp_call *call, json_t *args, sbx_sandbox *sb) {
   sbx_error err = {0};
   sbx_env env = {0};
   char id[64];
-  const char *want = str(args, "id");
+  const char *want = session_arg(args, &err);
+  if (err.code) return mcp_call_fail(call, &err);
   if (want) snprintf(id, sizeof id, "%s", want);
   else snprintf(id, sizeof id, "session-%llu", (unsigned long long)(sbx_now_us() % 100000000));
   char cwd[4096] = "/workspace";
@@ -1423,8 +1435,9 @@ static void h_session_create(mcp_call *call, json_t *args, sbx_sandbox *sb) {
 
 static void h_session_delete(mcp_call *call, json_t *args, sbx_sandbox *sb) {
   sbx_error err = {0};
-  const char *id = str(args, "id");
-  if (sbx_session_delete(sb, id, &err) < 0) return mcp_call_fail(call, &err);
+  const char *id = session_arg(args, &err);
+  if (!id && !err.code) sbx_err(&err, "VALIDATION_FAILED", "deleteSession: 'id' (or sessionId) is required");
+  if (!id || sbx_session_delete(sb, id, &err) < 0) return mcp_call_fail(call, &err);
   mcp_call_ok(call, json_pack("{s:s, s:b}", "id", id, "deleted", 1),
               !strcmp(id, "default") ? "session deleted; the default session starts again, fresh" : "session deleted");
 }

@@ -48,6 +48,12 @@ def test_session_state(t, x):
     t.ok(any(s['id'] == 'other' for s in x.c.ok('listSessions')['sessions']), 'listSessions')
     x.c.ok('deleteSession', {'id': 'other'})
     t.eq(x.c.err('exec', {'command': 'true', 'sessionId': 'other'}), 'SESSION_NOT_FOUND', 'deleted session is gone')
+    t.eq(x.c.ok('createSession', {'sessionId': 'named'})['id'], 'named',
+         'createSession takes sessionId too (the name every other tool gives it)')
+    t.eq(x.c.err('createSession', {'id': 'a', 'sessionId': 'b'}), 'VALIDATION_FAILED', 'two different names are refused')
+    x.c.ok('deleteSession', {'sessionId': 'named'})
+    t.eq(x.c.err('exec', {'command': 'true', 'sessionId': 'named'}), 'SESSION_NOT_FOUND', 'deleteSession takes sessionId too')
+    t.eq(x.c.err('deleteSession', {}), 'VALIDATION_FAILED', 'and needs one of them')
     x.c.sh('cd /tmp && GONE=1')
     x.c.ok('deleteSession', {'id': 'default'})
     t.eq(x.c.sh('echo "$PWD [$GONE]"')['stdout'], '/workspace []\n',
