@@ -261,6 +261,13 @@ static void exec_done(void *ud, const sbx_exec_result *r, const sbx_error *err) 
   if (r->output_path) json_object_set_new(o, "outputPath", json_string(r->output_path));
   if (r->oom) json_object_set_new(o, "oomKilled", json_true());
   const char *hint = no_network_hint(call, r);
+  char left[300];
+  if (!hint && r->left_behind > 0 && !r->timed_out && !r->cancelled) { /* `srv &`: gone as the call returns */
+    snprintf(left, sizeof left, "%d process%s the command started in the background %s ended with it (nothing of a "
+             "call outlives it): use startProcess for a server or a job that must keep running", r->left_behind,
+             r->left_behind == 1 ? "" : "es", r->left_behind == 1 ? "was" : "were");
+    hint = left;
+  }
   if (hint) json_object_set_new(o, "hint", json_string(hint));
   sbx_buf t = {0};
   sbx_buf_append(&t, r->out, r->out_len);
@@ -922,13 +929,19 @@ static void git_done(void *ud, const sbx_exec_result *r, const sbx_error *err) {
       last = strrchr(t, '\n');
       last = last ? last + 1 : t;
     }
-    bool offline = no_network_hint(call, r) != NULL;
+    const char *hint = no_network_hint(call, r);
+    /* a server on the host's loopback, as the agent sees it: not the sandbox's */
+    static const char *const loops[] = {"://127.", "://localhost", "://[::1]", "@127.", "@localhost", "@[::1]"};
+    for (size_t i = 0; !hint && i < SBX_ARRAY_SIZE(loops); i++)
+      if (strstr(g->shown, loops[i]) && (strstr(t, "refused") || strstr(t, "unable to connect")))
+        hint = "the sandbox's 127.0.0.1 and localhost are its own loopback, not the host's: a server on the host "
+               "is out of its reach (copy a repository in with sbx cp, or serve it from inside the sandbox)";
     if (r->exit_code == 5) /* rm's or mv's words */
       sbx_err(&e, "GIT_CLONE_FAILED", "the clone worked, but it could not replace %s: %s", g->dir,
               *last ? last : "(no message)");
     else
       sbx_err(&e, "GIT_CLONE_FAILED", "git clone %s failed: %s%s%s", g->shown, *last ? last : "(no message)",
-              offline ? "; " : "", offline ? NO_NETWORK_HINT : "");
+              hint ? "; " : "", hint ? hint : "");
     free(t);
   }
   if (e.code) {

@@ -500,16 +500,18 @@ static void kill_other(pid_t pid, void *ud) {
   if (pid != k->keep) kill(pid, SIGKILL), k->killed++;
 }
 
-void sbx_cg_kill_except(const sbx_cgroup *c, pid_t keep) {
+int sbx_cg_kill_except(const sbx_cgroup *c, pid_t keep) {
   const char *d = any_dir(c);
-  if (!d) return;
+  if (!d) return 0;
+  int found = 0;
   /* mostly there is nothing but `keep`; a few passes catch what forks
    * meanwhile, and freezing (slow on v1: milliseconds) is the last resort */
   struct kill_other k = {keep, 0};
   for (int pass = 0; pass < 4; pass++) {
     k.killed = 0;
     for_each_pid(d, 0, kill_other, &k);
-    if (!k.killed) return;
+    if (!pass) found = k.killed;
+    if (!k.killed) return found;
   }
   int fz = cg.v2 ? -1 : dir_for(c, "freezer");
   char path[4096];
@@ -519,6 +521,7 @@ void sbx_cg_kill_except(const sbx_cgroup *c, pid_t keep) {
   }
   for_each_pid(fz >= 0 ? c->dirs[fz] : d, 0, kill_other, &k);
   if (fz >= 0) sbx_write_string(path, "THAWED");
+  return found;
 }
 
 int sbx_cg_each_pid(const sbx_cgroup *c, void (*fn)(pid_t pid, void *ud), void *ud) {

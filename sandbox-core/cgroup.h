@@ -63,8 +63,9 @@ int sbx_cg_add_pid(const sbx_cgroup *cg, pid_t pid);
 /* Kills every process in the cgroup and below (v2 cgroup.kill; v1 freeze,
  * SIGKILL each task, thaw). */
 int sbx_cg_kill(const sbx_cgroup *cg);
-/* Kills every process in the cgroup and below but one. */
-void sbx_cg_kill_except(const sbx_cgroup *cg, pid_t keep);
+/* Kills every process in the cgroup and below but one; how many there
+ * were besides it. */
+int sbx_cg_kill_except(const sbx_cgroup *cg, pid_t keep);
 bool sbx_cg_populated(const sbx_cgroup *cg);
 /* fn for every process in the cgroup and below; how many. */
 int sbx_cg_each_pid(const sbx_cgroup *cg, void (*fn)(pid_t pid, void *ud), void *ud);

@@ -113,6 +113,7 @@ struct sbx_exec {
   size_t limit;
   bool exited, done, timed_out, cancelled;
   int exit_code;
+  int left_behind; /* its processes still running when it ended (killed then) */
   uint64_t start_us, oom_before;
   int handles; /* open libuv handles; freed when 0 after done */
   sbx_exec_chunk_cb on_chunk;
@@ -292,6 +293,7 @@ static void finish(sbx_exec *x) {
   }
   sbx_exec_result res = {0};
   res.exit_code = x->exit_code;
+  res.left_behind = x->left_behind;
   res.timed_out = x->timed_out;
   res.cancelled = x->cancelled;
   res.duration_ms = (sbx_now_us() - x->start_us) / 1000;
@@ -522,7 +524,7 @@ static void pid_cb(uv_poll_t *p, int status, int events) {
   x->exited = true;
   x->exit_code = sbx_spawn_exit_code(&si);
   /* nothing of the command outlives it: background children go too */
-  if (x->cg.n && sbx_cg_populated(&x->cg)) sbx_cg_kill(&x->cg);
+  if (x->cg.n && (x->left_behind = sbx_cg_each_pid(&x->cg, NULL, NULL)) > 0) sbx_cg_kill(&x->cg);
   else uv_timer_start(&x->drain, drain_cb, 100, 0);
   finish(x);
 }
@@ -803,7 +805,7 @@ static void shell_reports(sbx_shell *sh) {
       x->exited = true;
       sh->cur = NULL;
       /* nothing of the command outlives it */
-      if (sh->bash && !sh->retired) sbx_cg_kill_except(&sh->cg, sh->bash);
+      if (sh->bash && !sh->retired) x->left_behind = sbx_cg_kill_except(&sh->cg, sh->bash);
       if (!sh->retired) uv_timer_start(&sh->idle, shell_idle_cb, SHELL_IDLE_MS, 0);
       finish(x);
     }

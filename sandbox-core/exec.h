@@ -43,6 +43,7 @@ typedef struct sbx_exec_result {
   uint64_t duration_ms;
   char *output_path; /* inside the sandbox, when truncated */
   bool output_short; /* ...holding only what fit on the sandbox's disk */
+  int left_behind;   /* processes the command started that were still running when it ended (ended with it) */
 } sbx_exec_result;
 
 /* stream: 1 stdout, 2 stderr; data is valid UTF-8 ending on a code point. */

@@ -165,6 +165,11 @@ def test_background_does_not_block(t, x):
     t0 = time.monotonic()
     r = x.c.sh('sleep 300 & echo started')
     t.ok(r['stdout'] == 'started\n' and time.monotonic() - t0 < 10, 'a background child does not hold the call')
+    t.ok('startProcess' in r.get('hint', '') and '1 process ' in r['hint'],
+         'and the result says it was ended with the call, and what to use instead', r)
+    r = x.c.ok('exec', {'command': 'sleep 300 & sleep 300 & echo two'})
+    t.ok('2 processes' in r.get('hint', ''), 'counted', r.get('hint'))
+    t.ok('hint' not in x.c.sh('echo plain'), 'a command that leaves nothing behind has no hint')
 
 
 def test_cancel(t, x):
