@@ -61,7 +61,10 @@ static int count_in(const char *sandbox) {
   return n;
 }
 
+static size_t logs_held; /* the log limits of every record, both streams */
+
 static void unlink_free(sbx_process *p) {
+  logs_held -= 2 * p->log_limit;
   sbx_process **pp = &all;
   while (*pp && *pp != p) pp = &(*pp)->next;
   if (*pp) *pp = p->next;
@@ -134,13 +137,15 @@ int sbx_process_start(uv_loop_t *loop, sbx_sandbox *sb, const char *id, const sb
   p->start_ms = sbx_wall_ms();
   sbx_exec_opts opts = *o;
   opts.keep_session = false;
-  opts.max_output = SBX_PROCESS_LOG;
+  p->log_limit = logs_held + 2 * SBX_PROCESS_LOG <= SBX_PROCESS_LOGS_MAX ? SBX_PROCESS_LOG : SBX_PROCESS_LOG_LEAN;
+  opts.max_output = p->log_limit;
   opts.unattended = true;
   if (sbx_exec_start(loop, sb, &opts, NULL, on_done, p, &p->x, err) < 0) {
     free(p->command);
     free(p);
     return -1;
   }
+  logs_held += 2 * p->log_limit;
   p->next = all;
   all = p;
   *out = p;

@@ -6,6 +6,11 @@
 
 #define SBX_MAX_PROCESSES 64            /* records per sandbox, running or finished */
 #define SBX_PROCESS_LOG (1024 * 1024)   /* per stream kept in memory; the rest spills to a file */
+/* What all processes' logs may hold in the daemon's memory, every
+ * sandbox's together: a process started past it keeps SBX_PROCESS_LOG_LEAN
+ * of each stream (its whole output is in its file all the same). */
+#define SBX_PROCESS_LOGS_MAX (256u * 1024 * 1024)
+#define SBX_PROCESS_LOG_LEAN (16 * 1024)
 
 typedef struct sbx_process_watch sbx_process_watch;
 
@@ -20,6 +25,7 @@ typedef struct sbx_process {
   sbx_exec *x; /* while running */
   char *out, *err; /* once done */
   size_t out_len, err_len;
+  size_t log_limit; /* of each stream, held in memory (SBX_PROCESS_LOGS_MAX) */
   char output_path[128];
   sbx_process_watch *watches;
   struct sbx_process *next;

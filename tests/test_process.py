@@ -244,6 +244,32 @@ def test_costly_pattern(t, x):
     c.ok('killProcess', {'processId': 'flood'})
     c.ok('killProcess', {'processId': 'long'})
 
+def test_logs_bounded_in_all(t, x):
+    """Background processes' logs are held in the daemon's memory (1 MiB of
+    each stream), up to 256 MiB for all of them: a process started past it
+    keeps 16 KiB of each in memory, its whole output in its file; a
+    destroyed sandbox's records give theirs back."""
+    c = x.c
+    for s in range(3):
+        sid = 'lg%d' % s
+        for i in range(64 if s < 2 else 1):
+            c.ok('startProcess', {'sandboxId': sid, 'processId': 'p%d' % i, 'command': 'true'})
+    c.ok('startProcess', {'sandboxId': 'lg2', 'processId': 'big', 'command': 'head -c 300000 /dev/zero | tr "\\0" a'})
+    c.ok('waitForExit', {'sandboxId': 'lg2', 'processId': 'big', 'timeout': 30000}, 60)
+    r = c.ok('getProcessLogs', {'sandboxId': 'lg2', 'processId': 'big'})
+    kept = r['stdout'].count('a')
+    t.ok(kept <= 16 * 1024 and 'omitted' in r['stdout'] and r.get('outputPath'),
+         'past 256 MiB of logs held, a process keeps 16 KiB of a stream in memory (%d bytes), the rest in its file' % kept)
+    t.eq(c.sh('wc -c < %s' % r['outputPath'], sandbox='lg2')['stdout'].strip(), '300000', 'which has all of it')
+    c.ok('destroySandbox', {'sandboxId': 'lg0'})
+    c.ok('startProcess', {'sandboxId': 'lg2', 'processId': 'big2', 'command': 'head -c 300000 /dev/zero | tr "\\0" b'})
+    c.ok('waitForExit', {'sandboxId': 'lg2', 'processId': 'big2', 'timeout': 30000}, 60)
+    r = c.ok('getProcessLogs', {'sandboxId': 'lg2', 'processId': 'big2'})
+    t.eq(r['stdout'].count('b'), 300000, 'once a sandbox with 64 records is destroyed, a new process keeps its MiB again')
+    for sid in ('lg1', 'lg2'):
+        c.ok('destroySandbox', {'sandboxId': sid})
+
+
 def test_stream_logs(t, x):
     c = x.c
     c.ok('startProcess', {'processId': 'ticker', 'command': 'echo first; for i in 1 2 3; do sleep 0.2; echo tick$i; done'})
@@ -304,4 +330,4 @@ def test_output_flood(t, x):
 
 if __name__ == '__main__':
     sys.exit(run_tests([test_server, test_kill_waits, test_python_unbuffered, test_calls_bounded, test_exit_and_logs, test_tree_and_kill_all, test_with_sandbox, test_signals_reach_command, test_early_signals,
-                        test_wait_for_log_and_exit, test_costly_pattern, test_stream_logs, test_output_flood], lambda: Ctx('procs')))
+                        test_wait_for_log_and_exit, test_costly_pattern, test_logs_bounded_in_all, test_stream_logs, test_output_flood], lambda: Ctx('procs')))
