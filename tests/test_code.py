@@ -238,6 +238,31 @@ def test_javascript(t, x):
          'cancelling a JS busy loop interrupts it (SIGINT) and the context goes on')
 
 
+def test_javascript_modules(t, x):
+    """import statements and import() work in a JavaScript cell (a cell is
+    a script: `import` was a SyntaxError, import() had no loader), resolved
+    from the context's directory, and what they name persists like a
+    declaration."""
+    c = x.c
+    c.ok('writeFile', {'path': 'lib.mjs', 'content': 'export const k = 42; export default function hi() { return "hi"; }\n'})
+    c.ok('writeFile', {'path': 'node_modules/cj/index.js', 'content': 'module.exports = { v: 7 };\n'})
+
+    def js(code):
+        return run(x, code, language='javascript')
+    t.eq(js('import os from "node:os";\ntypeof os.cpus')['results'][0]['text'], 'function', 'a default import of a builtin')
+    t.eq(js('import { join as j } from "node:path"\nimport * as P from "node:path";\nj("a", "b") + P.sep')['results'][0]['text'],
+         'a/b/', 'named (renamed) and namespace imports')
+    t.eq(js('import hi, { k } from "./lib.mjs";\nhi() + k')['results'][0]['text'], 'hi42', 'a module of the cwd, by a relative path')
+    t.eq(js('hi() + k + j("x", "y")')['results'][0]['text'], 'hi42x/y', 'imported names persist into the next cell')
+    t.eq(js('import cj from "cj";\ncj.v')['results'][0]['text'], '7', 'a package from the cwd\'s node_modules')
+    t.eq(js('const m = await import("node:util"); typeof m.format')['results'][0]['text'], 'function', 'import() as well')
+    e = js('import {\n  basename,\n  dirname\n} from "node:path";\nthrow new Error("five")')['error']
+    t.ok(e['value'] == 'five' and any('<code>:5:' in l for l in e['traceback']),
+         'an import over several lines keeps the lines after it where they were', e)
+    e = js('import x from "no-such-package";')['error']
+    t.ok('no-such-package' in e['value'], 'a missing module is the cell\'s error, named', e)
+
+
 def test_big_output(t, x):
     r = run(x, "'z' * (9 * 1024 * 1024)")
     t.ok(r['results'] == [] and r.get('truncated') is True, 'a result too big to carry is left out and the run says truncated',
@@ -417,5 +442,5 @@ def test_missing_interpreter(t, x):
 
 if __name__ == '__main__':
     sys.exit(run_tests([test_state_and_results, test_exception, test_plot_and_dataframe, test_timeout_and_cancel, test_interrupt_sent_again, test_cancel_at_once,
-                        test_contexts_independent, test_javascript, test_big_output, test_lying_driver, test_results_bounded, test_floods_bounded, test_queued_run_cancelled, test_reset_ends_contexts,
+                        test_contexts_independent, test_javascript, test_javascript_modules, test_big_output, test_lying_driver, test_results_bounded, test_floods_bounded, test_queued_run_cancelled, test_reset_ends_contexts,
                         test_contexts_across_restart, test_missing_interpreter], setup=lambda: Ctx('code')))

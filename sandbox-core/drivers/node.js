@@ -273,6 +273,76 @@ function assignments(text) {
   return set.length ? `void (${set.join(', ')});` : ';';
 }
 
+// ES modules from a cell: a cell is a script (in an async function), where
+// `import x from "m"` is a syntax error and import() has no loader. Each
+// import statement becomes a declaration from a dynamic import, so its
+// names persist between runs like any declaration, and every import() goes
+// through the driver's own, which resolves as code in the context's
+// directory would: `./x.mjs` from its cwd, packages from its node_modules.
+const IMPORT = 'globalThis[Symbol.for("sbx.import")]';
+Object.defineProperty(globalThis, Symbol.for('sbx.import'), {
+  value: (spec) => {
+    const path = require('path'), { pathToFileURL } = require('url');
+    let target = String(spec);
+    if (/^\.{0,2}\//.test(target)) target = pathToFileURL(path.resolve(process.cwd(), target)).href;
+    else if (!/^[A-Za-z][\w+.-]*:/.test(target)) {
+      try {
+        target = pathToFileURL(require('module').createRequire(path.join(process.cwd(), '[cell]')).resolve(target)).href;
+      } catch (e) {
+        // an ES-only package (exports without require): import() finds it, or says why not
+      }
+    }
+    return import(target);
+  },
+});
+
+// `import X, {a as b} from "m"` as `const { default: X, a: b } = await
+// import("m")` (on as many lines as it took); null when the clause is not
+// one this reads.
+function importDecl(clause, call) {
+  const m = /^(?:([A-Za-z_$][\w$]*)\s*(?:,\s*)?)?(?:\*\s*as\s+([A-Za-z_$][\w$]*)|\{([^}]*)\})?$/.exec(clause);
+  if (!m || (!m[1] && !m[2] && m[3] === undefined)) return null;
+  if (m[2]) return `const ${m[2]} = ${call}${m[1] ? `, ${m[1]} = ${m[2]}.default` : ''};`;
+  const parts = (m[3] || '').split(',').map((p) => p.trim()).filter(Boolean)
+    .map((p) => p.replace(/^(\S+)\s+as\s+([A-Za-z_$][\w$]*)$/, '$1: $2'));
+  if (m[1]) parts.unshift(`default: ${m[1]}`);
+  return `const { ${parts.join(', ')} } = ${call};`;
+}
+
+function rewriteImports(code) {
+  const toks = tokens(code);
+  let out = '', at = 0;
+  for (let k = 0; k < toks.length; k++) {
+    const tk = toks[k], next = toks[k + 1], prev = toks[k - 1];
+    if (tk.type !== 'word' || tk.t !== 'import' || !next || (prev && (prev.t === '.' || prev.t === '?.'))) continue;
+    if (next.t === '(') { // import(x)
+      out += code.slice(at, tk.at) + IMPORT;
+      at = tk.end;
+      continue;
+    }
+    // a statement of its own (import.meta and the like stay as written)
+    if (next.t === '.' || tk.depth !== 0 || (prev && prev.t !== ';' && prev.t !== '}' && !tk.nl)) continue;
+    let s = k + 1, clause = '';
+    if (next.type !== 'str') { // import CLAUSE from "m"
+      let f = k + 1;
+      while (f < toks.length && !(toks[f].t === 'from' && toks[f].depth === 0)) f++;
+      if (f + 1 >= toks.length || toks[f + 1].type !== 'str') continue;
+      clause = code.slice(next.at, toks[f].at).trim();
+      s = f + 1;
+    }
+    const after = toks[s + 1];
+    if (after && !after.nl && after.t !== ';') continue; // import attributes (with {...}): left as written
+    const end = after && after.t === ';' ? after.end : toks[s].end;
+    const call = `await ${IMPORT}(${toks[s].t})`;
+    const decl = clause ? importDecl(clause, call) : `${call};`;
+    if (!decl) continue;
+    out += code.slice(at, tk.at) + decl + '\n'.repeat(code.slice(tk.at, end).split('\n').length - 1);
+    at = end;
+    k = after && after.t === ';' ? s + 1 : s;
+  }
+  return out + code.slice(at);
+}
+
 const RETURN = 'return { value: (';
 // A cell's script makes its async function; this one calls it (under the
 // same timeout and interrupt), so that its frame, by its name, is left out
@@ -347,7 +417,7 @@ process.on('SIGINT', () => { if (abandon) abandon(Object.assign(new Error('inter
 // async function, without a result).
 async function run(req) {
   const timeout = req.timeout > 0 ? Math.min(req.timeout, 2147483647) : undefined; // setTimeout's limit
-  const code = String(req.code || '');
+  const code = rewriteImports(String(req.code || ''));
   const opts = { filename: '<code>', breakOnSigint: true, timeout };
   const cell = cellWrap(code);
   let value;
