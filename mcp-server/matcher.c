@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -169,6 +170,11 @@ mcp_matcher *mcp_matcher_start(uv_loop_t *loop, sbx_sandbox *sb, const regex_t *
      * sandbox's (a sandbox without cgroups: a nice process of the host) */
     if (sb->cg.n && sbx_cg_add_pid(&sb->cg, getpid()) < 0) _exit(1);
     if (!sb->cg.n && setpriority(PRIO_PROCESS, 0, 19) < 0) _exit(1);
+    /* it reads what a sandbox printed: as nobody, never root */
+    if (getuid() == 0 && (setgroups(0, NULL) < 0 || setresgid(65534, 65534, 65534) < 0 ||
+                          setresuid(65534, 65534, 65534) < 0))
+      _exit(1);
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) _exit(1);
     int in = to[0], out = from[1];
     if (in < 3 && (in = fcntl(in, F_DUPFD_CLOEXEC, 3)) < 0) _exit(1);
     if (out < 3 && (out = fcntl(out, F_DUPFD_CLOEXEC, 3)) < 0) _exit(1);
