@@ -117,13 +117,6 @@ static void written(uv_write_t *req, int status) {
   mcp_matcher_flush(m);
 }
 
-static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *b) {
-  static char buf[4096];
-  (void)h;
-  (void)suggested;
-  *b = uv_buf_init(buf, sizeof buf);
-}
-
 static void answers(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
   mcp_matcher *m = s->data;
   if (n < 0) {
@@ -202,7 +195,7 @@ mcp_matcher *mcp_matcher_start(uv_loop_t *loop, sbx_sandbox *sb, const regex_t *
   m->open_handles = 3;
   uv_pipe_open(&m->to, to[1]);
   uv_pipe_open(&m->from, from[0]);
-  uv_read_start((uv_stream_t *)&m->from, alloc_cb, answers);
+  uv_read_start((uv_stream_t *)&m->from, sbx_read_alloc, answers);
   uv_poll_start(&m->exit, UV_READABLE, exited);
   return m;
 }

@@ -9,7 +9,7 @@
  * to it. A child that falls MCP_MATCH_BEHIND bytes behind ends the wait
  * with an error rather than hold more. */
 #pragma once
-#include "../sandbox-core/sandbox.h"
+#include "../sandbox-core/exec.h"
 
 #include <regex.h>
 #include <stdbool.h>

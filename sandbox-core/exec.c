@@ -405,7 +405,6 @@ static uv_timer_t out_timer;
 static bool out_timer_ready;
 static void read_cb(uv_stream_t *s, ssize_t n, const uv_buf_t *b);
 static void shell_read_cb(uv_stream_t *st, ssize_t n, const uv_buf_t *b);
-static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *b);
 
 /* Stops the reading pipes among the first two of p; returns which. */
 static unsigned pause_pipes(uv_pipe_t *p) {
@@ -420,7 +419,7 @@ static unsigned pause_pipes(uv_pipe_t *p) {
 
 static void resume_pipes(uv_pipe_t *p, unsigned bits, uv_read_cb cb) {
   for (int i = 0; i < 2; i++)
-    if ((bits & (1u << i)) && !uv_is_closing((uv_handle_t *)&p[i])) uv_read_start((uv_stream_t *)&p[i], alloc_cb, cb);
+    if ((bits & (1u << i)) && !uv_is_closing((uv_handle_t *)&p[i])) uv_read_start((uv_stream_t *)&p[i], sbx_read_alloc, cb);
 }
 
 static void out_window_cb(uv_timer_t *t) {
@@ -459,8 +458,7 @@ static void out_spend(uv_loop_t *loop, sbx_sandbox *sb, bool unattended, size_t 
     uv_timer_start(&out_timer, out_window_cb, OUT_WINDOW_MS - uv_now(loop) % OUT_WINDOW_MS, 0);
 }
 
-/* One buffer serves every read: each is consumed before the callback returns. */
-static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *b) {
+void sbx_read_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *b) {
   static char buf[65536];
   (void)h;
   (void)suggested;
@@ -902,7 +900,7 @@ static sbx_shell *shell_start(uv_loop_t *loop, sbx_sandbox *sb, sbx_session *s, 
     uv_pipe_init(loop, &sh->pipes[i], 0);
     sh->pipes[i].data = sh;
     uv_pipe_open(&sh->pipes[i], ours[i + 1]);
-    uv_read_start((uv_stream_t *)&sh->pipes[i], alloc_cb, shell_read_cb);
+    uv_read_start((uv_stream_t *)&sh->pipes[i], sbx_read_alloc, shell_read_cb);
   }
   uv_poll_start(&sh->pidpoll, UV_READABLE, shell_pid_cb);
   sh->sb = sb;
@@ -1116,7 +1114,7 @@ int sbx_exec_start(uv_loop_t *loop, sbx_sandbox *sb, const sbx_exec_opts *o, sbx
     x->handles++;
     uv_pipe_open(&x->pipes[i], ours[i + 1]);
     x->pipe_open[i] = true;
-    uv_read_start((uv_stream_t *)&x->pipes[i], alloc_cb, read_cb);
+    uv_read_start((uv_stream_t *)&x->pipes[i], sbx_read_alloc, read_cb);
   }
   if (o->stdin_stream) {
     uv_pipe_init(loop, &x->in, 0);

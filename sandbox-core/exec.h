@@ -46,6 +46,10 @@ typedef struct sbx_exec_result {
   int left_behind;   /* processes the command started that were still running when it ended (ended with it) */
 } sbx_exec_result;
 
+/* A read's buffer for the loop's pipes: one serves every read, so each is
+ * consumed before its callback returns. */
+void sbx_read_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *b);
+
 /* stream: 1 stdout, 2 stderr; data is valid UTF-8 ending on a code point. */
 typedef void (*sbx_exec_chunk_cb)(void *ud, int stream, const char *data, size_t len);
 /* err is NULL on success; res is owned by the exec and valid during the call. */
