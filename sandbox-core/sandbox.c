@@ -995,6 +995,7 @@ static start_waiter *start_detach(sbx_sandbox *sb) {
     uv_close((uv_handle_t *)&st->poll, start_closed);
     uv_close((uv_handle_t *)&st->timer, start_closed);
     starts_kick();
+    ahead_soon(); /* the next made ahead: on the loop's next turn, once this answer is sent */
     return w;
   }
   for (sbx_start **pp = &starts.queue; *pp; pp = &(*pp)->qnext)
@@ -1060,7 +1061,8 @@ static int start_begin(sbx_sandbox *sb, sbx_error *err) {
     st->sb = sb;
     st->ahead = true;
     sandbox_link(sb);
-    ahead_soon();
+    /* the next is made once this one answered (start_detach): a make is a
+     * few ms of the loop, more when cgroup v1 waits, and would come first */
   } else if (start(sb, false, &sock, err) < 0) {
     return -1;
   }
