@@ -769,8 +769,10 @@ static int cmd_daemon_stop(void) {
       json_t *s;
       if (r) kept = 0;
       json_array_foreach(json_object_get(sc(r), "sandboxes"), i, s) {
+        const char *st = json_string_value(json_object_get(s, "status"));
+        if (st && !strcmp(st, "starting")) continue; /* a create not answered yet leaves nothing */
         kept++;
-        running += !strcmp(json_string_value(json_object_get(s, "status")), "running");
+        running += st && !strcmp(st, "running");
       }
       json_decref(r);
       sbx_client_close(&c);

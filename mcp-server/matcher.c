@@ -35,13 +35,15 @@ typedef struct batch {
 struct mcp_matcher {
   uv_pipe_t to, from;
   uv_poll_t exit;
+  uv_timer_t soon;   /* an answer found within a call of the caller's, told on the loop's next turn */
+  sbx_error soon_err;
   int pidfd;
   int open_handles;
   frame *first, **last; /* not answered yet, oldest first */
   frame *unsent;        /* the first of them not in a batch yet */
   size_t behind;        /* their bytes */
   batch *writing;       /* the batch being written, if any */
-  bool ended, done, freed;
+  bool ended, done, freed, answering;
   mcp_match_cb cb;
   void *ud;
 };
@@ -99,6 +101,20 @@ static void fail(mcp_matcher *m, const char *code, const char *msg) {
   sbx_error err = {0};
   sbx_err(&err, code, "%s", msg);
   finish(m, NULL, &err);
+}
+
+static void soon_cb(uv_timer_t *t) {
+  mcp_matcher *m = t->data;
+  finish(m, NULL, m->soon_err.code ? &m->soon_err : NULL);
+}
+
+/* The answer from within feed, flush or end (code NULL: no line matched):
+ * never told from inside them, where the caller goes on with the matcher. */
+static void answer_soon(mcp_matcher *m, const char *code, const char *msg) {
+  if (m->done || m->answering) return;
+  m->answering = true;
+  if (code) sbx_err(&m->soon_err, code, "%s", msg);
+  uv_timer_start(&m->soon, soon_cb, 0, 0);
 }
 
 void mcp_matcher_flush(mcp_matcher *m);
@@ -191,8 +207,9 @@ mcp_matcher *mcp_matcher_start(uv_loop_t *loop, sbx_sandbox *sb, const regex_t *
   uv_pipe_init(loop, &m->to, 0);
   uv_pipe_init(loop, &m->from, 0);
   uv_poll_init(loop, &m->exit, pidfd);
-  m->to.data = m->from.data = m->exit.data = m;
-  m->open_handles = 3;
+  uv_timer_init(loop, &m->soon);
+  m->to.data = m->from.data = m->exit.data = m->soon.data = m;
+  m->open_handles = 4;
   uv_pipe_open(&m->to, to[1]);
   uv_pipe_open(&m->from, from[0]);
   uv_read_start((uv_stream_t *)&m->from, sbx_read_alloc, answers);
@@ -201,12 +218,12 @@ mcp_matcher *mcp_matcher_start(uv_loop_t *loop, sbx_sandbox *sb, const regex_t *
 }
 
 void mcp_matcher_feed(mcp_matcher *m, int stream, const char *line, size_t len) {
-  if (m->done || m->ended) return;
+  if (m->done || m->ended || m->answering) return;
   if (m->behind + len > MCP_MATCH_BEHIND)
-    return fail(m, "RESOURCE_LIMIT", "the pattern is too slow to match for what the process prints: its matcher "
+    return answer_soon(m, "RESOURCE_LIMIT", "the pattern is too slow to match for what the process prints: its matcher "
                 "fell 4 MiB behind (a simpler pattern, or one that cannot match so much of a line, keeps up)");
   frame *f = malloc(sizeof *f + len + 1);
-  if (!f) return fail(m, "INTERNAL", "out of memory");
+  if (!f) return answer_soon(m, "INTERNAL", "out of memory");
   *f = (frame){.len = len};
   memcpy(f->text, line, len);
   f->text[len] = 0;
@@ -219,14 +236,14 @@ void mcp_matcher_feed(mcp_matcher *m, int stream, const char *line, size_t len) 
 }
 
 void mcp_matcher_flush(mcp_matcher *m) {
-  if (m->done || m->writing || !m->unsent) return;
+  if (m->done || m->answering || m->writing || !m->unsent) return;
   size_t n = 0;
   for (frame *f = m->unsent; f; f = f->next) n++;
   batch *b = malloc(sizeof *b + n * sizeof b->f[0]);
   uv_buf_t *bufs = malloc(2 * n * sizeof *bufs);
   if (!b || !bufs) {
     free(b), free(bufs);
-    return fail(m, "INTERNAL", "out of memory");
+    return answer_soon(m, "INTERNAL", "out of memory");
   }
   b->m = m;
   b->n = n;
@@ -245,14 +262,14 @@ void mcp_matcher_flush(mcp_matcher *m) {
     m->writing = NULL;
     for (size_t i = 0; i < b->n; i++) b->f[i]->written = true;
     free(b);
-    fail(m, "INTERNAL", "the pattern's matcher went away");
+    answer_soon(m, "INTERNAL", "the pattern's matcher went away");
   }
 }
 
 void mcp_matcher_end(mcp_matcher *m) {
   m->ended = true;
   mcp_matcher_flush(m);
-  if (!m->done && !m->first) finish(m, NULL, NULL);
+  if (!m->first) answer_soon(m, NULL, NULL);
 }
 
 void mcp_matcher_free(mcp_matcher *m) {
@@ -269,5 +286,6 @@ void mcp_matcher_free(mcp_matcher *m) {
   }
   uv_close((uv_handle_t *)&m->to, handle_closed);
   uv_close((uv_handle_t *)&m->from, handle_closed);
+  uv_close((uv_handle_t *)&m->soon, handle_closed);
   /* the exit poll closes itself once the child is reaped */
 }

@@ -20,8 +20,9 @@
 typedef struct mcp_matcher mcp_matcher;
 /* A line matched (stream 1 stdout, 2 stderr; line borrowed); or, after
  * mcp_matcher_end, every line was matched and none did (line NULL, err
- * NULL); or matching failed (err). Called once; the matcher is done then
- * and is let go with mcp_matcher_free. */
+ * NULL); or matching failed (err). Called once, from the loop, never from
+ * within a call to the matcher; it is done then and is let go with
+ * mcp_matcher_free. */
 typedef void (*mcp_match_cb)(void *ud, int stream, const char *line, size_t len, const sbx_error *err);
 
 /* Starts the child with re (compiled by the caller, REG_NOSUB; the child

@@ -512,6 +512,8 @@ struct proc_wait {
   uv_timer_t timer;
   regex_t re;
   mcp_matcher *m; /* matches re, off the loop (matcher.h) */
+  char ended_status[16]; /* how the process ended, for when the matcher answers (its record may be gone) */
+  int ended_code;
   bool has_re, stream_all, finished, kill;
   sbx_buf line[2];
   char id[64];
@@ -555,7 +557,7 @@ static void matched(void *ud, int stream, const char *line, size_t len, const sb
   if (!line) {
     sbx_error e;
     sbx_err(&e, "PROCESS_EXITED", "process '%s' ended (%s, exit code %d) without printing a matching line", pw->id,
-            pw->p ? pw->p->status : "gone", pw->p ? pw->p->exit_code : -1);
+            pw->ended_status, pw->ended_code);
     return wait_finish(pw, NULL, NULL, &e);
   }
   char text[300];
@@ -607,6 +609,8 @@ static void wait_end(void *ud, sbx_process *p) {
     return wait_finish(pw, NULL, NULL, &err);
   }
   if (pw->m) { /* a last line without a newline; the answer comes once every line is matched */
+    snprintf(pw->ended_status, sizeof pw->ended_status, "%s", p->status);
+    pw->ended_code = p->exit_code;
     for (int i = 0; i < 2; i++)
       if (pw->line[i].len > MAX_PROMPT) mcp_matcher_feed(pw->m, i + 1, pw->line[i].data, pw->line[i].len);
     return mcp_matcher_end(pw->m);

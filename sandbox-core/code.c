@@ -365,6 +365,26 @@ static json_t *clean_result(json_t *in) {
   return o;
 }
 
+/* How much JSON structure text has: its '{', '[', ',' and ':' outside
+ * strings (a CSV in a string is text, not structure), counted up to past
+ * most. */
+static size_t json_structure(const char *p, size_t n, size_t most) {
+  size_t t = 0;
+  bool str = false;
+  for (size_t k = 0; k < n && t <= most; k++) {
+    char ch = p[k];
+    if (str) {
+      if (ch == '\\') k++;
+      else if (ch == '"') str = false;
+    } else if (ch == '"') {
+      str = true;
+    } else {
+      t += ch == '{' || ch == '[' || ch == ',' || ch == ':';
+    }
+  }
+  return t;
+}
+
 /* tokens: how much JSON structure the message's line had (TOKEN_COST) */
 static void on_message(sbx_code_ctx *c, json_t *msg, size_t tokens) {
   if (json_is_true(json_object_get(msg, "ready")) && !c->ready) {
@@ -447,9 +467,8 @@ static void on_output(void *ud, int stream, const char *data, size_t len) {
     if (!nl) break;
     if (!c->skipping && c->line.len) {
       json_error_t je;
-      size_t tokens = 0; /* a line of "[[[[..." or "{},{}..." would cost the daemon gigabytes to parse */
-      for (size_t k = 0; k < c->line.len && tokens <= MAX_TOKENS; k++)
-        tokens += c->line.data[k] == '{' || c->line.data[k] == '[' || c->line.data[k] == ',' || c->line.data[k] == ':';
+      /* a line of "[[[[..." or "{},{}..." would cost the daemon gigabytes to parse */
+      size_t tokens = json_structure(c->line.data, c->line.len, MAX_TOKENS);
       json_t *msg = tokens > MAX_TOKENS || c->line.data[0] != '{'
                         ? NULL
                         : json_loadb(c->line.data, c->line.len, JSON_REJECT_DUPLICATES, &je);

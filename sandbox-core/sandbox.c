@@ -437,8 +437,9 @@ void sbx_engine_shutdown(void) {
     start_abort(sb, "INTERNAL", "was stopped with the daemon");
     if (fresh) { /* a create that had not answered: no record, nothing left */
       sandbox_unlink(sb);
-      stop_running(sb);
-      sbx_disk_remove(sb->id, -1);
+      int shut = sbx_disk_fd(sb->id, sb->rootfd);
+      stop_running_async(sb, false); /* waited for with the others below */
+      sbx_disk_remove(sb->id, shut);
       sandbox_free(sb);
       continue;
     }
@@ -449,6 +450,8 @@ void sbx_engine_shutdown(void) {
   while (ahead.n) ahead_discard(ahead.n - 1, false);
   if (ahead.timer_ready) uv_close((uv_handle_t *)&ahead.timer, NULL);
   ahead.timer_ready = false;
+  if (starts.timer_ready) uv_close((uv_handle_t *)&starts.timer, NULL);
+  starts.timer_ready = false;
   bury_all();
   sbx_disk_pool_stop();
   while (eng.list) {
@@ -1032,9 +1035,10 @@ static void start_failed(sbx_sandbox *sb, start_waiter *w, bool fresh, sbx_state
  * waiters hear why. The caller stops what runs. */
 static void start_abort(sbx_sandbox *sb, const char *code, const char *why) {
   if (!sb->start) return;
-  if (sb->start->sock >= 0) close(sb->start->sock);
+  int sock = sb->start->sock;
   sb->state = sb->start->before;
-  start_waiter *w = start_detach(sb);
+  start_waiter *w = start_detach(sb); /* its poll closed before its fd */
+  if (sock >= 0) close(sock);
   sbx_error err = {0};
   sbx_err(&err, code, "sandbox '%s' %s before it had started", sb->id, why);
   tell_waiters(w, &err);

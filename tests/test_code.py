@@ -326,6 +326,9 @@ def test_results_bounded(t, x):
     t.ok(grew < 150, 'the daemon\'s peak memory grew by %d MB (30 results of 49,000 objects each and a million log '
          'lines asked for some 400 MB)' % grew)
     t.eq(run(x, '6 * 7')['results'][0]['text'], '42', 'the context goes on')
+    r = run(x, '",".join(str(i) for i in range(70000))')
+    t.ok(len(r['results']) == 1 and not r.get('truncated') and r['results'][0]['text'].count(',') == 69999,
+         'a long text result full of commas is text, not structure: kept whole', {k: v for k, v in r.items() if k != 'results'})
 
 
 def test_floods_bounded(t, x):

@@ -243,6 +243,25 @@ def test_costly_pattern(t, x):
          'a match that falls 4 MiB behind the output ends with RESOURCE_LIMIT, not by holding more', r)
     c.ok('killProcess', {'processId': 'flood'})
     c.ok('killProcess', {'processId': 'long'})
+    # nearly 4 MiB behind when the process ends on a long line without a
+    # newline: the last feed is the one that fails (the daemon crashed)
+    prog = ("import sys\nw = sys.stdout.write\nw('ab' * 32767 + '\\n')\nfor i in range(68): w('x' * 60000 + '\\n')\n"
+            "w('x' * 8770 + '\\n')\nw('y' * 65536)\nsys.stdout.flush()\n")
+    c.ok('writeFile', {'path': '/workspace/prog.py', 'content': prog})
+    c.ok('startProcess', {'processId': 'edge', 'command': 'python3 /workspace/prog.py'})
+    r = c.call('waitForLog', {'processId': 'edge', 'pattern': '(((a|b){32}){32}){32}c', 'timeout': 20000}, 60)[0]
+    t.eq(r['structuredContent'].get('error', {}).get('code'), 'RESOURCE_LIMIT',
+         'one that falls behind on the last line of a process that ended answers so', r)
+    # the process's record replaced while its last lines are still matched
+    c.ok('startProcess', {'processId': 'gone', 'command': "python3 -c \"print('ab' * 7000)\""})
+    other.send({'jsonrpc': '2.0', 'id': 'g', 'method': 'tools/call', 'params': {'name': 'waitForLog', 'arguments': {
+        'sandboxId': 'procs', 'processId': 'gone', 'pattern': '(((a|b){32}){32}){32}c', 'timeout': 60000}}})
+    c.ok('waitForExit', {'processId': 'gone', 'timeout': 20000}, 40)
+    c.ok('startProcess', {'processId': 'gone', 'command': 'true'})
+    r = other.next(lambda m: m.get('id') == 'g', 60)
+    t.ok('ended (completed, exit code 0)' in r['result']['structuredContent'].get('error', {}).get('message', ''),
+         'a wait whose process record was replaced meanwhile still says how the process it waited on ended', r)
+    t.ok(c.ok('listSandboxes')['sandboxes'], 'and the daemon is there')
 
 def test_logs_bounded_in_all(t, x):
     """Background processes' logs are held in the daemon's memory (1 MiB of
