@@ -18,12 +18,14 @@
 #define TOKEN_COST 256     /* of a result's JSON structure, a '{', '[', ',' or ':' */
 #define LOG_ENTRY_COST 64  /* of each entry in a run's logs */
 #define HELD_MAX (256u * 1024 * 1024) /* all runs' results and logs, every sandbox's together */
+#define SANDBOX_HELD_MAX (HELD_MAX / 4)  /* ...and one sandbox's runs: it cannot take it all from the others */
 #define STOP_GRACE_MS 5000             /* an interrupted run has this long to stop */
 #define LINE_COST 512                  /* what a line read from a driver counts of its sandbox's output budget */
 #define INPUT_MAX (32u * 1024 * 1024)  /* queued toward a context that does not read its input: then it ends */
 
 struct sbx_code_run {
   sbx_code_ctx *ctx;
+  char sandbox[64]; /* its context's, for its share of what runs hold */
   uint64_t id;
   char *code;
   size_t len;
@@ -120,17 +122,57 @@ bool sbx_code_take_gone(sbx_sandbox *sb, const char *id) {
 
 static size_t held; /* the cost of every run's results and logs (HELD_MAX) */
 
-/* Whether n more of a run's cost may be held (it is counted if so). */
-static bool hold(size_t *bytes, size_t most, size_t n) {
-  if (*bytes + n > most || held + n > HELD_MAX) return false;
+/* What each sandbox's runs hold (SANDBOX_HELD_MAX), by its id: entries
+ * while it holds anything. */
+typedef struct share {
+  char sandbox[64];
+  size_t n;
+  struct share *next;
+} share;
+static share *shares;
+
+static share **share_at(const char *sandbox) {
+  share **pp = &shares;
+  while (*pp && strcmp((*pp)->sandbox, sandbox)) pp = &(*pp)->next;
+  return pp;
+}
+
+static size_t left(size_t used, size_t most) { return used < most ? most - used : 0; }
+
+/* How much more of its cost r may hold, on top of bytes of at most most. */
+static size_t room_for(const sbx_code_run *r, size_t bytes, size_t most) {
+  share *sh = *share_at(r->sandbox);
+  size_t room = left(bytes, most), all = left(held, HELD_MAX), mine = left(sh ? sh->n : 0, SANDBOX_HELD_MAX);
+  return room < all ? (room < mine ? room : mine) : (all < mine ? all : mine);
+}
+
+static void charge(const sbx_code_run *r, size_t *bytes, size_t n) {
+  share **pp = share_at(r->sandbox);
+  if (!*pp && (*pp = calloc(1, sizeof **pp))) snprintf((*pp)->sandbox, sizeof (*pp)->sandbox, "%s", r->sandbox);
+  if (*pp) (*pp)->n += n;
   *bytes += n;
   held += n;
+}
+
+static void uncharge(const sbx_code_run *r, size_t n) {
+  share **pp = share_at(r->sandbox), *sh = *pp;
+  held -= n;
+  if (sh && (sh->n -= sh->n < n ? sh->n : n) == 0) {
+    *pp = sh->next;
+    free(sh);
+  }
+}
+
+/* Whether n more of a run's cost may be held (it is counted if so). */
+static bool hold(sbx_code_run *r, size_t *bytes, size_t most, size_t n) {
+  if (n > room_for(r, *bytes, most)) return false;
+  charge(r, bytes, n);
   return true;
 }
 
 static void run_timer_closed(uv_handle_t *h) {
   sbx_code_run *r = h->data;
-  held -= r->out_bytes + r->err_bytes + r->result_bytes;
+  uncharge(r, r->out_bytes + r->err_bytes + r->result_bytes);
   sbx_buf_free(&r->pending[0]);
   sbx_buf_free(&r->pending[1]);
   free(r->code);
@@ -255,6 +297,7 @@ int sbx_code_submit(sbx_code_ctx *c, const char *code, size_t len, int64_t timeo
   r->code[len] = 0;
   r->len = len;
   r->ctx = c;
+  snprintf(r->sandbox, sizeof r->sandbox, "%s", c->sandbox);
   r->id = ++c->next_id;
   r->timeout_ms = timeout_ms;
   r->results = json_array();
@@ -324,16 +367,13 @@ static void add_log(sbx_code_run *r, const char *stream, const char *text, size_
   size_t ll = last ? json_string_length(last) : 0;
   bool join = last && ll && ll + len <= 4096 && json_string_value(last)[ll - 1] != '\n';
   size_t cost = join ? 0 : LOG_ENTRY_COST;
-  size_t room = *bytes < MAX_LOGS ? MAX_LOGS - *bytes : 0;
-  if (held >= HELD_MAX) room = 0;
-  else if (HELD_MAX - held < room) room = HELD_MAX - held;
+  size_t room = room_for(r, *bytes, MAX_LOGS);
   if (len + cost > room) {
     len = room > cost ? sbx_utf8_complete_prefix(text, room - cost) : 0; /* whole characters */
     r->truncated = true;
   }
   if (len) {
-    *bytes += len + cost;
-    held += len + cost;
+    charge(r, bytes, len + cost);
     if (join) {
       char joined[4096];
       memcpy(joined, json_string_value(last), ll);
@@ -417,7 +457,7 @@ static void on_message(sbx_code_ctx *c, json_t *msg, size_t tokens) {
     char *dump = json_dumps(res, JSON_COMPACT);
     size_t n = dump ? strlen(dump) + tokens * TOKEN_COST : 0;
     free(dump);
-    if (!hold(&r->result_bytes, MAX_RESULTS, n)) {
+    if (!hold(r, &r->result_bytes, MAX_RESULTS, n)) {
       r->truncated = true;
       json_decref(res);
     } else {

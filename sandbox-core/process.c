@@ -137,7 +137,12 @@ int sbx_process_start(uv_loop_t *loop, sbx_sandbox *sb, const char *id, const sb
   p->start_ms = sbx_wall_ms();
   sbx_exec_opts opts = *o;
   opts.keep_session = false;
-  p->log_limit = logs_held + 2 * SBX_PROCESS_LOG <= SBX_PROCESS_LOGS_MAX ? SBX_PROCESS_LOG : SBX_PROCESS_LOG_LEAN;
+  size_t mine = 0; /* and a sandbox's share: it cannot take it all from the others */
+  for (sbx_process *q = all; q; q = q->next)
+    if (!strcmp(q->sandbox, sb->id)) mine += 2 * q->log_limit;
+  p->log_limit = logs_held + 2 * SBX_PROCESS_LOG <= SBX_PROCESS_LOGS_MAX && mine + 2 * SBX_PROCESS_LOG <= SBX_PROCESS_LOGS_MAX / 4
+                     ? SBX_PROCESS_LOG
+                     : SBX_PROCESS_LOG_LEAN;
   opts.max_output = p->log_limit;
   opts.unattended = true;
   if (sbx_exec_start(loop, sb, &opts, NULL, on_done, p, &p->x, err) < 0) {

@@ -7,8 +7,9 @@
 #define SBX_MAX_PROCESSES 64            /* records per sandbox, running or finished */
 #define SBX_PROCESS_LOG (1024 * 1024)   /* per stream kept in memory; the rest spills to a file */
 /* What all processes' logs may hold in the daemon's memory, every
- * sandbox's together: a process started past it keeps SBX_PROCESS_LOG_LEAN
- * of each stream (its whole output is in its file all the same). */
+ * sandbox's together (and a quarter of it one sandbox's): a process started
+ * past it keeps SBX_PROCESS_LOG_LEAN of each stream (its whole output is in
+ * its file all the same). */
 #define SBX_PROCESS_LOGS_MAX (256u * 1024 * 1024)
 #define SBX_PROCESS_LOG_LEAN (16 * 1024)
 

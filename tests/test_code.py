@@ -331,6 +331,29 @@ def test_results_bounded(t, x):
          'a long text result full of commas is text, not structure: kept whole', {k: v for k, v in r.items() if k != 'results'})
 
 
+def test_results_share(t, x):
+    """What runs hold is bounded for one sandbox at a quarter of the
+    daemon's whole budget: its runs cannot leave every other sandbox's
+    results cut."""
+    c = x.c
+    emit = ('import __main__, os, time\nfd, rid = __main__._ctl_fd, __main__._current[0]\n'
+            'os.write(fd, (\'{"id":%d,"result":{"json":[\' % rid + ",".join(["{}"] * 30000) + "]}}\\n").encode())\n'
+            'while not os.path.exists("/tmp/go"): time.sleep(0.05)\n"held"')
+    ids = []
+    for i in range(5):
+        ctx = c.ok('createCodeContext', {'sandboxId': 'hog'})['id']
+        i = next(c.ids)
+        c.send({'jsonrpc': '2.0', 'id': i, 'method': 'tools/call',
+                'params': {'name': 'runCode', 'arguments': {'sandboxId': 'hog', 'contextId': ctx, 'code': emit}}})
+        ids.append(i)
+    other = c.ok('runCode', {'sandboxId': 'fair', 'code': emit.replace('/tmp/go', '/')}, 120)
+    t.ok(len(other['results']) == 2 and not other.get('truncated'), 'another sandbox\'s run keeps its results', 
+         {k: v for k, v in other.items() if k != 'results'})
+    c.sh('touch /tmp/go', sandbox='hog')
+    cut = sum(1 for i in ids if c.next(lambda m, i=i: m.get('id') == i, 120)['result']['structuredContent'].get('truncated'))
+    t.ok(cut >= 1, 'while one sandbox\'s runs past its share are cut (%d of 5)' % cut)
+
+
 def test_floods_bounded(t, x):
     """What ordinary code does a lot of (a print loop, a huge exception)
     and what hostile code does to its channels cost the daemon a bounded
@@ -445,5 +468,5 @@ def test_missing_interpreter(t, x):
 
 if __name__ == '__main__':
     sys.exit(run_tests([test_state_and_results, test_exception, test_plot_and_dataframe, test_timeout_and_cancel, test_interrupt_sent_again, test_cancel_at_once,
-                        test_contexts_independent, test_javascript, test_javascript_modules, test_big_output, test_lying_driver, test_results_bounded, test_floods_bounded, test_queued_run_cancelled, test_reset_ends_contexts,
+                        test_contexts_independent, test_javascript, test_javascript_modules, test_big_output, test_lying_driver, test_results_bounded, test_results_share, test_floods_bounded, test_queued_run_cancelled, test_reset_ends_contexts,
                         test_contexts_across_restart, test_missing_interpreter], setup=lambda: Ctx('code')))

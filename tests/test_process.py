@@ -265,29 +265,36 @@ def test_costly_pattern(t, x):
 
 def test_logs_bounded_in_all(t, x):
     """Background processes' logs are held in the daemon's memory (1 MiB of
-    each stream), up to 256 MiB for all of them: a process started past it
-    keeps 16 KiB of each in memory, its whole output in its file; a
-    destroyed sandbox's records give theirs back."""
+    each stream), up to 256 MiB for all of them and a quarter of that for
+    one sandbox's: a process started past it keeps 16 KiB of each in
+    memory, its whole output in its file; one sandbox cannot take it all
+    from the others; a destroyed sandbox's records give theirs back."""
     c = x.c
-    for s in range(3):
-        sid = 'lg%d' % s
-        for i in range(64 if s < 2 else 1):
-            c.ok('startProcess', {'sandboxId': sid, 'processId': 'p%d' % i, 'command': 'true'})
-    c.ok('startProcess', {'sandboxId': 'lg2', 'processId': 'big', 'command': 'head -c 300000 /dev/zero | tr "\\0" a'})
-    c.ok('waitForExit', {'sandboxId': 'lg2', 'processId': 'big', 'timeout': 30000}, 60)
-    r = c.ok('getProcessLogs', {'sandboxId': 'lg2', 'processId': 'big'})
-    kept = r['stdout'].count('a')
-    t.ok(kept <= 16 * 1024 and 'omitted' in r['stdout'] and r.get('outputPath'),
-         'past 256 MiB of logs held, a process keeps 16 KiB of a stream in memory (%d bytes), the rest in its file' % kept)
-    t.eq(c.sh('wc -c < %s' % r['outputPath'], sandbox='lg2')['stdout'].strip(), '300000', 'which has all of it')
-    c.ok('destroySandbox', {'sandboxId': 'lg0'})
-    c.ok('startProcess', {'sandboxId': 'lg2', 'processId': 'big2', 'command': 'head -c 300000 /dev/zero | tr "\\0" b'})
-    c.ok('waitForExit', {'sandboxId': 'lg2', 'processId': 'big2', 'timeout': 30000}, 60)
-    r = c.ok('getProcessLogs', {'sandboxId': 'lg2', 'processId': 'big2'})
-    t.eq(r['stdout'].count('b'), 300000, 'once a sandbox with 64 records is destroyed, a new process keeps its MiB again')
-    for sid in ('lg1', 'lg2'):
-        c.ok('destroySandbox', {'sandboxId': sid})
 
+    def kept(sid, pid, ch):
+        c.ok('startProcess', {'sandboxId': sid, 'processId': pid,
+                              'command': 'head -c 300000 /dev/zero | tr "\\0" %s' % ch})
+        c.ok('waitForExit', {'sandboxId': sid, 'processId': pid, 'timeout': 30000}, 60)
+        r = c.ok('getProcessLogs', {'sandboxId': sid, 'processId': pid})
+        return r['stdout'].count(ch), r
+
+    def fill(sid, n):
+        for i in range(n):
+            c.ok('startProcess', {'sandboxId': sid, 'processId': 'p%d' % i, 'command': 'true'})
+    fill('lg0', 32)
+    n, r = kept('lg0', 'big', 'a')
+    t.ok(n <= 16 * 1024 and 'omitted' in r['stdout'] and r.get('outputPath'),
+         'past 64 MiB of logs held for one sandbox, its next process keeps 16 KiB of a stream in memory (%d bytes)' % n)
+    t.eq(c.sh('wc -c < %s' % r['outputPath'], sandbox='lg0')['stdout'].strip(), '300000', 'its file has all of it')
+    t.eq(kept('lg1', 'big', 'b')[0], 300000, 'another sandbox\'s process keeps its MiB: one sandbox took its share only')
+    fill('lg1', 31)
+    fill('lg2', 32)
+    fill('lg3', 32)
+    t.ok(kept('lg4', 'big', 'c')[0] <= 16 * 1024, 'past 256 MiB held for all, every new process keeps 16 KiB')
+    c.ok('destroySandbox', {'sandboxId': 'lg3'})
+    t.eq(kept('lg4', 'big2', 'd')[0], 300000, 'once a sandbox with 32 records is destroyed, a new process keeps its MiB again')
+    for sid in ('lg0', 'lg1', 'lg2', 'lg4'):
+        c.ok('destroySandbox', {'sandboxId': sid})
 
 def test_stream_logs(t, x):
     c = x.c
