@@ -350,9 +350,9 @@ static json_t *process_json(sbx_process *p) {
                         start);
   pid_t pid = p->done ? 0 : sbx_exec_pid_in_sandbox(p->x);
   if (pid > 0) json_object_set_new(o, "pid", json_integer(pid));
-  if (p->done) {
+  if (p->done) json_object_set_new(o, "exitCode", json_integer(p->exit_code));
+  if (p->done && !p->lost) {
     sbx_iso_time(p->end_ms, end);
-    json_object_set_new(o, "exitCode", json_integer(p->exit_code));
     json_object_set_new(o, "endTime", json_string(end));
   }
   return o;
@@ -464,7 +464,7 @@ static void h_get_process(mcp_call *call, json_t *args, sbx_sandbox *sb) {
   sbx_process *p = find_process(call, args, sb);
   if (!p) return;
   char text[128];
-  snprintf(text, sizeof text, "%s: %s", p->id, p->status);
+  snprintf(text, sizeof text, "%s: %s%s", p->id, p->status, p->lost ? " (it ran when the sbx daemon stopped)" : "");
   mcp_call_ok(call, process_json(p), text);
 }
 

@@ -62,6 +62,13 @@ static int count_in(const char *sandbox) {
 }
 
 static size_t logs_held; /* the log limits of every record, both streams */
+static unsigned long long seq; /* of generated ids (proc-N), past an earlier daemon's */
+
+/* The record changed: the sandbox's record with it (sbx_process_record). */
+static void saved(const char *sandbox) {
+  sbx_sandbox *sb = sbx_sandbox_find(sandbox);
+  if (sb) sbx_sandbox_save(sb);
+}
 
 static void unlink_free(sbx_process *p) {
   logs_held -= 2 * p->log_limit;
@@ -104,6 +111,7 @@ static void on_done(void *ud, const sbx_exec_result *r, const sbx_error *err) {
   }
   end_watches(p, p->orphaned);
   if (p->orphaned) unlink_free(p);
+  else saved(p->sandbox);
 }
 
 sbx_process *sbx_process_find(const char *sandbox, const char *id) {
@@ -118,7 +126,6 @@ int sbx_process_start(uv_loop_t *loop, sbx_sandbox *sb, const char *id, const sb
                       sbx_error *err) {
   char gen[64];
   if (!id) {
-    static unsigned long long seq;
     snprintf(gen, sizeof gen, "proc-%llu", ++seq);
     id = gen;
   }
@@ -154,6 +161,7 @@ int sbx_process_start(uv_loop_t *loop, sbx_sandbox *sb, const char *id, const sb
   p->next = all;
   all = p;
   *out = p;
+  saved(sb->id);
   return 0;
 }
 
@@ -205,4 +213,60 @@ char *sbx_process_logs(sbx_process *p, int stream, size_t tail_lines, size_t *le
   }
   *len = n;
   return text;
+}
+
+#define RECORD_COMMAND_MAX 4096 /* of a command, in the sandbox's record */
+
+json_t *sbx_process_record(const char *sandbox) {
+  json_t *a = json_array();
+  for (sbx_process *p = all; p; p = p->next) {
+    if (p->orphaned || strcmp(p->sandbox, sandbox)) continue;
+    size_t n = strlen(p->command);
+    if (n > RECORD_COMMAND_MAX) n = sbx_utf8_complete_prefix(p->command, RECORD_COMMAND_MAX);
+    json_t *o = json_pack("{s:s, s:s%, s:s, s:I}", "id", p->id, "command", p->command, n, "status",
+                          p->done || p->lost ? p->status : "running", "startTime", (json_int_t)p->start_ms);
+    if (p->done && !p->lost) {
+      json_object_set_new(o, "exitCode", json_integer(p->exit_code));
+      json_object_set_new(o, "endTime", json_integer((json_int_t)p->end_ms));
+    }
+    if (p->output_path[0]) json_object_set_new(o, "outputPath", json_string(p->output_path));
+    json_array_append_new(a, o);
+  }
+  return a;
+}
+
+void sbx_process_restore(const char *sandbox, json_t *records) {
+  static const char *const ended[] = {"completed", "failed", "killed", "error"};
+  for (size_t i = json_array_size(records); i-- > 0;) { /* oldest first: the list is newest first */
+    json_t *r = json_array_get(records, i);
+    const char *id = json_string_value(json_object_get(r, "id")), *cmd = json_string_value(json_object_get(r, "command"));
+    const char *status = json_string_value(json_object_get(r, "status")), *out = json_string_value(json_object_get(r, "outputPath"));
+    if (!id || !sbx_valid_id(id) || !cmd || !status || sbx_process_find(sandbox, id) || count_in(sandbox) >= SBX_MAX_PROCESSES)
+      continue;
+    sbx_process *p = calloc(1, sizeof *p);
+    if (!p || !(p->command = strdup(cmd))) {
+      free(p);
+      return;
+    }
+    snprintf(p->id, sizeof p->id, "%s", id);
+    snprintf(p->sandbox, sizeof p->sandbox, "%s", sandbox);
+    p->done = true;
+    p->lost = true;
+    p->status = "killed";
+    p->exit_code = 128 + SIGKILL; /* as a daemon's stop ends its sandboxes */
+    for (size_t k = 0; k < SBX_ARRAY_SIZE(ended); k++)
+      if (!strcmp(status, ended[k]) && json_is_integer(json_object_get(r, "exitCode"))) {
+        p->status = ended[k];
+        p->lost = false;
+        p->exit_code = (int)json_integer_value(json_object_get(r, "exitCode"));
+        p->end_ms = (uint64_t)json_integer_value(json_object_get(r, "endTime"));
+      }
+    p->start_ms = (uint64_t)json_integer_value(json_object_get(r, "startTime"));
+    if (out && strlen(out) < sizeof p->output_path) snprintf(p->output_path, sizeof p->output_path, "%s", out);
+    unsigned long long n;
+    char tail;
+    if (sscanf(id, "proc-%llu%c", &n, &tail) == 1 && n > seq) seq = n;
+    p->next = all;
+    all = p;
+  }
 }

@@ -2,6 +2,8 @@
 #pragma once
 #include "exec.h"
 
+#include <jansson.h>
+
 #include <signal.h>
 
 #define SBX_MAX_PROCESSES 64            /* records per sandbox, running or finished */
@@ -27,6 +29,7 @@ typedef struct sbx_process {
   char *out, *err; /* once done */
   size_t out_len, err_len;
   size_t log_limit; /* of each stream, held in memory (SBX_PROCESS_LOGS_MAX) */
+  bool lost; /* an earlier daemon's, running when it stopped: killed with it, when unknown */
   char output_path[128];
   sbx_process_watch *watches;
   struct sbx_process *next;
@@ -52,3 +55,11 @@ int sbx_process_kill(sbx_process *p, int sig);
 void sbx_process_forget_sandbox(const char *sandbox);
 /* Its output so far (or final), optionally only the last tail_lines lines. */
 char *sbx_process_logs(sbx_process *p, int stream, size_t tail_lines, size_t *len);
+
+/* The sandbox's records (id, command, how each ended) for its record, so
+ * that the next daemon lists them (sbx_process_restore) and names new
+ * ones after them: an array, newest first. */
+json_t *sbx_process_record(const char *sandbox);
+/* Records of an earlier daemon, from the sandbox's record: ended, those
+ * that were running killed with it (lost). */
+void sbx_process_restore(const char *sandbox, json_t *records);

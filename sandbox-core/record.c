@@ -3,6 +3,7 @@
 #include "bucket.h"
 #include "code.h"
 #include "preview.h"
+#include "process.h"
 
 #include <fcntl.h>
 
@@ -65,6 +66,9 @@ json_t *sbx_record_json(const sbx_sandbox *sb) {
   json_t *code = sbx_code_record(sb);
   if (json_array_size(code)) json_object_set_new(rec, "codeContexts", code);
   else json_decref(code);
+  json_t *procs = sbx_process_record(sb->id);
+  if (json_array_size(procs)) json_object_set_new(rec, "processes", procs);
+  else json_decref(procs);
   return rec;
 }
 
@@ -148,6 +152,7 @@ int sbx_record_apply(sbx_sandbox *sb, json_t *rec, char *err, size_t errlen) {
     while (*tail) tail = &(*tail)->next;
     *tail = ns;
   }
+  sbx_process_restore(sb->id, json_object_get(rec, "processes"));
   return 0;
 }
 

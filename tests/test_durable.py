@@ -148,6 +148,25 @@ def test_listed_after_restart(t, x):
     t.eq(after, used, 'and says when each was last used, not when the new daemon started')
 
 
+def test_processes_listed_after_restart(t, x):
+    """The next daemon lists the processes of the one before: those that
+    ended as they ended, those that ran as killed with it; new ones are
+    not named after old ones."""
+    c = x.c
+    c.ok('startProcess', {'sandboxId': 'pr', 'processId': 'srv', 'command': 'exec sleep 1000'})
+    first = c.ok('startProcess', {'sandboxId': 'pr', 'command': 'exit 3'})['id']
+    c.ok('waitForExit', {'sandboxId': 'pr', 'processId': first, 'timeout': 20000}, 40)
+    x.env.run(['daemon', 'stop'])
+    listed = {p['id']: p for p in c.ok('listProcesses', {'sandboxId': 'pr'})['processes']}
+    t.ok(listed.get('srv', {}).get('status') == 'killed' and listed['srv'].get('exitCode') == 137,
+         'a process that ran when the daemon stopped is listed as killed with it', listed)
+    t.ok(listed.get(first, {}).get('status') == 'failed' and listed[first].get('exitCode') == 3 and listed[first].get('endTime'),
+         'one that had ended, as it ended', listed)
+    again = c.ok('startProcess', {'sandboxId': 'pr', 'command': 'true'})['id']
+    t.ok(again != first and again.startswith('proc-'), 'a new process is not named after an old one: %s, %s' % (first, again))
+    c.ok('destroySandbox', {'sandboxId': 'pr'})
+
+
 def test_made_ahead(t, x):
     """A create with the default options takes the sandbox the daemon made
     ahead: it has its own name everywhere; the one made ahead is never
@@ -666,5 +685,5 @@ def test_destroyed_disk_serves_again(t, x):
 if __name__ == '__main__':
     sys.exit(run_tests([test_disk_is_disk, test_spills_on_disk, test_kill_9, test_daemon_stop, test_init_killed,
                         test_made_ahead, test_made_ahead_other_limits, test_start_that_hangs, test_destroyed_disk_serves_again,
-                        test_listed_after_restart, test_relay_survives, test_relay_survives_upgrade, test_agent_not_reading, test_stdin_closed_early, test_config,
+                        test_listed_after_restart, test_processes_listed_after_restart, test_relay_survives, test_relay_survives_upgrade, test_agent_not_reading, test_stdin_closed_early, test_config,
                         test_thousand], Ctx))
