@@ -1251,10 +1251,25 @@ static void h_write(mcp_call *call, json_t *args, sbx_sandbox *sb) {
 static void h_read(mcp_call *call, json_t *args, sbx_sandbox *sb) {
   sbx_error err = {0};
   char abs[4096];
-  _cleanup_free_ char *data = NULL;
+  _cleanup_free_ char *whole = NULL;
   size_t len;
-  if (sbx_fs_abspath(str(args, "path"), abs, &err) < 0 || sbx_fs_read(sb, abs, SBX_MAX_READ, &data, &len, &err) < 0)
+  json_t *joff = json_object_get(args, "offset"), *jlen = json_object_get(args, "length");
+  uint64_t offset = joff ? (uint64_t)json_integer_value(joff) : 0, fsize = 0;
+  if (sbx_fs_abspath(str(args, "path"), abs, &err) < 0 ||
+      sbx_fs_read_part(sb, abs, offset, jlen ? (size_t)json_integer_value(jlen) : 0, SBX_MAX_READ, &whole, &len, &fsize,
+                       &err) < 0)
     return mcp_call_fail(call, &err);
+  char *data = whole;
+  if ((joff || jlen) && !is_base64(args)) { /* a part of a text file: whole characters at both ends */
+    size_t lead = 0;
+    while (lead < 3 && lead < len && ((unsigned char)data[lead] & 0xC0) == 0x80) lead++;
+    size_t keep = sbx_utf8_complete_prefix(data + lead, len - lead);
+    if (!memchr(data + lead, 0, keep) && sbx_utf8_valid(data + lead, keep)) {
+      data += lead, offset += lead, len = keep;
+      data[len] = 0;
+    }
+  }
+  if (offset > fsize) offset = fsize;
   bool binary = memchr(data, 0, len) || !sbx_utf8_valid(data, len);
   json_t *o;
   const char *mime = sbx_fs_mime(abs, !binary);
@@ -1282,6 +1297,10 @@ static void h_read(mcp_call *call, json_t *args, sbx_sandbox *sb) {
   if (!o) {
     sbx_err(&err, "INTERNAL", "encoding %s", abs);
     return mcp_call_fail(call, &err);
+  }
+  if (joff || jlen) {
+    json_object_set_new(o, "offset", json_integer((json_int_t)offset));
+    json_object_set_new(o, "fileSize", json_integer((json_int_t)fsize));
   }
   /* the text rendering is the content itself for text files */
   if (!binary && !is_base64(args)) {

@@ -271,6 +271,11 @@ int sbx_fs_write(sbx_sandbox *sb, const char *path, const void *data, size_t len
 }
 
 int sbx_fs_read(sbx_sandbox *sb, const char *path, size_t max, char **data, size_t *len, sbx_error *err) {
+  return sbx_fs_read_part(sb, path, 0, 0, max, data, len, NULL, err);
+}
+
+int sbx_fs_read_part(sbx_sandbox *sb, const char *path, uint64_t offset, size_t length, size_t max, char **data,
+                     size_t *len, uint64_t *size, sbx_error *err) {
   AS_SANDBOX(sb);
   char abs[4096];
   if (sbx_fs_abspath(path, abs, err) < 0) return -1;
@@ -280,14 +285,17 @@ int sbx_fs_read(sbx_sandbox *sb, const char *path, size_t max, char **data, size
   if (fd < 0) return -1;
   struct stat st;
   if (fstat(fd, &st) < 0) return fail_errno(err, errno, "stat", abs);
-  if ((uint64_t)st.st_size > max)
-    return sbx_err(err, "FILE_TOO_LARGE", "%s is %lld bytes; readFile returns at most %zu (use exec to process it)", abs,
-                   (long long)st.st_size, max);
-  char *buf = malloc(st.st_size + 1);
+  if (size) *size = (uint64_t)st.st_size;
+  uint64_t from = offset < (uint64_t)st.st_size ? offset : (uint64_t)st.st_size, want = (uint64_t)st.st_size - from;
+  if (length && want > length) want = length;
+  if (want > max)
+    return sbx_err(err, "FILE_TOO_LARGE", "%s is %lld bytes; readFile returns at most %zu at once (offset and length "
+                   "read it in parts; or use exec to process it)", abs, (long long)st.st_size, max);
+  char *buf = malloc(want + 1);
   if (!buf) return sbx_err(err, "INTERNAL", "out of memory");
   size_t got = 0;
-  while (got < (size_t)st.st_size) {
-    ssize_t n = read(fd, buf + got, st.st_size - got);
+  while (got < want) {
+    ssize_t n = pread(fd, buf + got, want - got, (off_t)(from + got));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     got += n;

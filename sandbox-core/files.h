@@ -36,6 +36,10 @@ int sbx_fs_own_file(sbx_sandbox *sb, const char *dir, const char *name, int keep
 int sbx_fs_write(sbx_sandbox *sb, const char *path, const void *data, size_t len, sbx_error *err);
 /* *data is malloc'd (NUL-terminated for convenience). */
 int sbx_fs_read(sbx_sandbox *sb, const char *path, size_t max, char **data, size_t *len, sbx_error *err);
+/* length bytes of it from offset (length 0: to its end); *size gets the
+ * file's size (may be NULL). */
+int sbx_fs_read_part(sbx_sandbox *sb, const char *path, uint64_t offset, size_t length, size_t max, char **data,
+                     size_t *len, uint64_t *size, sbx_error *err);
 /* 1: made; 0: a directory already (recursive only); -1 + err. */
 int sbx_fs_mkdir(sbx_sandbox *sb, const char *path, bool recursive, sbx_error *err);
 int sbx_fs_delete(sbx_sandbox *sb, const char *path, bool recursive, sbx_error *err);

@@ -50,6 +50,25 @@ def test_limits(t, x):
     x.c.sh('head -c 33554432 /dev/zero > /workspace/edge')
     r = x.c.ok('readFile', {'path': 'edge'}, timeout=60)
     t.eq(r['size'], 33554432, 'readFile returns exactly 32 MiB')
+    x.c.sh('printf "\\x01" | dd of=/workspace/big bs=1 seek=41943039 conv=notrunc 2>/dev/null')
+    r = x.c.ok('readFile', {'path': 'big', 'offset': 41943038, 'length': 1 << 20, 'encoding': 'base64'})
+    t.ok(r['fileSize'] == 41943040 and r['offset'] == 41943038 and r['size'] == 2 and r['content'] == 'AAE=',
+         'offset and length read a part of a file too big to read whole', r)
+
+
+def test_read_part(t, x):
+    """readFile's offset and length page through a long text file in whole
+    characters: an agent reads the end of a long log without all of it."""
+    x.c.ok('writeFile', {'path': 'log.txt', 'content': 'h\u00e9llo w\u00f6rld\n' * 1000})  # 14 bytes a line
+    r = x.c.ok('readFile', {'path': 'log.txt', 'offset': 14 * 999, 'length': 100})
+    t.eq((r['content'], r['offset'], r['fileSize'], r['encoding']), ('h\u00e9llo w\u00f6rld\n', 13986, 14000, 'utf-8'),
+         'the last line, from its offset')
+    r = x.c.ok('readFile', {'path': 'log.txt', 'offset': 2, 'length': 7})
+    t.eq((r['content'], r['offset']), ('llo w', 3), 'a part starting inside a character starts at the next one, and '
+         'one ending inside a character ends before it')
+    r = x.c.ok('readFile', {'path': 'log.txt', 'offset': 20000})
+    t.eq((r['content'], r['size'], r['offset']), ('', 0, 14000), 'past the end: nothing')
+    t.ok('offset' not in x.c.ok('readFile', {'path': 'log.txt'}), 'a whole read says nothing of parts')
 
 
 def test_list(t, x):
@@ -158,5 +177,5 @@ def test_confinement(t, x):
 
 
 if __name__ == '__main__':
-    sys.exit(run_tests([test_write_read, test_binary, test_agent_sees_images, test_limits, test_list, test_list_hostile_names, test_list_100000, test_mkdir_delete_rename,
+    sys.exit(run_tests([test_write_read, test_binary, test_agent_sees_images, test_limits, test_read_part, test_list, test_list_hostile_names, test_list_100000, test_mkdir_delete_rename,
                         test_confinement], lambda: Ctx('fs')))
