@@ -25,6 +25,10 @@ typedef struct frame {
   char text[];
 } frame;
 
+/* What a queued line holds of the daemon: its text and what carries it
+ * (an empty line is not free). */
+static size_t frame_cost(size_t len) { return len + sizeof(frame) + 1 + sizeof(frame *) + 2 * sizeof(uv_buf_t); }
+
 typedef struct batch {
   uv_write_t req;
   struct mcp_matcher *m; /* NULL once the matcher is let go */
@@ -144,7 +148,7 @@ static void answers(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
     if (!f) return fail(m, "INTERNAL", "the pattern's matcher answered a line it was not given");
     m->first = f->next;
     if (!m->first) m->last = &m->first;
-    m->behind -= f->len;
+    m->behind -= frame_cost(f->len);
     f->answered = true;
     if (b->base[i] == '1') finish(m, f, NULL);
     frame_drop(f);
@@ -219,7 +223,7 @@ mcp_matcher *mcp_matcher_start(uv_loop_t *loop, sbx_sandbox *sb, const regex_t *
 
 void mcp_matcher_feed(mcp_matcher *m, int stream, const char *line, size_t len) {
   if (m->done || m->ended || m->answering) return;
-  if (m->behind + len > MCP_MATCH_BEHIND)
+  if (m->behind + frame_cost(len) > MCP_MATCH_BEHIND)
     return answer_soon(m, "RESOURCE_LIMIT", "the pattern is too slow to match for what the process prints: its matcher "
                 "fell 4 MiB behind (a simpler pattern, or one that cannot match so much of a line, keeps up)");
   frame *f = malloc(sizeof *f + len + 1);
@@ -232,7 +236,7 @@ void mcp_matcher_feed(mcp_matcher *m, int stream, const char *line, size_t len) 
   *m->last = f;
   m->last = &f->next;
   if (!m->unsent) m->unsent = f;
-  m->behind += len;
+  m->behind += frame_cost(len);
 }
 
 void mcp_matcher_flush(mcp_matcher *m) {

@@ -261,6 +261,13 @@ def test_javascript_modules(t, x):
          'an import over several lines keeps the lines after it where they were', e)
     e = js('import x from "no-such-package";')['error']
     t.ok('no-such-package' in e['value'], 'a missing module is the cell\'s error, named', e)
+    t.eq(js('import fs from "fs";\nconst o = await import("os");\ntypeof fs.readFileSync + typeof o.platform')['results'][0]['text'],
+         'functionfunction', 'builtins by their bare names too')
+    t.eq(js('class A { import(m) { return m * 2 } }\nconst b = { import(m) { return m } };\nnew A().import(5) + b.import(1)')
+         ['results'][0]['text'], '11', 'a method named import is a method, not an import')
+    r = js('Promise.reject(new Error("later")); setTimeout(() => { throw new Error("in a timer") }, 0); 1')
+    t.eq(js('await new Promise(r => setTimeout(r, 50)); 2')['results'][0]['text'], '2',
+         'a promise rejected with nobody to hear it, or a throw in a timer, does not end the context')
 
 
 def test_big_output(t, x):

@@ -262,6 +262,14 @@ def test_costly_pattern(t, x):
     t.ok('ended (completed, exit code 0)' in r['result']['structuredContent'].get('error', {}).get('message', ''),
          'a wait whose process record was replaced meanwhile still says how the process it waited on ended', r)
     t.ok(c.ok('listSandboxes')['sandboxes'], 'and the daemon is there')
+    # empty lines cost the daemon too: counted toward the 4 MiB
+    c.ok('startProcess', {'processId': 'empty', 'command': "python3 -c \"print('ab' * 32767)\"; exec yes ''"})
+    r = c.call('waitForLog', {'processId': 'empty', 'pattern': '(((a|b){32}){32}){32}c', 'timeout': 30000}, 60)[0]
+    with open('/proc/%d/status' % x.env.daemon_pid()) as f:
+        rss = next(int(l.split()[1]) for l in f if l.startswith('VmRSS:')) // 1024
+    t.ok(r['structuredContent'].get('error', {}).get('code') == 'RESOURCE_LIMIT' and rss < 200,
+         'endless empty lines behind a slow match end the wait too, the daemon at %d MB' % rss, r)
+    c.ok('killProcess', {'processId': 'empty', 'signal': 'SIGKILL'})
 
 def test_logs_bounded_in_all(t, x):
     """Background processes' logs are held in the daemon's memory (1 MiB of

@@ -92,6 +92,11 @@ function sink(name) {
   return s;
 }
 const out = sink('stdout'), err = sink('stderr');
+// what a cell left behind that fails later (a promise nobody awaits, a
+// throw in a timer): on stderr, as Node's REPL does, not the end of the
+// context and all it holds
+process.on('unhandledRejection', (e) => queueText('stderr', `Uncaught (in promise) ${util.inspect(e)}\n`));
+process.on('uncaughtException', (e) => queueText('stderr', `Uncaught ${util.inspect(e)}\n`));
 // ignoreErrors: false, or each log adds and removes an error listener (10 us a line)
 globalThis.console = new console.Console({ stdout: out, stderr: err, ignoreErrors: false });
 process.stdout.write = out.write;
@@ -285,7 +290,7 @@ Object.defineProperty(globalThis, Symbol.for('sbx.import'), {
     const path = require('path'), { pathToFileURL } = require('url');
     let target = String(spec);
     if (/^\.{0,2}\//.test(target)) target = pathToFileURL(path.resolve(process.cwd(), target)).href;
-    else if (!/^[A-Za-z][\w+.-]*:/.test(target)) {
+    else if (!/^[A-Za-z][\w+.-]*:/.test(target) && !require('module').builtinModules.includes(target)) {
       try {
         target = pathToFileURL(require('module').createRequire(path.join(process.cwd(), '[cell]')).resolve(target)).href;
       } catch (e) {
@@ -315,7 +320,10 @@ function rewriteImports(code) {
   for (let k = 0; k < toks.length; k++) {
     const tk = toks[k], next = toks[k + 1], prev = toks[k - 1];
     if (tk.type !== 'word' || tk.t !== 'import' || !next || (prev && (prev.t === '.' || prev.t === '?.'))) continue;
-    if (next.t === '(') { // import(x)
+    if (next.t === '(') { // import(x), not a method of that name (`import(m) {...}`)
+      let close = k + 1;
+      while (close < toks.length && !(toks[close].t === ')' && toks[close].depth === tk.depth)) close++;
+      if (toks[close + 1] && toks[close + 1].t === '{') continue;
       out += code.slice(at, tk.at) + IMPORT;
       at = tk.end;
       continue;
