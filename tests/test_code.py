@@ -265,9 +265,22 @@ def test_javascript_modules(t, x):
          'functionfunction', 'builtins by their bare names too')
     t.eq(js('class A { import(m) { return m * 2 } }\nconst b = { import(m) { return m } };\nnew A().import(5) + b.import(1)')
          ['results'][0]['text'], '11', 'a method named import is a method, not an import')
-    r = js('Promise.reject(new Error("later")); setTimeout(() => { throw new Error("in a timer") }, 0); 1')
-    t.eq(js('await new Promise(r => setTimeout(r, 50)); 2')['results'][0]['text'], '2',
-         'a promise rejected with nobody to hear it, or a throw in a timer, does not end the context')
+    t.eq(js('const q = await import("./lib.mjs")\n{ let z = 5 }\nq.k')['results'][0]['text'], '42',
+         'import() followed by a block on its next line is an import')
+    js('Promise.reject(new Error("later")); 1')
+    r2 = js('await new Promise(r => setTimeout(r, 50)); setTimeout(() => { throw new Error("in a timer") }, 0); 2')
+    r = js('await new Promise(r => setTimeout(r, 50)); 3')
+    err = ''.join(r2['logs']['stderr'] + r['logs']['stderr'])
+    t.ok(r['results'][0]['text'] == '3' and 'later' in err and 'in a timer' in err,
+         'a promise rejected with nobody to hear it, or a throw in a timer, after its run: the context goes on, and '
+         'a later run\'s stderr says so', (r2, r))
+    r = run(x, 'await new Promise(res => setTimeout(() => { JSON.parse("{"); res() }, 10))', language='javascript',
+            timeout=2000)
+    t.ok(r['error']['name'] == 'TimeoutError' and 'SyntaxError' in ''.join(r['logs']['stderr']),
+         'a throw in a timer while a run awaits is on its stderr, and the run waits for its timeout as in Node\'s REPL', r)
+    e = run(x, 'throw { get message() { throw new Error("x") } }', language='javascript', timeout=20000)['error']
+    t.ok('cannot be shown' in e['value'], 'an error that throws as it is read still ends its run', e)
+    t.eq(js('4')['results'][0]['text'], '4', 'and the context goes on')
 
 
 def test_big_output(t, x):

@@ -92,11 +92,25 @@ function sink(name) {
   return s;
 }
 const out = sink('stdout'), err = sink('stderr');
-// what a cell left behind that fails later (a promise nobody awaits, a
-// throw in a timer): on stderr, as Node's REPL does, not the end of the
-// context and all it holds
-process.on('unhandledRejection', (e) => queueText('stderr', `Uncaught (in promise) ${util.inspect(e)}\n`));
-process.on('uncaughtException', (e) => queueText('stderr', `Uncaught ${util.inspect(e)}\n`));
+// What a cell left behind that fails later (a promise nobody awaits, a
+// throw in a timer) is not the end of the context and all it holds: as in
+// Node's REPL it is printed (on the stderr of the run in progress, else of
+// the next one) and the context goes on; a run awaiting what it broke
+// waits, as there, for its timeout or a cancel.
+let late = [];
+function uncaught(e, how) {
+  let text;
+  try {
+    const err = errorOf(e);
+    text = err.traceback.length ? err.traceback.join('\n') : `${err.name}: ${err.value}`;
+  } catch (x) {
+    text = 'an error that cannot be shown';
+  }
+  if (current !== null) queueText('stderr', `${how} ${text}\n`);
+  else if (late.length < 16) late.push(`${how} (after an earlier run) ${text}\n`);
+}
+process.on('unhandledRejection', (e) => uncaught(e, 'Uncaught (in promise)'));
+process.on('uncaughtException', (e) => uncaught(e, 'Uncaught'));
 // ignoreErrors: false, or each log adds and removes an error listener (10 us a line)
 globalThis.console = new console.Console({ stdout: out, stderr: err, ignoreErrors: false });
 process.stdout.write = out.write;
@@ -323,7 +337,8 @@ function rewriteImports(code) {
     if (next.t === '(') { // import(x), not a method of that name (`import(m) {...}`)
       let close = k + 1;
       while (close < toks.length && !(toks[close].t === ')' && toks[close].depth === tk.depth)) close++;
-      if (toks[close + 1] && toks[close + 1].t === '{') continue;
+      const after = toks[close + 1];
+      if (after && after.t === '{' && !after.nl && (!prev || /^(?:[{,;}*]|static|async|get|set)$/.test(prev.t))) continue;
       out += code.slice(at, tk.at) + IMPORT;
       at = tk.end;
       continue;
@@ -475,16 +490,22 @@ async function next() {
   busy = true;
   const req = queue.shift();
   current = req.id;
+  for (const text of late.splice(0)) queueText('stderr', text);
   let error = null;
   try {
     await run(req);
   } catch (e) {
-    error = errorOf(e);
+    try {
+      error = errorOf(e);
+    } catch (x) { // a thrown object whose message or stack throws
+      error = { name: 'Error', value: '(an error that cannot be shown: reading it threw)', traceback: [] };
+    }
+  } finally {
+    send({ id: current, done: true, error });
+    current = null;
+    busy = false;
+    setImmediate(next);
   }
-  send({ id: current, done: true, error });
-  current = null;
-  busy = false;
-  setImmediate(next);
 }
 
 // requests: lines on stdin, read when the loop is idle; an interrupt is
