@@ -1254,22 +1254,33 @@ static void h_read(mcp_call *call, json_t *args, sbx_sandbox *sb) {
   _cleanup_free_ char *whole = NULL;
   size_t len;
   json_t *joff = json_object_get(args, "offset"), *jlen = json_object_get(args, "length");
+  bool part = joff || jlen, text_part = part && !is_base64(args);
   uint64_t offset = joff ? (uint64_t)json_integer_value(joff) : 0, fsize = 0;
+  /* a part of a text file is read with the 3 bytes before it, to tell where its first character starts */
+  size_t pre = text_part ? (offset < 3 ? (size_t)offset : 3) : 0;
   if (sbx_fs_abspath(str(args, "path"), abs, &err) < 0 ||
-      sbx_fs_read_part(sb, abs, offset, jlen ? (size_t)json_integer_value(jlen) : 0, SBX_MAX_READ, &whole, &len, &fsize,
-                       &err) < 0)
+      sbx_fs_read_part(sb, abs, offset - pre, jlen ? (size_t)json_integer_value(jlen) + pre : 0, SBX_MAX_READ, &whole, &len,
+                       &fsize, &err) < 0)
     return mcp_call_fail(call, &err);
-  char *data = whole;
-  if ((joff || jlen) && !is_base64(args)) { /* a part of a text file: whole characters at both ends */
-    size_t lead = 0;
-    while (lead < 3 && lead < len && ((unsigned char)data[lead] & 0xC0) == 0x80) lead++;
-    size_t keep = sbx_utf8_complete_prefix(data + lead, len - lead);
-    if (!memchr(data + lead, 0, keep) && sbx_utf8_valid(data + lead, keep)) {
+  if (offset > fsize) offset = fsize;
+  pre = len < pre ? len : pre;
+  char *data = whole + pre;
+  len -= pre;
+  if (text_part && len) { /* whole characters at both ends, or the bytes as they are (base64) */
+    size_t lead = 0, back = 1;
+    if (((unsigned char)data[0] & 0xC0) == 0x80) { /* inside a character: where does it start, and end? */
+      while (back <= pre && ((unsigned char)data[-(ssize_t)back] & 0xC0) == 0x80) back++;
+      unsigned c = back <= pre ? (unsigned char)data[-(ssize_t)back] : 0;
+      size_t l = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+      lead = l > back ? l - back : len + 1; /* not a character's tail: not text here */
+    }
+    bool at_end = offset + len >= fsize; /* a character cut by the file's end is the file's */
+    size_t keep = lead > len ? 0 : at_end ? len - lead : sbx_utf8_complete_prefix(data + lead, len - lead);
+    if (keep && !memchr(data + lead, 0, keep) && sbx_utf8_valid(data + lead, keep)) {
       data += lead, offset += lead, len = keep;
       data[len] = 0;
     }
   }
-  if (offset > fsize) offset = fsize;
   bool binary = memchr(data, 0, len) || !sbx_utf8_valid(data, len);
   json_t *o;
   const char *mime = sbx_fs_mime(abs, !binary);
@@ -1280,8 +1291,8 @@ static void h_read(mcp_call *call, json_t *args, sbx_sandbox *sb) {
     /* what the agent can look at: an image as an image block, any other
      * binary file as an embedded resource (small ones: the content is in
      * structuredContent too, and a message has a size limit) */
-    if (len > 8 * 1024 * 1024) {
-      /* structuredContent only */
+    if (len > 8 * 1024 * 1024 || part) {
+      /* structuredContent only (a part is not the resource its URI names) */
     } else if (binary && b && !strncmp(mime, "image/", 6) && strcmp(mime, "image/svg+xml")) {
       call->extra_content = json_pack("[{s:s, s:s, s:s}]", "type", "image", "data", b, "mimeType", mime);
     } else if (binary && b) {
@@ -1298,7 +1309,7 @@ static void h_read(mcp_call *call, json_t *args, sbx_sandbox *sb) {
     sbx_err(&err, "INTERNAL", "encoding %s", abs);
     return mcp_call_fail(call, &err);
   }
-  if (joff || jlen) {
+  if (part) {
     json_object_set_new(o, "offset", json_integer((json_int_t)offset));
     json_object_set_new(o, "fileSize", json_integer((json_int_t)fsize));
   }

@@ -334,7 +334,7 @@ static void close_pipe(sbx_exec *x, int i) {
 
 /* Spilled outputs live on the sandbox's disk (its quota pays for them);
  * only the newest SPILLS_KEPT stay. */
-#define SPILL_DIR "/tmp/sbx-output"
+#define SPILL_DIR SBX_SPILL_DIR
 #define SPILLS_KEPT 16
 
 /* The first time a stream passes its bound, everything so far is still in

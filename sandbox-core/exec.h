@@ -46,6 +46,9 @@ typedef struct sbx_exec_result {
   int left_behind;   /* processes the command started that were still running when it ended (ended with it) */
 } sbx_exec_result;
 
+/* Where output past a call's bound is saved, inside the sandbox */
+#define SBX_SPILL_DIR "/tmp/sbx-output"
+
 /* A read's buffer for the loop's pipes: one serves every read, so each is
  * consumed before its callback returns. */
 void sbx_read_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *b);

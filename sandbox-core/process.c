@@ -64,10 +64,38 @@ static int count_in(const char *sandbox) {
 static size_t logs_held; /* the log limits of every record, both streams */
 static unsigned long long seq; /* of generated ids (proc-N), past an earlier daemon's */
 
-/* The record changed: the sandbox's record with it (sbx_process_record). */
-static void saved(const char *sandbox) {
-  sbx_sandbox *sb = sbx_sandbox_find(sandbox);
-  if (sb) sbx_sandbox_save(sb);
+/* Sandboxes whose records changed, written within SAVE_AFTER_MS (a
+ * written record is synced: not one a start and one an end in the loop). */
+#define SAVE_AFTER_MS 1000
+#define SAVE_MAX 64
+static struct {
+  uv_timer_t timer;
+  bool ready;
+  char ids[SAVE_MAX][64];
+  int n;
+} pending;
+
+static void save_pending(uv_timer_t *t) {
+  (void)t;
+  for (int i = 0; i < pending.n; i++) {
+    sbx_sandbox *sb = sbx_sandbox_find(pending.ids[i]);
+    if (sb) sbx_sandbox_save(sb);
+  }
+  pending.n = 0;
+}
+
+/* The records changed: the sandbox's record with them, soon. */
+static void saved(uv_loop_t *loop, const char *sandbox) {
+  for (int i = 0; i < pending.n; i++)
+    if (!strcmp(pending.ids[i], sandbox)) return;
+  if (pending.n == SAVE_MAX) save_pending(NULL);
+  snprintf(pending.ids[pending.n++], sizeof pending.ids[0], "%s", sandbox);
+  if (!pending.ready) {
+    uv_timer_init(loop, &pending.timer);
+    uv_unref((uv_handle_t *)&pending.timer);
+    pending.ready = true;
+  }
+  if (!uv_is_active((uv_handle_t *)&pending.timer)) uv_timer_start(&pending.timer, save_pending, SAVE_AFTER_MS, 0);
 }
 
 static void unlink_free(sbx_process *p) {
@@ -111,7 +139,7 @@ static void on_done(void *ud, const sbx_exec_result *r, const sbx_error *err) {
   }
   end_watches(p, p->orphaned);
   if (p->orphaned) unlink_free(p);
-  else saved(p->sandbox);
+  else if (pending.ready) saved(pending.timer.loop, p->sandbox);
 }
 
 sbx_process *sbx_process_find(const char *sandbox, const char *id) {
@@ -126,7 +154,9 @@ int sbx_process_start(uv_loop_t *loop, sbx_sandbox *sb, const char *id, const sb
                       sbx_error *err) {
   char gen[64];
   if (!id) {
-    snprintf(gen, sizeof gen, "proc-%llu", ++seq);
+    do /* past any that a record (or the caller) named so */
+      snprintf(gen, sizeof gen, "proc-%llu", ++seq);
+    while (sbx_process_find(sb->id, gen));
     id = gen;
   }
   if (!sbx_valid_id(id)) return sbx_err(err, "VALIDATION_FAILED", "processId must be 1-63 of [a-z0-9-]");
@@ -161,7 +191,7 @@ int sbx_process_start(uv_loop_t *loop, sbx_sandbox *sb, const char *id, const sb
   p->next = all;
   all = p;
   *out = p;
-  saved(sb->id);
+  saved(loop, sb->id);
   return 0;
 }
 
@@ -215,7 +245,7 @@ char *sbx_process_logs(sbx_process *p, int stream, size_t tail_lines, size_t *le
   return text;
 }
 
-#define RECORD_COMMAND_MAX 4096 /* of a command, in the sandbox's record */
+#define RECORD_COMMAND_MAX 256 /* of a command, in the sandbox's record: it names it, no more */
 
 json_t *sbx_process_record(const char *sandbox) {
   json_t *a = json_array();
@@ -235,13 +265,28 @@ json_t *sbx_process_record(const char *sandbox) {
   return a;
 }
 
+/* A time of a record: a wall-clock ms up to a day from now, else 0. */
+static uint64_t record_time(json_t *v) {
+  json_int_t t = json_integer_value(v);
+  return json_is_integer(v) && t > 0 && (uint64_t)t <= sbx_wall_ms() + 86400000 ? (uint64_t)t : 0;
+}
+
+/* An earlier entry of records (a newer one) with id. */
+static bool newer_has(json_t *records, size_t i, const char *id) {
+  for (size_t j = 0; j < i; j++)
+    if (!strcmp(id, json_string_value(json_object_get(json_array_get(records, j), "id")) ?: "")) return true;
+  return false;
+}
+
 void sbx_process_restore(const char *sandbox, json_t *records) {
   static const char *const ended[] = {"completed", "failed", "killed", "error"};
-  for (size_t i = json_array_size(records); i-- > 0;) { /* oldest first: the list is newest first */
+  size_t n = json_array_size(records) < SBX_MAX_PROCESSES ? json_array_size(records) : SBX_MAX_PROCESSES;
+  for (size_t i = n; i-- > 0;) { /* the newest SBX_MAX_PROCESSES, oldest first: the list is newest first */
     json_t *r = json_array_get(records, i);
     const char *id = json_string_value(json_object_get(r, "id")), *cmd = json_string_value(json_object_get(r, "command"));
     const char *status = json_string_value(json_object_get(r, "status")), *out = json_string_value(json_object_get(r, "outputPath"));
-    if (!id || !sbx_valid_id(id) || !cmd || !status || sbx_process_find(sandbox, id) || count_in(sandbox) >= SBX_MAX_PROCESSES)
+    uint64_t start = record_time(json_object_get(r, "startTime"));
+    if (!id || !sbx_valid_id(id) || !cmd || !status || !start || newer_has(records, i, id) || sbx_process_find(sandbox, id))
       continue;
     sbx_process *p = calloc(1, sizeof *p);
     if (!p || !(p->command = strdup(cmd))) {
@@ -254,18 +299,24 @@ void sbx_process_restore(const char *sandbox, json_t *records) {
     p->lost = true;
     p->status = "killed";
     p->exit_code = 128 + SIGKILL; /* as a daemon's stop ends its sandboxes */
+    json_int_t code = json_integer_value(json_object_get(r, "exitCode"));
+    uint64_t end = record_time(json_object_get(r, "endTime"));
     for (size_t k = 0; k < SBX_ARRAY_SIZE(ended); k++)
-      if (!strcmp(status, ended[k]) && json_is_integer(json_object_get(r, "exitCode"))) {
+      if (!strcmp(status, ended[k]) && json_is_integer(json_object_get(r, "exitCode")) && code >= 0 && code <= 255 && end) {
         p->status = ended[k];
         p->lost = false;
-        p->exit_code = (int)json_integer_value(json_object_get(r, "exitCode"));
-        p->end_ms = (uint64_t)json_integer_value(json_object_get(r, "endTime"));
+        p->exit_code = (int)code;
+        p->end_ms = end;
       }
-    p->start_ms = (uint64_t)json_integer_value(json_object_get(r, "startTime"));
-    if (out && strlen(out) < sizeof p->output_path) snprintf(p->output_path, sizeof p->output_path, "%s", out);
-    unsigned long long n;
-    char tail;
-    if (sscanf(id, "proc-%llu%c", &n, &tail) == 1 && n > seq) seq = n;
+    p->start_ms = start;
+    /* only where sbx spills output: the record is the daemon's, but a file of it is echoed back */
+    if (out && strlen(out) < sizeof p->output_path && !strncmp(out, SBX_SPILL_DIR "/", sizeof SBX_SPILL_DIR) &&
+        !strstr(out, "/../"))
+      snprintf(p->output_path, sizeof p->output_path, "%s", out);
+    if (!strncmp(id, "proc-", 5) && strlen(id) <= 5 + 15 && strspn(id + 5, "0123456789") == strlen(id + 5)) {
+      unsigned long long n = strtoull(id + 5, NULL, 10); /* at most 15 digits: never near wrapping */
+      if (n > seq) seq = n;
+    }
     p->next = all;
     all = p;
   }

@@ -156,14 +156,34 @@ def test_processes_listed_after_restart(t, x):
     c.ok('startProcess', {'sandboxId': 'pr', 'processId': 'srv', 'command': 'exec sleep 1000'})
     first = c.ok('startProcess', {'sandboxId': 'pr', 'command': 'exit 3'})['id']
     c.ok('waitForExit', {'sandboxId': 'pr', 'processId': first, 'timeout': 20000}, 40)
+    c.ok('startProcess', {'sandboxId': 'pr', 'processId': 'proc-18446744073709551615', 'command': 'true'})
     x.env.run(['daemon', 'stop'])
+    # what a hand (or a bug) may have put in the record: more than 64, an
+    # older duplicate of srv, times and codes out of range, a path elsewhere
+    path = os.path.join(x.env.state, 'sandboxes', 'pr', 'record.json')
+    rec = json.load(open(path))
+    rec['processes'] += [{'id': 'srv', 'command': 'fake', 'status': 'completed', 'exitCode': 0, 'startTime': 1,
+                          'endTime': 2},
+                         {'id': 'odd', 'command': 'x', 'status': 'completed', 'exitCode': 1 << 40, 'startTime': 5,
+                          'endTime': 6, 'outputPath': '/etc/shadow'},
+                         {'id': 'when', 'command': 'x', 'status': 'failed', 'exitCode': 1, 'startTime': -1}] + \
+        [{'id': 'f%d' % i, 'command': 'x', 'status': 'completed', 'exitCode': 0, 'startTime': 7, 'endTime': 8}
+         for i in range(70)]
+    with open(path, 'w') as f:
+        json.dump(rec, f)
     listed = {p['id']: p for p in c.ok('listProcesses', {'sandboxId': 'pr'})['processes']}
+    t.ok(len(listed) <= 64 and 'when' not in listed and listed.get('odd', {}).get('status') == 'killed'
+         and listed['odd'].get('exitCode') == 137, 'a record past 64 processes, with times or codes out of range, '
+         'is read within bounds', sorted(listed)[:8])
+    t.ok('outputPath' not in c.ok('getProcessLogs', {'sandboxId': 'pr', 'processId': 'odd'}),
+         'an output path outside where sbx spills is not taken from a record')
     t.ok(listed.get('srv', {}).get('status') == 'killed' and listed['srv'].get('exitCode') == 137,
          'a process that ran when the daemon stopped is listed as killed with it', listed)
     t.ok(listed.get(first, {}).get('status') == 'failed' and listed[first].get('exitCode') == 3 and listed[first].get('endTime'),
          'one that had ended, as it ended', listed)
     again = c.ok('startProcess', {'sandboxId': 'pr', 'command': 'true'})['id']
-    t.ok(again != first and again.startswith('proc-'), 'a new process is not named after an old one: %s, %s' % (first, again))
+    t.ok(again != first and again not in listed and again.startswith('proc-'),
+         'a new process is not named after an old one, a huge proc-N number neither: %s, %s' % (first, again))
     c.ok('destroySandbox', {'sandboxId': 'pr'})
 
 

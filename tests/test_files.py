@@ -69,6 +69,18 @@ def test_read_part(t, x):
     r = x.c.ok('readFile', {'path': 'log.txt', 'offset': 20000})
     t.eq((r['content'], r['size'], r['offset']), ('', 0, 14000), 'past the end: nothing')
     t.ok('offset' not in x.c.ok('readFile', {'path': 'log.txt'}), 'a whole read says nothing of parts')
+    import base64
+    x.c.sh("printf 'h\\303\\251llo w\\303\\266rld \\360\\237\\230\\200 \\223q\\224 end\\303' > /workspace/page.txt")
+    want = base64.b64decode(x.c.ok('readFile', {'path': 'page.txt', 'encoding': 'base64'})['content'])
+    for length in (1, 2, 3, 5, 7):
+        got, offset, parts = b'', 0, 0
+        while offset < len(want) and parts < 100:
+            r = x.c.ok('readFile', {'path': 'page.txt', 'offset': offset, 'length': length})
+            data = base64.b64decode(r['content']) if r['encoding'] == 'base64' else r['content'].encode()
+            if r['offset'] != offset or not data:
+                break
+            got, offset, parts = got + data, offset + len(data), parts + 1
+        t.eq(got, want, 'paging by %d bytes from offset + size to the end gives the file, byte for byte' % length)
 
 
 def test_list(t, x):
