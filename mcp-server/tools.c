@@ -1266,20 +1266,10 @@ static void h_read(mcp_call *call, json_t *args, sbx_sandbox *sb) {
   pre = len < pre ? len : pre;
   char *data = whole + pre;
   len -= pre;
-  if (text_part && len) { /* whole characters at both ends, or the bytes as they are (base64) */
-    size_t lead = 0, back = 1;
-    if (((unsigned char)data[0] & 0xC0) == 0x80) { /* inside a character: where does it start, and end? */
-      while (back <= pre && ((unsigned char)data[-(ssize_t)back] & 0xC0) == 0x80) back++;
-      unsigned c = back <= pre ? (unsigned char)data[-(ssize_t)back] : 0;
-      size_t l = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
-      lead = l > back ? l - back : len + 1; /* not a character's tail: not text here */
-    }
-    bool at_end = offset + len >= fsize; /* a character cut by the file's end is the file's */
-    size_t keep = lead > len ? 0 : at_end ? len - lead : sbx_utf8_complete_prefix(data + lead, len - lead);
-    if (keep && !memchr(data + lead, 0, keep) && sbx_utf8_valid(data + lead, keep)) {
-      data += lead, offset += lead, len = keep;
-      data[len] = 0;
-    }
+  size_t lead, keep = text_part ? sbx_utf8_part(data, pre, len, offset + len >= fsize, &lead) : 0;
+  if (keep) { /* whole characters at both ends; else the bytes as they are (base64) */
+    data += lead, offset += lead, len = keep;
+    data[len] = 0;
   }
   bool binary = memchr(data, 0, len) || !sbx_utf8_valid(data, len);
   json_t *o;

@@ -143,7 +143,8 @@ static size_t left(size_t used, size_t most) { return used < most ? most - used 
 static size_t room_for(const sbx_code_run *r, size_t bytes, size_t most) {
   share *sh = *share_at(r->sandbox);
   size_t room = left(bytes, most), all = left(held, HELD_MAX), mine = left(sh ? sh->n : 0, SANDBOX_HELD_MAX);
-  return room < all ? (room < mine ? room : mine) : (all < mine ? all : mine);
+  if (room > all) room = all;
+  return room < mine ? room : mine;
 }
 
 static void charge(const sbx_code_run *r, size_t *bytes, size_t n) {

@@ -801,12 +801,6 @@ static void pool_readable(uv_poll_t *p, int status, int events) {
   if (dk.pool.on_fresh) dk.pool.on_fresh();
 }
 
-int sbx_disk_pool_fd(void) { return dk.pool.sock; }
-
-void sbx_disk_pool_take_in(void) {
-  if (dk.pool.sock >= 0) pool_readable(NULL, 0, 0);
-}
-
 int sbx_disk_pool_start(uv_loop_t *loop, uint64_t mb, void (*on_fresh)(void)) {
   if (!dk.loop || dk.pool.sock >= 0) return 0;
   int sv[2];

@@ -62,10 +62,6 @@ void sbx_disk_remove(const char *id, int shut);
  * is called when one arrives. */
 int sbx_disk_pool_start(uv_loop_t *loop, uint64_t disk_mb, void (*on_fresh)(void));
 void sbx_disk_pool_stop(void);
-/* The socket a fresh disk of the pool comes on (-1: no pool), and what
- * takes one in from it, for a caller that waits outside the loop. */
-int sbx_disk_pool_fd(void);
-void sbx_disk_pool_take_in(void);
 /* A fresh disk from the helper, its image moved into the sandbox's
  * directory: its mount fd, or -1 when none of that size is ready. */
 int sbx_disk_take_fresh(const char *id, uint64_t disk_mb);

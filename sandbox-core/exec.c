@@ -334,7 +334,6 @@ static void close_pipe(sbx_exec *x, int i) {
 
 /* Spilled outputs live on the sandbox's disk (its quota pays for them);
  * only the newest SPILLS_KEPT stay. */
-#define SPILL_DIR SBX_SPILL_DIR
 #define SPILLS_KEPT 16
 
 /* The first time a stream passes its bound, everything so far is still in
@@ -344,9 +343,9 @@ static void spill(sbx_exec *x, int i, const char *p, size_t n) {
   if (st->file_fd < 0 && !st->path && x->sb && st->ht.total + n > x->limit) {
     char name[96], path[128];
     snprintf(name, sizeof name, "exec-%d-%llu.%s", x->pid, (unsigned long long)x->start_us, i ? "stderr" : "stdout");
-    snprintf(path, sizeof path, SPILL_DIR "/%s", name);
+    snprintf(path, sizeof path, SBX_SPILL_DIR "/%s", name);
     sbx_error err;
-    st->file_fd = sbx_fs_own_file(x->sb, SPILL_DIR, name, SPILLS_KEPT, &err);
+    st->file_fd = sbx_fs_own_file(x->sb, SBX_SPILL_DIR, name, SPILLS_KEPT, &err);
     if (st->file_fd >= 0) {
       st->path = strdup(path);
       size_t len;

@@ -29,31 +29,26 @@ static int left(uint64_t deadline, int cap) {
 /* One attempt at 127.0.0.1 or [::1] (v6): connect within 500 ms (and for
  * http, get a status line within 2 s), none of it past the deadline. */
 static bool probe(int port, bool http, bool v6, uint64_t deadline) {
-  int s = socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  int s = sbx_loopback_connect((uint16_t)port, v6);
   if (s < 0) return false;
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  struct sockaddr_in6 a6 = {.sin6_family = AF_INET6, .sin6_port = htons(port), .sin6_addr = IN6ADDR_LOOPBACK_INIT};
   bool ok = false;
-  if ((v6 ? connect(s, (struct sockaddr *)&a6, sizeof a6) : connect(s, (struct sockaddr *)&a, sizeof a)) == 0 ||
-      errno == EINPROGRESS) {
-    struct pollfd p = {.fd = s, .events = POLLOUT};
-    int err = 0;
-    socklen_t l = sizeof err;
-    if (poll(&p, 1, left(deadline, 500)) == 1 && getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &l) == 0 && err == 0) {
-      ok = true;
-      if (http) {
-        static const char req[] = "GET / HTTP/1.0\r\nHost: localhost\r\n\r\n";
-        char buf[8] = "";
-        p.events = POLLIN;
-        ok = send(s, req, sizeof req - 1, MSG_NOSIGNAL) == (ssize_t)sizeof req - 1 && poll(&p, 1, left(deadline, 2000)) == 1 &&
-             recv(s, buf, 5, 0) == 5 && !memcmp(buf, "HTTP/", 5);
-        /* the whole answer is read (HTTP/1.0: the server closes), so the
-         * close is not a reset the server would log */
-        char rest[4096];
-        uint64_t until = sbx_now_ms() + 2000;
-        if (until > deadline) until = deadline;
-        while (ok && sbx_now_ms() < until && poll(&p, 1, left(until, 200)) == 1 && recv(s, rest, sizeof rest, 0) > 0) {
-        }
+  struct pollfd p = {.fd = s, .events = POLLOUT};
+  int err = 0;
+  socklen_t l = sizeof err;
+  if (poll(&p, 1, left(deadline, 500)) == 1 && getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &l) == 0 && err == 0) {
+    ok = true;
+    if (http) {
+      static const char req[] = "GET / HTTP/1.0\r\nHost: localhost\r\n\r\n";
+      char buf[8] = "";
+      p.events = POLLIN;
+      ok = send(s, req, sizeof req - 1, MSG_NOSIGNAL) == (ssize_t)sizeof req - 1 && poll(&p, 1, left(deadline, 2000)) == 1 &&
+           recv(s, buf, 5, 0) == 5 && !memcmp(buf, "HTTP/", 5);
+      /* the whole answer is read (HTTP/1.0: the server closes), so the
+       * close is not a reset the server would log */
+      char rest[4096];
+      uint64_t until = sbx_now_ms() + 2000;
+      if (until > deadline) until = deadline;
+      while (ok && sbx_now_ms() < until && poll(&p, 1, left(until, 200)) == 1 && recv(s, rest, sizeof rest, 0) > 0) {
       }
     }
   }

@@ -241,15 +241,9 @@ static void factory_child(int sock) {
     ssize_t n = recv(sock, m, sizeof m, 0);
     if (n != sizeof m) _exit(0);
     uint16_t port = (uint16_t)(m[0] | m[1] << 8);
-    int err = 0, s = socket(m[2] ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    struct sockaddr_in6 a6 = {.sin6_family = AF_INET6, .sin6_port = htons(port), .sin6_addr = IN6ADDR_LOOPBACK_INIT};
     /* the connect goes on in the daemon's loop (a dropped SYN waits a
      * second; the next connection must not wait behind it) */
-    if (s < 0) err = errno;
-    else if ((m[2] ? connect(s, (struct sockaddr *)&a6, sizeof a6) : connect(s, (struct sockaddr *)&a, sizeof a)) < 0 &&
-             errno != EINPROGRESS)
-      err = errno;
+    int s = sbx_loopback_connect(port, m[2]), err = s < 0 ? errno : 0;
     int32_t e = err;
     if (sbx_send_fds(sock, &e, sizeof e, &s, err ? 0 : 1, 0) < 0) _exit(0);
     if (s >= 0) close(s);

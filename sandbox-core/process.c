@@ -61,7 +61,6 @@ static int count_in(const char *sandbox) {
   return n;
 }
 
-static size_t logs_held; /* the log limits of every record, both streams */
 static unsigned long long seq; /* of generated ids (proc-N), past an earlier daemon's */
 
 /* Sandboxes whose records changed, written within SAVE_AFTER_MS (a
@@ -99,7 +98,6 @@ static void saved(uv_loop_t *loop, const char *sandbox) {
 }
 
 static void unlink_free(sbx_process *p) {
-  logs_held -= 2 * p->log_limit;
   sbx_process **pp = &all;
   while (*pp && *pp != p) pp = &(*pp)->next;
   if (*pp) *pp = p->next;
@@ -174,10 +172,12 @@ int sbx_process_start(uv_loop_t *loop, sbx_sandbox *sb, const char *id, const sb
   p->start_ms = sbx_wall_ms();
   sbx_exec_opts opts = *o;
   opts.keep_session = false;
-  size_t mine = 0; /* and a sandbox's share: it cannot take it all from the others */
-  for (sbx_process *q = all; q; q = q->next)
+  size_t held = 0, mine = 0; /* the log limits of every record (both streams), and this sandbox's share */
+  for (sbx_process *q = all; q; q = q->next) {
+    held += 2 * q->log_limit;
     if (!strcmp(q->sandbox, sb->id)) mine += 2 * q->log_limit;
-  p->log_limit = logs_held + 2 * SBX_PROCESS_LOG <= SBX_PROCESS_LOGS_MAX && mine + 2 * SBX_PROCESS_LOG <= SBX_PROCESS_LOGS_MAX / 4
+  }
+  p->log_limit = held + 2 * SBX_PROCESS_LOG <= SBX_PROCESS_LOGS_MAX && mine + 2 * SBX_PROCESS_LOG <= SBX_PROCESS_LOGS_MAX / 4
                      ? SBX_PROCESS_LOG
                      : SBX_PROCESS_LOG_LEAN;
   opts.max_output = p->log_limit;
@@ -187,7 +187,6 @@ int sbx_process_start(uv_loop_t *loop, sbx_sandbox *sb, const char *id, const sb
     free(p);
     return -1;
   }
-  logs_held += 2 * p->log_limit;
   p->next = all;
   all = p;
   *out = p;
@@ -314,8 +313,8 @@ void sbx_process_restore(const char *sandbox, json_t *records) {
         !strstr(out, "/../"))
       snprintf(p->output_path, sizeof p->output_path, "%s", out);
     if (!strncmp(id, "proc-", 5) && strlen(id) <= 5 + 15 && strspn(id + 5, "0123456789") == strlen(id + 5)) {
-      unsigned long long n = strtoull(id + 5, NULL, 10); /* at most 15 digits: never near wrapping */
-      if (n > seq) seq = n;
+      unsigned long long num = strtoull(id + 5, NULL, 10); /* at most 15 digits: never near wrapping */
+      if (num > seq) seq = num;
     }
     p->next = all;
     all = p;

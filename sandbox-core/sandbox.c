@@ -1144,9 +1144,9 @@ int sbx_sandbox_when_started(sbx_sandbox *sb, sbx_started_cb cb, void *ud) {
   return 0;
 }
 
-/* Init answered (or its time ran out): the start ends, and its waiters
- * hear how. */
-static void start_end(sbx_start *st) {
+/* Init answered (or its time ran out: late): the start ends, and its
+ * waiters hear how. */
+static void start_end(sbx_start *st, bool late) {
   sbx_sandbox *sb = st->sb;
   int sock = st->sock;
   bool fresh = st->fresh, ahead = st->ahead;
@@ -1154,7 +1154,7 @@ static void start_end(sbx_start *st) {
   start_waiter *w = start_detach(sb);
   sbx_error err = {0};
   int r = start_finish(sb, sock, &err);
-  if (r < 0 && ahead && !strstr(err.message, "timed out")) {
+  if (r < 0 && ahead && !late) {
     /* made ahead and it failed: once more from nothing, as a create that
      * found none made ahead */
     if (eng.cfg.warn) {
@@ -1182,10 +1182,10 @@ static void start_end(sbx_start *st) {
 static void start_ready(uv_poll_t *p, int status, int events) {
   (void)status;
   (void)events;
-  start_end(p->data);
+  start_end(p->data, false);
 }
 
-static void start_late(uv_timer_t *t) { start_end(t->data); }
+static void start_late(uv_timer_t *t) { start_end(t->data, true); }
 
 /* ---- sandboxes made ahead ------------------------------------------------
  * As root, two sandboxes of the default options are kept made ahead: slot,

@@ -1,6 +1,8 @@
 #define _GNU_SOURCE
 #include "util.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 
 #include <dirent.h>
@@ -232,6 +234,20 @@ bool sbx_utf8_valid(const char *s, size_t n) {
   return true;
 }
 
+size_t sbx_utf8_part(const char *s, size_t pre, size_t n, bool at_end, size_t *lead) {
+  const unsigned char *p = (const unsigned char *)s;
+  *lead = 0;
+  if (n && (p[0] & 0xc0) == 0x80) { /* inside a character: is it one begun just before? */
+    size_t back = 1;
+    while (back <= pre && (p[-(ssize_t)back] & 0xc0) == 0x80) back++;
+    int l = back <= pre ? utf8_seq(p - back, back + n) : 0;
+    if (l <= 0 || (size_t)l <= back) return 0; /* not a character's tail: not text here */
+    *lead = (size_t)l - back;
+  }
+  size_t keep = at_end ? n - *lead : sbx_utf8_complete_prefix(s + *lead, n - *lead);
+  return keep && !memchr(s + *lead, 0, keep) && sbx_utf8_valid(s + *lead, keep) ? keep : 0;
+}
+
 int sbx_write_all(int fd, const void *p, size_t n) {
   const char *c = p;
   while (n) {
@@ -358,6 +374,21 @@ bool sbx_valid_id(const char *id) {
     if (!((id[i] >= 'a' && id[i] <= 'z') || (id[i] >= '0' && id[i] <= '9') || id[i] == '-'))
       return false;
   return true;
+}
+
+int sbx_loopback_connect(uint16_t port, bool v6) {
+  int s = socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (s < 0) return -1;
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  struct sockaddr_in6 a6 = {.sin6_family = AF_INET6, .sin6_port = htons(port), .sin6_addr = IN6ADDR_LOOPBACK_INIT};
+  if ((v6 ? connect(s, (struct sockaddr *)&a6, sizeof a6) : connect(s, (struct sockaddr *)&a, sizeof a)) < 0 &&
+      errno != EINPROGRESS) {
+    int e = errno;
+    close(s);
+    errno = e;
+    return -1;
+  }
+  return s;
 }
 
 uint64_t sbx_fnv1a(const char *s) {

@@ -102,6 +102,13 @@ char *sbx_utf8_repair(const char *p, size_t n, size_t *len_out);
  * multi-byte sequence (for streaming chunks on code-point boundaries). */
 size_t sbx_utf8_complete_prefix(const char *p, size_t n);
 bool sbx_utf8_valid(const char *p, size_t n);
+/* A part p[0..n) of a text, with the pre bytes before it at p[-pre..0):
+ * its whole characters. *lead gets where the first starts (past the tail
+ * of one begun before the part); returns how many bytes from there are
+ * whole characters, one cut by the part's end left out unless at_end (the
+ * text's own end); 0 when the part is not UTF-8 text without NULs there,
+ * or holds no whole character. */
+size_t sbx_utf8_part(const char *p, size_t pre, size_t n, bool at_end, size_t *lead);
 
 int sbx_write_all(int fd, const void *p, size_t n);
 int sbx_write_string(const char *path, const char *s); /* -errno */
@@ -133,6 +140,10 @@ bool sbx_valid_id(const char *id);
 /* Default sandbox id for a directory: slug of its basename + '-' + 8 hex of
  * a hash of the full path. Writes into out (at least 64 bytes). */
 void sbx_default_id(const char *dir, char out[64]);
+/* A non-blocking TCP socket connecting to 127.0.0.1:port, or [::1]:port
+ * (v6), in the caller's network namespace: its fd, the connect done or
+ * under way; -1 with errno. */
+int sbx_loopback_connect(uint16_t port, bool v6);
 /* FNV-1a of a string: for tables by name and names from a text. */
 uint64_t sbx_fnv1a(const char *s);
 
