@@ -555,21 +555,41 @@ static void fail_all(sbx_code_ctx *c, const char *code) {
 static void on_exit_cb(void *ud, const sbx_exec_result *res, const sbx_error *err) {
   sbx_code_ctx *c = ud;
   c->x = NULL;
+  /* the code ended its interpreter (os._exit, a crash, the sandbox's
+   * memory): not ended by sbx (ctx_end), nor failed to start */
+  bool by_code = !c->dead && !err && c->ready;
   if (!c->dead) {
     c->dead = true;
     if (err) snprintf(c->why, sizeof c->why, "%s", err->message);
     else if (!c->ready && res->exit_code == 127)
       snprintf(c->why, sizeof c->why, "%s is not installed in the sandbox", !strcmp(c->language, "python") ? "python3" : "node");
     else if (res->oom) snprintf(c->why, sizeof c->why, "killed: the sandbox ran out of memory");
-    else snprintf(c->why, sizeof c->why, "its interpreter ended (exit code %d)", res->exit_code);
+    else {
+      /* 128 + a signal's number: killed by it (or so the code exited) */
+      const char *sig = res->exit_code > 128 && res->exit_code - 128 < NSIG ? sigabbrev_np(res->exit_code - 128) : NULL;
+      snprintf(c->why, sizeof c->why, "its interpreter ended (exit code %d%s%s)", res->exit_code, sig ? ", SIG" : "",
+               sig ? sig : "");
+    }
   }
-  const char *code = !c->ready && !err && res->exit_code == 127 ? "INTERPRETER_NOT_AVAILABLE" : "INTERNAL";
+  const char *code = !c->ready && !err && res->exit_code == 127 ? "INTERPRETER_NOT_AVAILABLE"
+                     : by_code                                    ? "CONTEXT_NOT_FOUND"
+                                                                  : "INTERNAL";
   if (c->ready_cb) {
     sbx_error e;
     sbx_err(&e, code, "the %s context could not start: %s", c->language, c->why);
     sbx_code_ready_cb cb = c->ready_cb;
     c->ready_cb = NULL;
     cb(c->ready_ud, NULL, &e);
+  }
+  sbx_code_run *r = c->runs;
+  if (by_code && r && r->sent && !r->cancelled) {
+    /* its answer is what it printed until then, and why it ended, as an
+     * error of the code's (the next run of the default context starts a
+     * new one) */
+    json_t *e = json_pack("{s:s, s:s+, s:[]}", "name", "InterpreterExited", "value", c->why,
+                          "; the context's state is gone", "traceback");
+    run_done(c, r, e);
+    json_decref(e);
   }
   fail_all(c, code);
   ctx_free_if_done(c);

@@ -146,13 +146,15 @@ def test_contexts_independent(t, x):
     t.eq(x.c.err('deleteCodeContext', {'contextId': 'nope'}), 'CONTEXT_NOT_FOUND', 'an unknown one is CONTEXT_NOT_FOUND')
     # a context whose interpreter died says so, and runCode's default one comes back fresh
     res, _ = x.c.call('runCode', {'code': 'import os, signal\nos.kill(os.getpid(), signal.SIGKILL)', 'contextId': a['id']}, 60)
-    t.ok(res['isError'] and 'ended' in res['structuredContent']['error']['message'],
-         'a run whose interpreter dies fails clearly', res['structuredContent'])
+    e = res['structuredContent'].get('error', {})
+    t.ok(not res['isError'] and e.get('name') == 'InterpreterExited' and 'SIGKILL' in e.get('value', ''),
+         'a run whose interpreter dies says so, as an error of its code', res['structuredContent'])
     res, _ = x.c.call('runCode', {'code': '1', 'contextId': a['id']}, 60)
     t.ok(res['isError'] and 'died' in res['structuredContent']['error']['message'], 'and the dead context says so', res)
     run(x, 'kept = 1')
     res, _ = x.c.call('runCode', {'code': 'import os\nos._exit(1)'}, 60)
-    t.ok(res['isError'], 'the default context\'s interpreter exits', res['structuredContent'])
+    t.eq(res['structuredContent'].get('error', {}).get('name'), 'InterpreterExited',
+         'the default context\'s interpreter exits', res['structuredContent'])
     r = run(x, "'kept' in globals()")
     t.eq((r['results'][0]['text'], r.get('contextRestarted')), ('False', True),
          'the next run is in a fresh default context, and says so')
@@ -476,6 +478,36 @@ def test_contexts_across_restart(t, x):
     t.ok(ctx not in [k['id'] for k in c.ok('listCodeContexts', {'sandboxId': 'rs'})['contexts']], 'and is gone then')
 
 
+def test_code_that_exits(t, x):
+    """Code that exits: sys.exit() and process.exit() end the cell, not the
+    context; os._exit() ends the interpreter, and the run's answer still
+    has what it printed and says why; a forked child's os._exit() is the
+    child's alone."""
+    c = x.c
+    c.ok('createSandbox', {'sandboxId': 'ex'})
+    r = c.ok('runCode', {'sandboxId': 'ex', 'code': 'keep = 5\nprint("before")\nimport sys\nsys.exit(3)'}, 120)
+    t.eq((r['logs']['stdout'], r['error']['name'], r['error']['value']), (['before\n'], 'SystemExit', '3'),
+         'sys.exit(3) is a SystemExit error, after the output')
+    r = c.ok('runCode', {'sandboxId': 'ex', 'code': 'import os\npid = os.fork()\nif pid == 0:\n    os._exit(0)\n'
+                         'os.waitpid(pid, 0)\nprint("parent")\nkeep'}, 120)
+    t.eq((r['logs']['stdout'], r['results'][0]['text'], r.get('error')), (['parent\n'], '5', None),
+         'a forked child that calls os._exit leaves the context and its output alone')
+    res, _ = c.call('runCode', {'sandboxId': 'ex', 'code': 'print("last words")\nos._exit(7)'}, 120)
+    r = res['structuredContent']
+    t.ok(not res['isError'] and r.get('logs', {}).get('stdout') == ['last words\n']
+         and r.get('error', {}).get('name') == 'InterpreterExited' and 'exit code 7' in r['error'].get('value', ''),
+         'os._exit(7): what was printed, and an error saying the interpreter ended with 7', res)
+    r = c.ok('runCode', {'sandboxId': 'ex', 'code': "'keep' in globals()"}, 120)
+    t.eq((r['results'][0]['text'], r.get('contextRestarted')), ('False', True), 'the next run is in a new context, and says so')
+    js = {'sandboxId': 'ex', 'language': 'javascript'}
+    c.ok('runCode', dict(js, code='let kept = 9'), 120)
+    r = c.ok('runCode', dict(js, code='console.log("bye"); process.exit(2); console.log("not reached")'), 120)
+    t.eq((r['logs']['stdout'], r['error']['name'], r['error']['value']), (['bye\n'], 'ProcessExit', '2'),
+         'process.exit(2) ends the cell with a ProcessExit error, after the output')
+    r = c.ok('runCode', dict(js, code='kept'), 120)
+    t.eq((r['results'][0]['text'], r.get('contextRestarted')), ('9', None), 'and the JavaScript context keeps its state')
+
+
 def test_missing_interpreter(t, x):
     c = x.c
     c.ok('createSandbox', {'sandboxId': 'nopy'})
@@ -489,4 +521,4 @@ def test_missing_interpreter(t, x):
 if __name__ == '__main__':
     sys.exit(run_tests([test_state_and_results, test_exception, test_plot_and_dataframe, test_timeout_and_cancel, test_interrupt_sent_again, test_cancel_at_once,
                         test_contexts_independent, test_javascript, test_javascript_modules, test_big_output, test_lying_driver, test_results_bounded, test_results_share, test_floods_bounded, test_queued_run_cancelled, test_reset_ends_contexts,
-                        test_contexts_across_restart, test_missing_interpreter], setup=lambda: Ctx('code')))
+                        test_contexts_across_restart, test_code_that_exits, test_missing_interpreter], setup=lambda: Ctx('code')))

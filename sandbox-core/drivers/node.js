@@ -117,6 +117,13 @@ process.stdout.write = out.write;
 process.stderr.write = err.write;
 globalThis.require = require;
 globalThis.module = module;
+// process.exit() in a cell ends the cell, not the context, as sys.exit()
+// does in Python's: a ProcessExit error with its code; the driver keeps
+// the real one for the end of its input
+const exit = process.exit.bind(process);
+process.exit = (code) => {
+  throw Object.assign(new Error(String(code === undefined ? (process.exitCode ?? 0) : code)), { name: 'ProcessExit' });
+};
 
 function bundle(v) {
   const b = { text: typeof v === 'string' ? v : util.inspect(v, { depth: 4 }) };
@@ -526,6 +533,6 @@ process.stdin.on('data', (chunk) => {
     }
   }
 });
-process.stdin.on('end', () => process.exit(0));
+process.stdin.on('end', () => exit(0));
 send({ ready: true, pid: process.pid, version: process.version });
 })();

@@ -107,6 +107,23 @@ def _flusher():
 
 threading.Thread(target=_flusher, daemon=True).start()
 
+_driver_pid = os.getpid()
+_real_exit = os._exit
+
+
+def _exit(status):
+    """os._exit() from the code: what it printed goes out first, so that
+    the run's answer has it; a forked child's copy of that text does not."""
+    if os.getpid() == _driver_pid and _lock.acquire(timeout=1):
+        try:
+            _flush_locked()
+        finally:
+            _lock.release()
+    _real_exit(status)
+
+
+os._exit = _exit
+
 
 _pipes = []  # (read fd, lock held while a chunk is read and sent)
 
