@@ -244,7 +244,7 @@ def test_javascript_modules(t, x):
     """import statements and import() work in a JavaScript cell (a cell is
     a script: `import` was a SyntaxError, import() had no loader), resolved
     from the context's directory, and what they name persists like a
-    declaration."""
+    declaration; `export` declares what it exports."""
     c = x.c
     c.ok('writeFile', {'path': 'lib.mjs', 'content': 'export const k = 42; export default function hi() { return "hi"; }\n'})
     c.ok('writeFile', {'path': 'node_modules/cj/index.js', 'content': 'module.exports = { v: 7 };\n'})
@@ -283,6 +283,10 @@ def test_javascript_modules(t, x):
     e = run(x, 'throw { get message() { throw new Error("x") } }', language='javascript', timeout=20000)['error']
     t.ok('cannot be shown' in e['value'], 'an error that throws as it is read still ends its run', e)
     t.eq(js('4')['results'][0]['text'], '4', 'and the context goes on')
+    t.eq(js('export const ea = 1\nexport function ef() { return ea + 1 }\nexport { ea }\nexport * from "node:path"\n'
+            'export default ef() * 10')['results'][0]['text'], '20',
+         'a module\'s exports in a cell: what they declare is declared, export default is the result')
+    t.eq(js('ef() + ea')['results'][0]['text'], '3', 'and an exported declaration persists like any other')
 
 
 def test_big_output(t, x):

@@ -340,6 +340,25 @@ function rewriteImports(code) {
   let out = '', at = 0;
   for (let k = 0; k < toks.length; k++) {
     const tk = toks[k], next = toks[k + 1], prev = toks[k - 1];
+    if (tk.type === 'word' && tk.t === 'export' && next && tk.depth === 0 && (!prev || prev.t === ';' || prev.t === '}' || tk.nl)) {
+      // a module's export in a cell: `export const x`, `export function
+      // f` and `export default v` are what they declare or say (a cell has
+      // no exports); `export {a}` and `export * from "m"` are nothing
+      if (/^(?:const|let|var|function|async|class|default)$/.test(next.t)) {
+        out += code.slice(at, tk.at);
+        at = next.t === 'default' ? next.end : next.at;
+        continue;
+      }
+      if (next.t === '{' || next.t === '*') {
+        let e = k + 1;
+        while (e + 1 < toks.length && toks[e].t !== ';' && !(toks[e + 1].nl && toks[e].depth === 0 && (toks[e].type === 'str' || toks[e].t === '}'))) e++;
+        const end = toks[e].end;
+        out += code.slice(at, tk.at) + '\n'.repeat(code.slice(tk.at, end).split('\n').length - 1);
+        at = end;
+        k = e;
+        continue;
+      }
+    }
     if (tk.type !== 'word' || tk.t !== 'import' || !next || (prev && (prev.t === '.' || prev.t === '?.'))) continue;
     if (next.t === '(') { // import(x), not a method of that name (`import(m) {...}`)
       let close = k + 1;
