@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <regex.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,8 +14,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-/* A line on its way: [u32 length][u8 stream][text], answered by one byte,
- * '1' it matched, '0' it did not. Lines go in batches, one write each
+/* The child first says whether the pattern compiled: 'R', or 'E' and
+ * regerror's words up to a newline (and it ends). Then a line on its way:
+ * [u32 length][u8 stream][text], answered by one byte, '1' it matched, '0'
+ * it did not. Lines go in batches, one write each
  * (mcp_matcher_flush): a chatty process's short lines cost no system call
  * each. */
 typedef struct frame {
@@ -48,6 +51,9 @@ struct mcp_matcher {
   size_t behind;        /* their bytes */
   batch *writing;       /* the batch being written, if any */
   bool ended, done, freed, answering;
+  bool compiled;    /* the child said 'R' */
+  bool broken;      /* a write to it failed */
+  sbx_buf refused;  /* what it said after 'E' */
   mcp_match_cb cb;
   void *ud;
 };
@@ -64,7 +70,26 @@ static bool read_all(int fd, void *p, size_t n) {
   return true;
 }
 
-static _Noreturn void child_main(const regex_t *re, int in, int out) {
+static void say(int out, const char *s, size_t n) {
+  while (n) {
+    ssize_t w = write(out, s, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) _exit(0);
+    s += w, n -= (size_t)w;
+  }
+}
+
+static _Noreturn void child_main(const char *pattern, int in, int out) {
+  regex_t re[1];
+  int rc = regcomp(re, pattern, REG_EXTENDED | REG_NOSUB);
+  if (rc) {
+    char why[200] = "E";
+    regerror(rc, re, why + 1, sizeof why - 2);
+    strcat(why, "\n");
+    say(out, why, strlen(why));
+    _exit(0);
+  }
+  say(out, "R", 1);
   char *buf = NULL;
   size_t cap = 0;
   for (;;) {
@@ -74,9 +99,7 @@ static _Noreturn void child_main(const regex_t *re, int in, int out) {
     if (len + 1 > cap && !(buf = realloc(buf, cap = len + 1))) _exit(1);
     if (!read_all(in, buf, len)) _exit(0);
     buf[len] = 0;
-    char a = regexec(re, buf, 0, NULL, 0) == 0 ? '1' : '0';
-    while (write(out, &a, 1) < 0)
-      if (errno != EINTR) _exit(0);
+    say(out, regexec(re, buf, 0, NULL, 0) == 0 ? "1" : "0", 1);
   }
 }
 
@@ -86,6 +109,7 @@ static void handle_closed(uv_handle_t *h) {
   mcp_matcher *m = h->data;
   if (--m->open_handles == 0) {
     close(m->pidfd);
+    sbx_buf_free(&m->refused);
     free(m);
   }
 }
@@ -133,17 +157,46 @@ static void written(uv_write_t *req, int status) {
   free(b);
   if (!m) return;
   m->writing = NULL;
-  if (status < 0) return fail(m, "INTERNAL", "the pattern's matcher went away");
+  /* the child is gone: what it said last (a pattern that does not
+   * compile), or that it ended, comes from its answers' end */
+  if (status < 0) {
+    m->broken = true;
+    if (status != UV_EPIPE) fail(m, "INTERNAL", "the pattern's matcher went away");
+    return;
+  }
   mcp_matcher_flush(m);
+}
+
+/* What the child said of the pattern, from what it wrote (at *i on). */
+static void compile_answer(mcp_matcher *m, const char *data, ssize_t n, ssize_t *i, bool eof) {
+  if (!m->refused.len && *i < n && data[*i] == 'R') {
+    m->compiled = true;
+    ++*i;
+    return;
+  }
+  for (; *i < n && m->refused.len < 200; ++*i) sbx_buf_append(&m->refused, &data[*i], 1);
+  *i = n;
+  const char *nl = m->refused.len ? memchr(m->refused.data, '\n', m->refused.len) : NULL;
+  if (!nl && !eof) return;
+  sbx_error err = {0};
+  if (m->refused.len && m->refused.data[0] == 'E')
+    sbx_err(&err, "VALIDATION_FAILED", "pattern is not a valid regular expression: %.*s",
+            (int)((nl ? nl : m->refused.data + m->refused.len) - m->refused.data - 1), m->refused.data + 1);
+  else
+    sbx_err(&err, "RESOURCE_LIMIT", "the pattern's matcher ended while compiling it (the sandbox's memory or pids "
+            "limit): a simpler pattern");
+  finish(m, NULL, &err);
 }
 
 static void answers(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
   mcp_matcher *m = s->data;
+  ssize_t i = 0;
+  if (!m->compiled) compile_answer(m, b->base, n < 0 ? 0 : n, &i, n < 0);
   if (n < 0) {
     uv_read_stop(s);
     return fail(m, "INTERNAL", "the pattern's matcher ended (the sandbox's memory or pids limit, or it was killed)");
   }
-  for (ssize_t i = 0; i < n && !m->done; i++) {
+  for (; i < n && !m->done; i++) {
     frame *f = m->first;
     if (!f) return fail(m, "INTERNAL", "the pattern's matcher answered a line it was not given");
     m->first = f->next;
@@ -167,7 +220,9 @@ static void exited(uv_poll_t *p, int status, int events) {
   }
 }
 
-mcp_matcher *mcp_matcher_start(uv_loop_t *loop, sbx_sandbox *sb, const regex_t *re, mcp_match_cb cb, void *ud,
+bool mcp_matcher_compiled(const mcp_matcher *m) { return m->compiled; }
+
+mcp_matcher *mcp_matcher_start(uv_loop_t *loop, sbx_sandbox *sb, const char *pattern, mcp_match_cb cb, void *ud,
                                sbx_error *err) {
   int to[2], from[2];
   if (pipe2(to, O_CLOEXEC) < 0) return sbx_err_errno(err, "INTERNAL", errno, "pipe"), NULL;
@@ -194,7 +249,7 @@ mcp_matcher *mcp_matcher_start(uv_loop_t *loop, sbx_sandbox *sb, const regex_t *
     if (dup2(in, 0) < 0 || dup2(out, 1) < 0) _exit(1);
     close_range(2, ~0U, 0);
     sbx_child_unblock();
-    child_main(re, 0, 1);
+    child_main(pattern, 0, 1);
   }
   close(to[0]);
   close(from[1]);
@@ -240,7 +295,7 @@ void mcp_matcher_feed(mcp_matcher *m, int stream, const char *line, size_t len) 
 }
 
 void mcp_matcher_flush(mcp_matcher *m) {
-  if (m->done || m->answering || m->writing || !m->unsent) return;
+  if (m->done || m->answering || m->writing || m->broken || !m->unsent) return;
   size_t n = 0;
   for (frame *f = m->unsent; f; f = f->next) n++;
   batch *b = malloc(sizeof *b + n * sizeof b->f[0]);
@@ -266,7 +321,9 @@ void mcp_matcher_flush(mcp_matcher *m) {
     m->writing = NULL;
     for (size_t i = 0; i < b->n; i++) b->f[i]->written = true;
     free(b);
-    answer_soon(m, "INTERNAL", "the pattern's matcher went away");
+    m->broken = true;
+    /* a child gone is told by its answers' end, as in written() */
+    if (r != UV_EPIPE) answer_soon(m, "INTERNAL", "the pattern's matcher went away");
   }
 }
 

@@ -6,7 +6,6 @@
 #include "matcher.h"
 
 #include <ctype.h>
-#include <regex.h>
 
 #include "../sandbox-core/bucket.h"
 #include "../sandbox-core/files.h"
@@ -510,8 +509,7 @@ struct proc_wait {
   sbx_process *p;
   sbx_process_watch *w;
   uv_timer_t timer;
-  regex_t re;
-  mcp_matcher *m; /* matches re, off the loop (matcher.h) */
+  mcp_matcher *m; /* compiles and matches the pattern, off the loop (matcher.h) */
   char ended_status[16]; /* how the process ended, for when the matcher answers (its record may be gone) */
   int ended_code;
   bool has_re, stream_all, finished, kill;
@@ -522,7 +520,6 @@ struct proc_wait {
 static void wait_closed(uv_handle_t *h) {
   struct proc_wait *pw = h->data;
   mcp_matcher_free(pw->m);
-  if (pw->has_re) regfree(&pw->re);
   sbx_buf_free(&pw->line[0]);
   sbx_buf_free(&pw->line[1]);
   free(pw);
@@ -625,8 +622,12 @@ static void wait_end(void *ud, sbx_process *p) {
 static void wait_timeout(uv_timer_t *t) {
   struct proc_wait *pw = t->data;
   sbx_error err;
-  sbx_err(&err, "COMMAND_TIMEOUT", "process '%s' %s within the timeout", pw->id,
-          pw->has_re ? "printed no matching line" : "did not end");
+  if (pw->m && !mcp_matcher_compiled(pw->m))
+    sbx_err(&err, "COMMAND_TIMEOUT", "the pattern was still being compiled when the timeout came: it is too complex "
+            "(a simpler one)");
+  else
+    sbx_err(&err, "COMMAND_TIMEOUT", "process '%s' %s within the timeout", pw->id,
+            pw->has_re ? "printed no matching line" : "did not end");
   wait_finish(pw, NULL, NULL, &err);
 }
 
@@ -672,17 +673,10 @@ static void process_wait(mcp_call *call, json_t *args, sbx_sandbox *sb, char kin
       sbx_err(&err, "VALIDATION_FAILED", "pattern %s (kept simple so that matching stays cheap)", why);
       return wait_finish(pw, NULL, NULL, &err);
     }
-    int rc = regcomp(&pw->re, pat, REG_EXTENDED | REG_NOSUB);
-    if (rc) {
-      char why[200];
-      regerror(rc, &pw->re, why, sizeof why);
-      sbx_error err;
-      sbx_err(&err, "VALIDATION_FAILED", "pattern is not a valid regular expression: %s", why);
-      return wait_finish(pw, NULL, NULL, &err);
-    }
+    /* compiled by the matcher, not here: regcomp too can take minutes */
     pw->has_re = true;
     sbx_error err = {0};
-    if (!(pw->m = mcp_matcher_start(mcp_call_loop(call), sb, &pw->re, matched, pw, &err)))
+    if (!(pw->m = mcp_matcher_start(mcp_call_loop(call), sb, pat, matched, pw, &err)))
       return wait_finish(pw, NULL, NULL, &err);
   }
   /* what is there already: the logs so far (the last 1 MiB of each stream) */

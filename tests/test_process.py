@@ -235,6 +235,19 @@ def test_costly_pattern(t, x):
     r = other.next(lambda m: m.get('id') == 'w')
     t.eq(r['result']['structuredContent'].get('error', {}).get('code'), 'COMMAND_TIMEOUT', 'the wait ends at its timeout',
          r)
+    # slow to compile: glibc's regcomp takes seconds on "((a*|b*){24})*",
+    # twice as long for each count more
+    other.send({'jsonrpc': '2.0', 'id': 'cw', 'method': 'tools/call', 'params': {'name': 'waitForLog', 'arguments': {
+        'sandboxId': 'procs', 'processId': 'long', 'pattern': '((a*|b*){24})*', 'timeout': 1500}}})
+    other.send({'jsonrpc': '2.0', 'id': 'l2', 'method': 'tools/call', 'params': {'name': 'listSandboxes'}})
+    r = other.next(lambda m: m.get('id') in ('l2', 'cw'))
+    t.eq(r['id'], 'l2', 'a call after a pattern slow to compile answers first (the daemon does not compile it)')
+    e = other.next(lambda m: m.get('id') == 'cw', 30)['result']['structuredContent'].get('error', {})
+    t.ok(e.get('code') == 'COMMAND_TIMEOUT' and 'compiled' in e.get('message', ''),
+         'and that wait ends at its own timeout, saying the pattern was still being compiled', e)
+    e = c.call('waitForLog', {'processId': 'long', 'pattern': 'a(b', 'timeout': 5000}, 30)[0]['structuredContent']
+    t.ok(e.get('error', {}).get('code') == 'VALIDATION_FAILED' and 'Unmatched (' in e['error'].get('message', ''),
+         'a pattern that does not compile is VALIDATION_FAILED, in regcomp\'s words', e)
     c.ok('startProcess', {'processId': 'flood', 'command': 'python3 -c "print((\'a\' * 65535 + \'\\n\') * 100, end=\'\', '
                                                            'flush=True)"; exec sleep 1000'})
     r = c.call('waitForLog', {'processId': 'flood', 'pattern': '(.*a){32}x', 'timeout': 30000}, 60)[0]
