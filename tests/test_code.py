@@ -339,7 +339,7 @@ def test_results_bounded(t, x):
         with open('/proc/%d/status' % x.env.daemon_pid()) as f:
             return next(int(l.split()[1]) for l in f if l.startswith('VmHWM:')) // 1024
     before = peak()
-    r = run(x, 'import __main__, os\nfd, rid = __main__._ctl_fd, __main__._current[0]\n'
+    r = run(x, 'import os\nd = display.__globals__  # the driver\'s own\nfd, rid = d["_ctl_fd"], d["_current"][0]\n'
                'line = (\'{"id":%d,"result":{"json":[\' % rid + ",".join(["{}"] * 49000) + "]}}\\n").encode()\n'
                'for i in range(30): os.write(fd, line)\n'
                'logs = (\'{"id":%d,"stream":"stdout","texts":[\' % rid + ",".join([\'"a\\\\n"\'] * 49000) + "]}\\n").encode()\n'
@@ -362,7 +362,7 @@ def test_results_share(t, x):
     daemon's whole budget: its runs cannot leave every other sandbox's
     results cut."""
     c = x.c
-    emit = ('import __main__, os, time\nfd, rid = __main__._ctl_fd, __main__._current[0]\n'
+    emit = ('import os, time\nd = display.__globals__  # the driver\'s own\nfd, rid = d["_ctl_fd"], d["_current"][0]\n'
             'os.write(fd, (\'{"id":%d,"result":{"json":[\' % rid + ",".join(["{}"] * 30000) + "]}}\\n").encode())\n'
             'while not os.path.exists("/tmp/go"): time.sleep(0.05)\n"held"')
     ids = []
@@ -401,7 +401,7 @@ def test_floods_bounded(t, x):
     # a context that stops reading its input (its driver reads another
     # pipe) and says every run is done: what waits for it is bounded
     ctx = c.ok('createCodeContext', {})['id']
-    run(x, 'import os, sys, threading, time\nm = sys.modules["__main__"]\nkeep = os.dup(m._in_fd)\n'
+    run(x, 'import os, sys, threading, time, types\nm = types.SimpleNamespace(**display.__globals__)\nkeep = os.dup(m._in_fd)\n'
            'r, w = os.pipe()\nos.dup2(r, m._in_fd)\ndef liar():\n    while True:\n'
            '        os.write(m._ctl_fd, b\'{"done": true}\\n\')\n        time.sleep(0.01)\n'
            'threading.Thread(target=liar, daemon=True).start()', contextId=ctx)
@@ -512,6 +512,44 @@ def test_code_that_exits(t, x):
     t.eq((r['results'][0]['text'], r.get('contextRestarted')), ('9', None), 'and the JavaScript context keeps its state')
 
 
+def test_python_as_in_jupyter(t, x):
+    """Python cells as Jupyter runs them: in __main__ (pickle and
+    multiprocessing find what a cell defines), with top-level await, a
+    sys.stdout that is a file, children the code forks that stay children,
+    and an interrupt that lands while the driver writes a long line."""
+    c = x.c
+    c.ok('createSandbox', {'sandboxId': 'jup'})
+
+    def py(code, **kw):
+        return c.ok('runCode', dict({'sandboxId': 'jup', 'code': code}, **kw), 120)
+    py('keep = 1')
+    t.eq(py('import __main__\n__main__.__dict__ is globals()')['results'][0]['text'], 'True', 'cells run in __main__')
+    r = py('import multiprocessing as mp, pickle\ndef sq(v): return v * v\nclass K: pass\n'
+           'with mp.get_context("fork").Pool(2) as pool: out = pool.map(sq, [1, 2, 3])\n(out, len(pickle.dumps(K())) > 0)')
+    t.eq(r['results'][0]['text'] if r['results'] else r, '([1, 4, 9], True)',
+         'a function and a class defined in a cell pickle, and a multiprocessing pool maps one')
+    r = py('import asyncio\nawait asyncio.sleep(0.01)\nv = await asyncio.sleep(0, result=41)\nv + 1')
+    t.eq(r['results'][0]['text'] if r['results'] else r, '42', 'top-level await, as in Jupyter')
+    r = py('import io, sys\nsys.stdout.buffer.write("\u00e9".encode()[:1])\nsys.stdout.buffer.write("\u00e9".encode()[1:] + b"\\n")\n'
+           'sys.stdout.writelines(["a\\n", "b\\n"])\nisinstance(sys.stdout, io.TextIOBase)')
+    t.eq((''.join(r['logs']['stdout']), r['results'][0]['text']), ('\u00e9\na\nb\n', 'True'),
+         'sys.stdout is a text file: writelines, and bytes through its buffer (a character split between writes)')
+    r = py('import os, sys\npid = os.fork()\nif pid == 0:\n    print("from the child")\n    sys.exit(0)\n'
+           'os.waitpid(pid, 0)\n"parent done"', timeout=20000)
+    t.eq((r['results'][0]['text'] if r['results'] else None, r['logs']['stdout'], r.get('error')),
+         ("'parent done'", ['from the child\n'], None),
+         'a forked child that calls sys.exit() ends there: its print is the run\'s output, the answer the parent\'s')
+    r = py('import os\npid = os.fork()\nif pid == 0:\n    print("c1"); print("c2")\nelse:\n    os.waitpid(pid, 0)\n"end"',
+           timeout=20000)
+    t.eq(([x['text'] for x in r['results']], ''.join(r['logs']['stdout'])), (["'end'"], 'c1\nc2\n'),
+         'one that runs off the end of the cell ends there too: one result, all it printed')
+    t.eq(py('keep', timeout=20000)['results'][0]['text'], '1', 'and the context is the parent\'s, with its state')
+    r = py("s = 'x' * 10000\nwhile True: print(s)", timeout=2000)
+    t.eq(r.get('error', {}).get('name'), 'TimeoutError',
+         'a loop printing long lines is interrupted at its timeout (the interrupt waits for a message to be written whole)')
+    t.eq(py('keep')['results'][0]['text'], '1', 'and the context keeps its state')
+
+
 def test_missing_interpreter(t, x):
     c = x.c
     c.ok('createSandbox', {'sandboxId': 'nopy'})
@@ -525,4 +563,4 @@ def test_missing_interpreter(t, x):
 if __name__ == '__main__':
     sys.exit(run_tests([test_state_and_results, test_exception, test_plot_and_dataframe, test_timeout_and_cancel, test_interrupt_sent_again, test_cancel_at_once,
                         test_contexts_independent, test_javascript, test_javascript_modules, test_big_output, test_lying_driver, test_results_bounded, test_results_share, test_floods_bounded, test_queued_run_cancelled, test_reset_ends_contexts,
-                        test_contexts_across_restart, test_code_that_exits, test_missing_interpreter], setup=lambda: Ctx('code')))
+                        test_contexts_across_restart, test_code_that_exits, test_python_as_in_jupyter, test_missing_interpreter], setup=lambda: Ctx('code')))

@@ -6,6 +6,8 @@
 # and 2 (subprocesses included) are pumped into stream messages.
 import ast
 import base64
+import codecs
+import io
 import json
 import os
 import queue
@@ -20,15 +22,31 @@ os.environ.setdefault('MPLBACKEND', 'Agg')
 _ctl_fd = os.dup(1)
 _in_fd = os.dup(0)
 _lock = threading.Lock()
+_main = threading.get_ident()  # the thread that runs the code: signal handlers run in it
+_driver_pid = os.getpid()  # a child the code forks is another
 _current = [None]  # the id of the run in progress
 
 
+_writing = [0]  # the main thread is writing a message: a SIGINT then waits for its end
+_deferred = [False]  # one did
+
+
 def _write(msg):
-    """One message on the control channel (_lock held)."""
+    """One message on the control channel (_lock held), whole: a run's
+    KeyboardInterrupt raised in the middle of it would leave half a line,
+    and the daemon would never read the run's end."""
     data = (json.dumps(msg, ensure_ascii=True, default=str) + '\n').encode()
     view = memoryview(data)
-    while view:
-        view = view[os.write(_ctl_fd, view):]
+    main = threading.get_ident() == _main
+    _writing[0] += main
+    try:
+        while view:
+            view = view[os.write(_ctl_fd, view):]
+    finally:
+        _writing[0] -= main
+    if main and _deferred[0] and not _writing[0]:
+        _deferred[0] = False
+        _on_sigint(signal.SIGINT, None)
 
 
 # Text printed and not sent yet: [run id, stream, pieces]. A print is two
@@ -75,7 +93,10 @@ def _entries(pieces):
 
 
 def _send(msg):
-    """A message, after the text printed before it."""
+    """A message, after the text printed before it (never from a child the
+    code forked: results and the run's end are the driver's to send)."""
+    if os.getpid() != _driver_pid:
+        return
     with _lock:
         _flush_locked()
         _write(msg)
@@ -107,7 +128,6 @@ def _flusher():
 
 threading.Thread(target=_flusher, daemon=True).start()
 
-_driver_pid = os.getpid()
 _real_exit = os._exit
 
 
@@ -157,24 +177,37 @@ def _drain():
             pass
 
 
-class _Stream:
+class _Stream(io.TextIOBase):
     """sys.stdout and sys.stderr: text straight to the control channel, in
-    order with results."""
+    order with results; a file as far as code can tell (writelines, buffer
+    for bytes). In a child the code forked, fd 1 and 2 (the pipes this
+    process pumps): the child has none of the driver's threads, and its
+    copy of what the driver holds is not its to send."""
+
+    encoding = 'utf-8'
+    errors = 'replace'
 
     def __init__(self, name):
+        super().__init__()
         self.name = name
-        self.encoding = 'utf-8'
-        self.errors = 'replace'
+        self.buffer = _Bytes(self)
 
     def write(self, s):
         if not isinstance(s, str):
             raise TypeError('write() argument must be str, not %s' % type(s).__name__)
-        if s:
+        if s and os.getpid() != _driver_pid:
+            data = s.encode('utf-8', 'replace')
+            while data:
+                data = data[os.write(self.fileno(), data):]
+        elif s:
             _queue_text(self.name, s)
         return len(s)
 
     def flush(self):
         pass
+
+    def close(self):
+        pass  # the run's output goes on: closing it is nothing
 
     def isatty(self):
         return False
@@ -184,6 +217,29 @@ class _Stream:
 
     def writable(self):
         return True
+
+
+class _Bytes(io.RawIOBase):
+    """sys.stdout.buffer: bytes as UTF-8 text (a character split between two
+    writes is whole in the second)."""
+
+    def __init__(self, text):
+        super().__init__()
+        self._text = text
+        self._decoder = codecs.getincrementaldecoder('utf-8')('replace')
+
+    def write(self, b):
+        self._text.write(self._decoder.decode(bytes(b)))
+        return len(b)
+
+    def writable(self):
+        return True
+
+    def close(self):
+        pass
+
+    def fileno(self):
+        return self._text.fileno()
 
 
 for _fd, _name in ((1, 'stdout'), (2, 'stderr')):
@@ -270,9 +326,33 @@ def _patch_show():
         plt.show.__module__ = __name__
 
 
-_ns = {'__name__': '__main__', '__builtins__': __builtins__, 'display': display}
+# Cells run in a module of their own that is sys.modules['__main__'], as in
+# Jupyter: what they define is __main__'s (pickle and multiprocessing find
+# it there), and the driver's own names are not theirs to overwrite.
 import builtins  # noqa: E402
+import types  # noqa: E402
+_driver_module = sys.modules['__main__']
+_cells = types.ModuleType('__main__')
+_cells.__dict__.update({'__builtins__': __builtins__, 'display': display})
+sys.modules['__main__'] = _cells
+_ns = _cells.__dict__
 builtins.display = display
+
+# Top-level await, as in Jupyter: a cell that awaits runs on one event loop
+# kept from cell to cell (what a cell leaves scheduled runs in the next).
+_AWAIT = getattr(ast, 'PyCF_ALLOW_TOP_LEVEL_AWAIT', 0)
+_loop = [None]
+
+
+def _eval(code):
+    value = eval(code, _ns)
+    if _AWAIT and code.co_flags & 0x80:  # CO_COROUTINE: it awaits
+        import asyncio
+        if _loop[0] is None:
+            _loop[0] = asyncio.new_event_loop()
+            asyncio.set_event_loop(_loop[0])
+        value = _loop[0].run_until_complete(value)
+    return value
 
 
 def _run(code):
@@ -280,10 +360,10 @@ def _run(code):
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
         last = ast.Expression(tree.body.pop().value)
-    exec(compile(tree, '<code>', 'exec'), _ns)
+    _eval(compile(tree, '<code>', 'exec', flags=_AWAIT))
     _patch_show()
     if last is not None:
-        value = eval(compile(last, '<code>', 'eval'), _ns)
+        value = _eval(compile(last, '<code>', 'eval', flags=_AWAIT))
         _patch_show()
         if value is not None:
             _ns['_'] = value
@@ -291,7 +371,6 @@ def _run(code):
 
 
 _requests = queue.Queue()
-_main = threading.get_ident()
 _live = [None]  # the id of the run whose code is executing (KeyboardInterrupt is for it)
 _took = [None]  # the id of the run that has raised its KeyboardInterrupt
 _started = [0]  # the id of the last run started (ids grow)
@@ -303,7 +382,9 @@ def _on_sigint(signum, frame):
     """SIGINT while a run's code executes is its KeyboardInterrupt; between
     runs it is nothing (the driver's own code is not cut short)."""
     run = _live[0]
-    if run is not None:
+    if run is not None and _writing[0]:
+        _deferred[0] = True
+    elif run is not None:
         _took[0] = run
         raise KeyboardInterrupt
 
@@ -371,6 +452,26 @@ threading.Thread(target=_reader, daemon=True).start()
 signal.signal(signal.SIGINT, _on_sigint)
 _send({'ready': True, 'pid': os.getpid(), 'version': sys.version.split()[0]})
 
+def _child_done(e):
+    """A child the code forked has come back to the driver at the end of
+    the cell (it returned, raised or called sys.exit): it ends there, as a
+    script's child would, and never answers for the run (that is the
+    parent's). Nothing in the driver's own process."""
+    if os.getpid() == _driver_pid:
+        return
+    code = 0
+    if isinstance(e, SystemExit):
+        if isinstance(e.code, int):
+            code = e.code
+        elif e.code is not None:
+            sys.stderr.write('%s\n' % e.code)
+            code = 1
+    elif e is not None:
+        sys.stderr.write(''.join(traceback.format_exception(type(e), e, e.__traceback__)))
+        code = 1
+    _real_exit(code & 0xff)
+
+
 def _cut(text, keep=65536):
     """At most keep characters of text: its start and its end."""
     if len(text) <= keep:
@@ -408,6 +509,7 @@ while True:
             timer.start()
         try:
             _run(req.get('code', ''))
+            _child_done(None)
             _flush_figures()
         finally:
             _own_sigint()  # before an interrupt sent for the run is seen
@@ -415,6 +517,7 @@ while True:
             if timer:
                 timer.cancel()
     except BaseException as e:  # noqa: B902 (KeyboardInterrupt too: the context lives on)
+        _child_done(e)
         _live[0] = None  # (an interrupt may have landed in the finally above)
         if timer:
             timer.cancel()
