@@ -1644,6 +1644,27 @@ static void code_chunk(void *ud, const char *stream, const char *text, size_t le
   mcp_call_progress(ud, stream, text, len);
 }
 
+/* A run's text is its start and its end past this (clients count a tool's
+ * text against the model's context; the structured result has it all) */
+#define CODE_TEXT_MAX (64 * 1024)
+
+/* t as its first and last max/2 bytes (whole characters), with a line
+ * that says what was cut between them. */
+static void cut_middle(sbx_buf *t, size_t max) {
+  if (t->len <= max) return;
+  size_t head = sbx_utf8_complete_prefix(t->data, max / 2), tail = t->len - max / 2;
+  while (tail < t->len && ((unsigned char)t->data[tail] & 0xc0) == 0x80) tail++;
+  char note[160];
+  int n = snprintf(note, sizeof note, "\n[... %zu bytes cut here: structuredContent has all of the logs and results ...]\n",
+                   tail - head);
+  sbx_buf out = {0};
+  sbx_buf_append(&out, t->data, head);
+  sbx_buf_append(&out, note, (size_t)n);
+  sbx_buf_append(&out, t->data + tail, t->len - tail);
+  sbx_buf_free(t);
+  *t = out;
+}
+
 /* A short text of a run for clients that show only text; images also go
  * as image blocks (the structured result keeps everything). */
 static void code_done(void *ud, json_t *res, const sbx_error *err) {
@@ -1698,6 +1719,10 @@ static void code_done(void *ud, json_t *res, const sbx_error *err) {
     if (!json_array_size(json_object_get(e, "traceback"))) sbx_buf_append(&t, line, (size_t)n);
   }
   if (!t.len) sbx_buf_append(&t, "(no output)", 11);
+  static const char cut[] = "\n[truncated: a run keeps the first 1 MiB and the last 256 KiB of each stream, and 16 "
+                            "MiB of results]";
+  if (json_is_true(json_object_get(res, "truncated"))) sbx_buf_append(&t, cut, sizeof cut - 1);
+  cut_middle(&t, CODE_TEXT_MAX);
   sbx_buf_append(&t, "", 1);
   if (json_array_size(images)) call->extra_content = images;
   else json_decref(images);

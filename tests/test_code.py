@@ -294,18 +294,29 @@ def test_big_output(t, x):
     t.ok(r['results'] == [] and r.get('truncated') is True, 'a result too big to carry is left out and the run says truncated',
          {k: v for k, v in r.items() if k != 'logs'})
     r = run(x, "import sys\nsys.stdout.write('a' * (10 * 1024 * 1024))\n7")
-    out = ''.join(r['logs']['stdout'])
-    t.ok(1000 * 1024 < len(out) <= 1024 * 1024 and set(out) == {'a'} and r.get('truncated') is True,
-         'one huge write keeps the first MiB of it (less 64 bytes an entry), truncated', len(out))
+    marks = [e for e in r['logs']['stdout'] if 'cut here' in e]
+    out = ''.join(e for e in r['logs']['stdout'] if 'cut here' not in e)
+    t.ok(1000 * 1024 + 255 * 1024 < len(out) <= 1024 * 1024 + 256 * 1024 and set(out) == {'a'} and len(marks) == 1
+         and r.get('truncated') is True,
+         'one huge write keeps its first MiB (less 64 bytes an entry) and its last 256 KiB, a line saying what was cut '
+         'between them, truncated', (len(out), marks))
     t.eq(r['results'][0]['text'], '7', 'and the run goes on to its result')
     r = run(x, "'z'.repeat(9 * 1024 * 1024)", language='javascript')
     t.ok(r['results'] == [] and r.get('truncated') is True, 'JS: the same', {k: v for k, v in r.items() if k != 'logs'})
     r = run(x, "process.stdout.write('b'.repeat(10 * 1024 * 1024)); 8", language='javascript')
-    out = ''.join(r['logs']['stdout'])
-    t.ok(1000 * 1024 < len(out) <= 1024 * 1024 and r.get('truncated') is True and
+    out = ''.join(e for e in r['logs']['stdout'] if 'cut here' not in e)
+    t.ok(1000 * 1024 < len(out) <= 1024 * 1024 + 256 * 1024 and r.get('truncated') is True and
          [e.get('text') for e in r['results']] == ['8'],
-         'JS: one huge write keeps its first MiB, truncated',
+         'JS: one huge write keeps its first MiB and its last 256 KiB, truncated',
          (len(out), set(out), r.get('truncated'), r['results'], r['logs']['stderr'][:3]))
+    for lang, code in (('python', 'for i in range(200000): print("line %d" % i)'),
+                       ('javascript', 'for (let i = 0; i < 200000; i++) console.log("line " + i)')):
+        res, _ = x.c.call('runCode', {'code': code, 'language': lang}, 120)
+        logs, text = res['structuredContent']['logs']['stdout'], res['content'][0]['text']
+        t.ok(logs[0] == 'line 0\n' and logs[-1] == 'line 199999\n' and sum('cut here' in e for e in logs) == 1,
+             '%s: 200,000 lines printed: the logs keep the first ones and the last ones, whole' % lang, (logs[:2], logs[-2:]))
+        t.ok(len(text) < 70000 and 'line 199999' in text and 'cut here' in text and 'truncated' in text,
+             '%s: the text is the start and the end of it (64 KiB), and says it was cut' % lang, len(text))
 
 
 def test_lying_driver(t, x):
