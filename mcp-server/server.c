@@ -431,6 +431,7 @@ static void on_idle_tick(uv_timer_t *t) {
     fprintf(stderr, "sbx daemon: sandbox %s reset after being idle\n", ids[i]);
     sbx_sandbox *sb = sbx_sandbox_find(ids[i]);
     if (sb) {
+      sbx_code_reset_sandbox(sb); /* its code contexts are told as ended by it, not as unknown */
       mcp_sandbox_ended(sb);
       sbx_sandbox_save(sb); /* without its exposed ports */
     }

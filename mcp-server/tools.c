@@ -1616,9 +1616,10 @@ static sbx_code_ctx *find_context(mcp_call *call, json_t *args, sbx_sandbox *sb)
   sbx_code_ctx *c = id ? sbx_code_find(sb->id, id) : NULL;
   if (!c) {
     sbx_error err;
-    if (id && sbx_code_gone(sb, id))
-      sbx_err(&err, "CONTEXT_NOT_FOUND", "code context '%s' ended when the sbx daemon restarted, with its state: delete "
-              "it and create another", id);
+    const char *why = id ? sbx_code_gone(sb, id) : NULL;
+    if (why)
+      sbx_err(&err, "CONTEXT_NOT_FOUND", "code context '%s' is gone with its state (%s): delete it and create another",
+              id, why);
     else
       sbx_err(&err, "CONTEXT_NOT_FOUND", "no code context '%s' in sandbox '%s' (listCodeContexts shows them)",
               id ? id : "", sb->id);

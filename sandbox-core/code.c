@@ -83,7 +83,12 @@ json_t *sbx_code_json(const sbx_code_ctx *c) {
   return o;
 }
 
-#define GONE_WHY "it ended when the sbx daemon restarted"
+/* Why a context of sb->code_gone ended: a restart (the record's own
+ * contexts, read back), or an idle reset (sbx_code_reset_sandbox). */
+static const char *gone_why(const json_t *g) {
+  return json_is_true(json_object_get(g, "reset")) ? "it ended when the sandbox was reset for being idle"
+                                                   : "it ended when the sbx daemon restarted";
+}
 
 json_t *sbx_code_list(const sbx_sandbox *sb) {
   json_t *a = json_array(), *g;
@@ -93,7 +98,8 @@ json_t *sbx_code_list(const sbx_sandbox *sb) {
   json_array_foreach(sb->code_gone, i, g) {
     json_t *o = json_deep_copy(g);
     json_object_set_new(o, "status", json_string("dead"));
-    json_object_set_new(o, "error", json_string(GONE_WHY));
+    json_object_set_new(o, "error", json_string(gone_why(g)));
+    json_object_del(o, "reset");
     json_object_set_new(o, "executionCount", json_integer(0));
     json_array_append_new(a, o);
   }
@@ -117,7 +123,22 @@ static size_t gone_index(const sbx_sandbox *sb, const char *id) {
   return (size_t)-1;
 }
 
-bool sbx_code_gone(const sbx_sandbox *sb, const char *id) { return gone_index(sb, id) != (size_t)-1; }
+const char *sbx_code_gone(const sbx_sandbox *sb, const char *id) {
+  size_t i = gone_index(sb, id);
+  return i == (size_t)-1 ? NULL : gone_why(json_array_get(sb->code_gone, i));
+}
+
+void sbx_code_reset_sandbox(sbx_sandbox *sb) {
+  json_t *a = json_array();
+  for (sbx_code_ctx *c = all; c; c = c->next)
+    if (!c->forgotten && !strcmp(c->sandbox, sb->id))
+      json_array_append_new(a, json_pack("{s:s, s:s, s:s, s:b}", "id", c->id, "language", c->language, "cwd", c->cwd,
+                                         "reset", 1));
+  json_decref(sb->code_gone);
+  sb->code_gone = json_array_size(a) ? a : NULL;
+  if (!sb->code_gone) json_decref(a);
+  sbx_code_forget_sandbox(sb->id);
+}
 
 bool sbx_code_take_gone(sbx_sandbox *sb, const char *id) {
   size_t i = gone_index(sb, id);

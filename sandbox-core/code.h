@@ -42,10 +42,14 @@ json_t *sbx_code_json(const sbx_code_ctx *c);
 json_t *sbx_code_list(const sbx_sandbox *sb);
 /* The sandbox was reset or destroyed: its contexts end and are forgotten. */
 void sbx_code_forget_sandbox(const char *sandbox);
-/* For the record: [{id, language, cwd}] of its contexts, and of those an
+/* For the record: [{id, language, cwd, reset?}] of its contexts, and of those an
  * earlier daemon had (they ended with it), until they are used or deleted. */
 json_t *sbx_code_record(const sbx_sandbox *sb);
-/* Whether id names a context that ended with an earlier daemon; take
- * also forgets it (the record is the caller's to save). */
-bool sbx_code_gone(const sbx_sandbox *sb, const char *id);
+/* Why id's context ended, if it is one that ended with an earlier daemon
+ * or a reset (else NULL); take also forgets it (the record is the
+ * caller's to save). */
+const char *sbx_code_gone(const sbx_sandbox *sb, const char *id);
+/* A reset ends sb's contexts: they stay listed as ended by it, and the
+ * next run of a default one says it is new. */
+void sbx_code_reset_sandbox(sbx_sandbox *sb);
 bool sbx_code_take_gone(sbx_sandbox *sb, const char *id);

@@ -454,12 +454,18 @@ def test_reset_ends_contexts(t, x):
     c.ok('createSandbox', {'sandboxId': 'nap', 'sleepAfter': '2s'})
     ctx = c.ok('createCodeContext', {'sandboxId': 'nap'})
     c.ok('runCode', {'sandboxId': 'nap', 'code': 'z = 1', 'contextId': ctx['id']})
+    c.ok('runCode', {'sandboxId': 'nap', 'code': 'y = 1'})
     c.request('logging/setLevel', {'level': 'notice'})
     c.next(lambda m: m.get('method') == 'notifications/message' and m['params']['data'].get('sandboxId') == 'nap', 30)
     t.ok(True, 'a sandbox with a code context still goes idle and is reset')
-    t.eq(c.err('runCode', {'sandboxId': 'nap', 'code': 'z', 'contextId': ctx['id']}), 'CONTEXT_NOT_FOUND',
-         'the reset ended its code contexts')
-    t.eq(c.sh('echo fine', sandbox='nap')['stdout'], 'fine\n', 'and the woken sandbox runs commands')
+    t.eq(c.sh('echo fine', sandbox='nap')['stdout'], 'fine\n', 'the woken sandbox runs commands')
+    res, _ = c.call('runCode', {'sandboxId': 'nap', 'code': 'z', 'contextId': ctx['id']}, 60)
+    e = res['structuredContent'].get('error', {})
+    t.ok(e.get('code') == 'CONTEXT_NOT_FOUND' and 'reset' in e.get('message', ''),
+         'the reset ended its code contexts, and a run in one says so', e)
+    r = c.ok('runCode', {'sandboxId': 'nap', 'code': "'y' in globals()"}, 120)
+    t.eq((r['results'][0]['text'], r.get('contextRestarted')), ('False', True),
+         'the default context\'s next run, after another call woke the sandbox, says it is a new one')
     # a run in flight is activity: a sandbox is not reset under it
     r = c.ok('runCode', {'sandboxId': 'nap', 'code': 'import time\ntime.sleep(4)\n"survived"'}, 60)
     t.eq((r['results'][0]['text'], r.get('reset')), ("'survived'", None), 'a 4 s run in a 2 s sleepAfter sandbox is not reset')
