@@ -624,13 +624,20 @@ static int cmd_create(int argc, char **argv) {
     case 'I': json_object_set_new(args, "image", json_string(optarg)); break;
     case 'c': {
       double v = strtod(optarg, &end);
-      if (!*optarg || *end || v <= 0) goto bad;
+      if (!*optarg || *end || !(v > 0)) {
+        fprintf(stderr, "sbx create: --cpus wants a number above 0 (1.5: one and a half CPUs), not '%s'\n", optarg);
+        goto bad;
+      }
       json_object_set_new(limits, "cpus", json_real(v));
       break;
     }
     case 'm': case 'p': case 'D': {
       long long v = strtoll(optarg, &end, 10);
-      if (!*optarg || *end || v <= 0) goto bad;
+      if (!*optarg || *end || v <= 0) {
+        fprintf(stderr, "sbx create: --%s wants a whole number above 0%s, not '%s'\n",
+                o == 'm' ? "memory" : o == 'p' ? "pids" : "disk", o == 'p' ? "" : " (MB)", optarg);
+        goto bad;
+      }
       json_object_set_new(limits, o == 'm' ? "memoryMB" : o == 'p' ? "pids" : "diskMB", json_integer(v));
       break;
     }

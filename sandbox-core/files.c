@@ -111,6 +111,8 @@ static int mkdir_p_in(sbx_sandbox *sb, const char *abs, sbx_error *err) {
     cur[i] = 0;
     _cleanup_close_ int fd = openat2_in(sb->rootfd, cur, O_PATH | O_DIRECTORY, 0);
     if (fd >= 0) continue;
+    /* the last name a file's: it exists, not a directory (mkdir -p says so) */
+    if (errno == ENOTDIR && i == n) return fail_errno(err, EEXIST, "creating", cur);
     if (errno != ENOENT) return fail_errno(err, errno, "opening", cur);
     char *base;
     _cleanup_close_ int pfd = open_parent(sb, cur, &base, err);

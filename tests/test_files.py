@@ -153,6 +153,8 @@ def test_mkdir_delete_rename(t, x):
          'listFiles of "m/./n" names its entries cleanly')
     t.eq(x.c.err('mkdir', {'path': '/workspace/m'}), 'FILE_EXISTS', 'mkdir of an existing dir')
     x.c.ok('writeFile', {'path': '/workspace/m/n/f', 'content': 'x'})
+    t.eq(x.c.err('mkdir', {'path': '/workspace/m/n/f', 'recursive': True}), 'FILE_EXISTS',
+         'mkdir recursive of a file is FILE_EXISTS (as mkdir -p says), not NOT_DIRECTORY')
     t.eq(x.c.err('deleteFile', {'path': '/workspace/m'}), 'IS_DIRECTORY', 'deleteFile refuses a directory')
     x.c.ok('renameFile', {'oldPath': '/workspace/m/n/f', 'newPath': '/workspace/m/g'})
     t.eq(x.c.ok('exists', {'path': '/workspace/m/g'})['exists'], True, 'renamed file exists')
