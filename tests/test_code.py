@@ -565,6 +565,11 @@ def test_python_as_in_jupyter(t, x):
     t.eq(r.get('error', {}).get('name'), 'TimeoutError',
          'a loop printing long lines is interrupted at its timeout (the interrupt waits for a message to be written whole)')
     t.eq(py('keep')['results'][0]['text'], '1', 'and the context keeps its state')
+    e = py('input("name? ")').get('error', {})
+    t.ok(e.get('name') == 'EOFError' and 'no input' in e.get('value', ''), 'input() is an EOFError that says why', e)
+    res, notes = c.call('runCode', {'sandboxId': 'jup', 'code': 'print(0)'}, 60, progress=True)
+    t.eq([n['params'].get('message') for n in notes], ['0\n'], 'a print is one progress notification, not its text and '
+         'then its newline')
 
 
 def test_missing_interpreter(t, x):

@@ -111,7 +111,8 @@ def _queue_text(name, s):
         _pending_size[0] += len(s)
         # the first text after a quiet while goes at once (long work may
         # follow, which the flusher thread cannot interrupt); the rest in batches
-        if _pending_size[0] >= 65536 or time.monotonic() - _last_flush[0] >= 0.05:
+        # (a print is its text, then its newline: one message, not two)
+        if _pending_size[0] >= 65536 or (s.endswith('\n') and time.monotonic() - _last_flush[0] >= 0.05):
             _flush_locked()
             return
     _kick.set()
@@ -252,7 +253,26 @@ for _fd, _name in ((1, 'stdout'), (2, 'stderr')):
 _null = os.open('/dev/null', os.O_RDONLY)
 os.dup2(_null, 0)
 os.close(_null)
-sys.stdin = open(0, 'r', closefd=False)
+class _NoInput(io.TextIOBase):
+    """sys.stdin: a run has no input, and input() says so (an EOFError, as
+    at the end of any input); fd 0 is /dev/null for subprocesses."""
+
+    encoding = 'utf-8'
+
+    def readable(self):
+        return True
+
+    def fileno(self):
+        return 0
+
+    def read(self, size=-1):
+        raise EOFError('runCode has no input to read: put the data in the code, or run the program with exec and '
+                       'its stdin')
+
+    readline = read
+
+
+sys.stdin = _NoInput()
 sys.stdout = _Stream('stdout')
 sys.stderr = _Stream('stderr')
 
