@@ -1649,21 +1649,23 @@ static void code_chunk(void *ud, const char *stream, const char *text, size_t le
  * text against the model's context; the structured result has it all) */
 #define CODE_TEXT_MAX (64 * 1024)
 
-/* t as its first and last max/2 bytes (whole characters), with a line
- * that says what was cut between them. */
+/* t as its first and last max/2 bytes, with a line that says what was
+ * cut between them (characters cut in two are U+FFFD). */
 static void cut_middle(sbx_buf *t, size_t max) {
   if (t->len <= max) return;
-  size_t head = sbx_utf8_complete_prefix(t->data, max / 2), tail = t->len - max / 2;
-  while (tail < t->len && ((unsigned char)t->data[tail] & 0xc0) == 0x80) tail++;
-  char note[160];
-  int n = snprintf(note, sizeof note, "\n[... %zu bytes cut here: structuredContent has all of the logs and results ...]\n",
-                   tail - head);
-  sbx_buf out = {0};
-  sbx_buf_append(&out, t->data, head);
-  sbx_buf_append(&out, note, (size_t)n);
-  sbx_buf_append(&out, t->data + tail, t->len - tail);
+  sbx_headtail h;
+  sbx_headtail_init(&h, max);
+  sbx_headtail_add(&h, t->data, t->len);
+  size_t n, len;
+  char *raw = sbx_headtail_render(&h, &n), *text = sbx_utf8_repair(raw, n, &len);
+  sbx_headtail_free(&h);
+  free(raw);
   sbx_buf_free(t);
-  *t = out;
+  *t = (sbx_buf){0};
+  sbx_buf_append(t, text, len);
+  free(text);
+  static const char all[] = "\n[the text is the start and the end: structuredContent has all of the logs and results]";
+  sbx_buf_append(t, all, sizeof all - 1);
 }
 
 /* A short text of a run for clients that show only text; images also go

@@ -12,7 +12,7 @@
 #define MAX_LOGS (1024u * 1024)        /* per stream and run, kept in the result */
 #define TAIL_MAX (256u * 1024)         /* ...and past it, its last bytes, */
 #define TAIL_LINES 1024                /* ...at most this many lines of them */
-#define TAIL_COST (2 * TAIL_MAX + TAIL_LINES * LOG_ENTRY_COST) /* what a stream's tail may hold */
+#define TAIL_COST (TAIL_MAX + TAIL_LINES * LOG_ENTRY_COST) /* what a stream's tail may hold */
 #define MAX_RESULTS (16u * 1024 * 1024) /* all of a run's results */
 /* What the daemon holds of a run is counted as what it costs it, not as
  * the text the driver sent: a JSON value parsed is some 100-250 bytes of
@@ -38,9 +38,8 @@ struct sbx_code_run {
   size_t out_bytes, err_bytes, result_bytes; /* what each costs (see TOKEN_COST) */
   /* past MAX_LOGS, what a stream prints goes on into its tail, whose last
    * TAIL_MAX bytes end the logs (as exec keeps a head and a tail) */
-  sbx_buf tail[2];
-  uint64_t tail_in[2]; /* bytes that went into it */
-  size_t tail_bytes;   /* what the tails are charged (TAIL_COST each) */
+  sbx_headtail tail[2]; /* head 0, tail TAIL_MAX; tail_cap 0 until charged */
+  size_t tail_bytes;    /* what the tails are charged (TAIL_COST each) */
   bool truncated;
   sbx_buf pending[2]; /* stdout, stderr not yet sent as progress: one notification a read, not one a write */
   uv_timer_t timer; /* the backstop: a run that does not stop ends its context */
@@ -203,8 +202,8 @@ static bool hold(sbx_code_run *r, size_t *bytes, size_t most, size_t n) {
 static void run_timer_closed(uv_handle_t *h) {
   sbx_code_run *r = h->data;
   uncharge(r, r->out_bytes + r->err_bytes + r->result_bytes + r->tail_bytes);
-  sbx_buf_free(&r->tail[0]);
-  sbx_buf_free(&r->tail[1]);
+  sbx_headtail_free(&r->tail[0]);
+  sbx_headtail_free(&r->tail[1]);
   sbx_buf_free(&r->pending[0]);
   sbx_buf_free(&r->pending[1]);
   free(r->code);
@@ -395,50 +394,47 @@ static sbx_code_run *run_of(sbx_code_ctx *c, json_t *msg) {
 
 /* What a stream prints past its MAX_LOGS: its last TAIL_MAX bytes kept. */
 static void to_tail(sbx_code_run *r, int i, const char *text, size_t len) {
-  sbx_buf *t = &r->tail[i];
-  if (!len || (!t->data && !hold(r, &r->tail_bytes, 2 * TAIL_COST, TAIL_COST))) return;
-  r->tail_in[i] += len;
-  if (len > TAIL_MAX) text += len - TAIL_MAX, len = TAIL_MAX;
-  if (t->len + len > 2 * TAIL_MAX) { /* what is older than the last TAIL_MAX goes */
-    size_t keep = TAIL_MAX - len;
-    memmove(t->data, t->data + t->len - keep, keep);
-    t->len = keep;
-  }
-  sbx_buf_append(t, text, len);
+  sbx_headtail *t = &r->tail[i];
+  if (!len || (!t->tail_cap && !hold(r, &r->tail_bytes, 2 * TAIL_COST, TAIL_COST))) return;
+  if (!t->tail_cap) sbx_headtail_init_split(t, 0, TAIL_MAX);
+  sbx_headtail_add(t, text, len);
 }
 
 /* A stream's tail at the end of its logs, after a line that says how much
  * was cut: whole lines (the first one cut is left out), TAIL_LINES of them
  * at most, an entry each (up to 4 KiB). */
 static void tail_to_logs(sbx_code_run *r, int i) {
-  sbx_buf *t = &r->tail[i];
-  if (!t->data) return;
-  size_t from = t->len > TAIL_MAX ? t->len - TAIL_MAX : 0, lines = 0;
-  for (size_t at = t->len; at > from; at--)
-    if (t->data[at - 1] == '\n' && at < t->len && ++lines >= TAIL_LINES) {
+  sbx_buf b = {0};
+  sbx_headtail_tail(&r->tail[i], &b);
+  if (!b.len) return sbx_buf_free(&b);
+  size_t from = 0, lines = 0;
+  for (size_t at = b.len; at > 0; at--)
+    if (b.data[at - 1] == '\n' && at < b.len && ++lines >= TAIL_LINES) {
       from = at;
       break;
     }
   /* (from the head's end when nothing was dropped; else from a line's start) */
-  bool line_start = from > 0 ? t->data[from - 1] == '\n' : t->len == r->tail_in[i];
+  bool line_start = from > 0 ? b.data[from - 1] == '\n' : !sbx_headtail_truncated(&r->tail[i]);
   if (!line_start) { /* begun mid-line: from the next one, if one ends before the end; else from a character */
-    const char *nl = memchr(t->data + from, '\n', t->len - from);
-    if (nl && nl + 1 < t->data + t->len) from = (size_t)(nl + 1 - t->data);
+    const char *nl = memchr(b.data + from, '\n', b.len - from);
+    if (nl && nl + 1 < b.data + b.len) from = (size_t)(nl + 1 - b.data);
     else
-      while (from < t->len && ((unsigned char)t->data[from] & 0xc0) == 0x80) from++;
+      while (from < b.len && ((unsigned char)b.data[from] & 0xc0) == 0x80) from++;
   }
   json_t *a = i ? r->err : r->out;
   char note[96];
-  snprintf(note, sizeof note, "[... %llu bytes cut here ...]\n", (unsigned long long)(r->tail_in[i] - (t->len - from)));
+  snprintf(note, sizeof note, "[... %llu bytes cut here ...]\n",
+           (unsigned long long)(r->tail[i].total - (b.len - from)));
   json_array_append_new(a, json_string(note));
-  while (from < t->len) {
-    const char *p = t->data + from, *nl = memchr(p, '\n', t->len - from);
-    size_t n = nl ? (size_t)(nl + 1 - p) : t->len - from;
+  while (from < b.len) {
+    const char *p = b.data + from, *nl = memchr(p, '\n', b.len - from);
+    size_t n = nl ? (size_t)(nl + 1 - p) : b.len - from;
     if (n > 4096) n = sbx_utf8_complete_prefix(p, 4096);
-    if (!n) n = t->len - from < 4096 ? t->len - from : 4096; /* not text: as it is */
+    if (!n) n = b.len - from < 4096 ? b.len - from : 4096; /* not text: as it is */
     json_array_append_new(a, json_stringn(p, n)); /* (NULL, and left out, if not UTF-8) */
     from += n;
   }
+  sbx_buf_free(&b);
 }
 
 static void add_log(sbx_code_run *r, const char *stream, const char *text, size_t len) {

@@ -108,14 +108,15 @@ void sbx_buf_free(sbx_buf *b) {
   *b = (sbx_buf){0};
 }
 
-void sbx_headtail_init(sbx_headtail *h, size_t limit) {
-  *h = (sbx_headtail){.limit = limit};
-  h->tail_cap = limit - limit / 2;
+void sbx_headtail_init_split(sbx_headtail *h, size_t head, size_t tail) {
+  *h = (sbx_headtail){.limit = head + tail, .head_cap = head, .tail_cap = tail};
 }
+
+void sbx_headtail_init(sbx_headtail *h, size_t limit) { sbx_headtail_init_split(h, limit / 2, limit - limit / 2); }
 
 void sbx_headtail_add(sbx_headtail *h, const char *p, size_t n) {
   h->total += n;
-  size_t head_room = h->limit / 2 > h->head.len ? h->limit / 2 - h->head.len : 0;
+  size_t head_room = h->head_cap > h->head.len ? h->head_cap - h->head.len : 0;
   size_t take = n < head_room ? n : head_room;
   if (take) {
     sbx_buf_append(&h->head, p, take);
@@ -152,15 +153,18 @@ char *sbx_headtail_render(const sbx_headtail *h, size_t *len_out) {
                      (unsigned long long)(h->total - h->head.len - h->tail_len));
     sbx_buf_append(&out, mark, m);
   }
-  if (h->tail_len) {
-    size_t start = (h->tail_pos + h->tail_cap - h->tail_len) % h->tail_cap;
-    size_t first = h->tail_cap - start < h->tail_len ? h->tail_cap - start : h->tail_len;
-    sbx_buf_append(&out, h->tail + start, first);
-    sbx_buf_append(&out, h->tail, h->tail_len - first);
-  }
+  sbx_headtail_tail(h, &out);
   if (!out.data) out.data = strdup("");
   if (len_out) *len_out = out.len;
   return out.data;
+}
+
+void sbx_headtail_tail(const sbx_headtail *h, sbx_buf *out) {
+  if (!h->tail_len) return;
+  size_t start = (h->tail_pos + h->tail_cap - h->tail_len) % h->tail_cap;
+  size_t first = h->tail_cap - start < h->tail_len ? h->tail_cap - start : h->tail_len;
+  sbx_buf_append(out, h->tail + start, first);
+  sbx_buf_append(out, h->tail, h->tail_len - first);
 }
 
 void sbx_headtail_free(sbx_headtail *h) {

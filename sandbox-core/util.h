@@ -78,20 +78,24 @@ typedef struct sbx_buf {
 int sbx_buf_append(sbx_buf *b, const void *p, size_t n);
 void sbx_buf_free(sbx_buf *b);
 
-/* Keeps the first and last `limit/2` bytes of a stream and counts the rest,
- * so a flood of output costs bounded memory. */
+/* Keeps the first and last `limit/2` bytes of a stream (or the first
+ * `head` and the last `tail`) and counts the rest, so a flood of output
+ * costs bounded memory. */
 typedef struct sbx_headtail {
-  size_t limit;
+  size_t limit, head_cap;
   sbx_buf head;
   char *tail; /* ring of limit - head bytes */
   size_t tail_cap, tail_len, tail_pos;
   uint64_t total;
 } sbx_headtail;
 void sbx_headtail_init(sbx_headtail *h, size_t limit);
+void sbx_headtail_init_split(sbx_headtail *h, size_t head, size_t tail);
 void sbx_headtail_add(sbx_headtail *h, const char *p, size_t n);
 bool sbx_headtail_truncated(const sbx_headtail *h);
 /* Returns malloc'd text: head, a marker line when bytes were dropped, tail. */
 char *sbx_headtail_render(const sbx_headtail *h, size_t *len_out);
+/* Appends the tail's bytes, oldest first, to out. */
+void sbx_headtail_tail(const sbx_headtail *h, sbx_buf *out);
 void sbx_headtail_free(sbx_headtail *h);
 
 /* Returns a malloc'd, NUL-terminated copy of p[0..n) with invalid UTF-8
