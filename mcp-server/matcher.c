@@ -79,9 +79,16 @@ static void say(int out, const char *s, size_t n) {
   }
 }
 
+#define COMPILE_CPU_S 10 /* a pattern that takes longer to compile ends its matcher (SIGXCPU) */
+
 static _Noreturn void child_main(const char *pattern, int in, int out) {
   regex_t re[1];
+  struct rlimit cpu;
+  getrlimit(RLIMIT_CPU, &cpu);
+  struct rlimit compile = {COMPILE_CPU_S, cpu.rlim_max};
+  if (cpu.rlim_cur == RLIM_INFINITY || cpu.rlim_cur > COMPILE_CPU_S) setrlimit(RLIMIT_CPU, &compile);
   int rc = regcomp(re, pattern, REG_EXTENDED | REG_NOSUB);
+  setrlimit(RLIMIT_CPU, &cpu); /* matching: as long as the wait lasts */
   if (rc) {
     char why[200] = "E";
     regerror(rc, re, why + 1, sizeof why - 2);
@@ -183,8 +190,8 @@ static void compile_answer(mcp_matcher *m, const char *data, ssize_t n, ssize_t 
     sbx_err(&err, "VALIDATION_FAILED", "pattern is not a valid regular expression: %.*s",
             (int)((nl ? nl : m->refused.data + m->refused.len) - m->refused.data - 1), m->refused.data + 1);
   else
-    sbx_err(&err, "RESOURCE_LIMIT", "the pattern's matcher ended while compiling it (the sandbox's memory or pids "
-            "limit): a simpler pattern");
+    sbx_err(&err, "RESOURCE_LIMIT", "the pattern's matcher ended while compiling it (over %d s of CPU, or the "
+            "sandbox's memory or pids limit): a simpler pattern", COMPILE_CPU_S);
   finish(m, NULL, &err);
 }
 
@@ -330,7 +337,8 @@ void mcp_matcher_flush(mcp_matcher *m) {
 void mcp_matcher_end(mcp_matcher *m) {
   m->ended = true;
   mcp_matcher_flush(m);
-  if (!m->first) answer_soon(m, NULL, NULL);
+  /* (not before the pattern is known to compile: answers() tells then) */
+  if (!m->first && m->compiled) answer_soon(m, NULL, NULL);
 }
 
 void mcp_matcher_free(mcp_matcher *m) {

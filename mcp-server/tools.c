@@ -687,12 +687,14 @@ static void process_wait(mcp_call *call, json_t *args, sbx_sandbox *sb, char kin
     if (old && kind == 'l') wait_feed(pw, stream, old, n);
     free(old);
   }
+  /* a cancel or a client gone ends the wait, an ended process's too (its
+   * matcher may still be at the lines it left) */
+  call->wait = pw;
+  int64_t timeout = json_integer_value(json_object_get(args, "timeout"));
+  if (timeout > 0) uv_timer_start(&pw->timer, wait_timeout, (uint64_t)timeout, 0);
   if (p->done) return wait_end(pw, p);
   pw->w = sbx_process_watch_add(p, wait_chunk, wait_end, pw);
   if (!pw->w) return wait_finish(pw, NULL, NULL, &(sbx_error){.code = "INTERNAL", .message = "out of memory"});
-  int64_t timeout = json_integer_value(json_object_get(args, "timeout"));
-  if (timeout > 0) uv_timer_start(&pw->timer, wait_timeout, (uint64_t)timeout, 0);
-  call->wait = pw;
 }
 
 /* killProcess with a signal that asks a process to stop answers once it

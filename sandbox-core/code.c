@@ -40,6 +40,7 @@ struct sbx_code_run {
    * TAIL_MAX bytes end the logs (as exec keeps a head and a tail) */
   sbx_headtail tail[2]; /* head 0, tail TAIL_MAX; tail_cap 0 until charged */
   size_t tail_bytes;    /* what the tails are charged (TAIL_COST each) */
+  bool past_head[2];    /* the head took no more */
   bool truncated;
   sbx_buf pending[2]; /* stdout, stderr not yet sent as progress: one notification a read, not one a write */
   uv_timer_t timer; /* the backstop: a run that does not stop ends its context */
@@ -422,10 +423,10 @@ static void tail_to_logs(sbx_code_run *r, int i) {
       while (from < b.len && ((unsigned char)b.data[from] & 0xc0) == 0x80) from++;
   }
   json_t *a = i ? r->err : r->out;
+  uint64_t cut = r->tail[i].total - (b.len - from);
   char note[96];
-  snprintf(note, sizeof note, "[... %llu bytes cut here ...]\n",
-           (unsigned long long)(r->tail[i].total - (b.len - from)));
-  json_array_append_new(a, json_string(note));
+  snprintf(note, sizeof note, "[... %llu bytes cut here ...]\n", (unsigned long long)cut);
+  if (cut) json_array_append_new(a, json_string(note));
   while (from < b.len) {
     const char *p = b.data + from, *nl = memchr(p, '\n', b.len - from);
     size_t n = nl ? (size_t)(nl + 1 - p) : b.len - from;
@@ -448,7 +449,9 @@ static void add_log(sbx_code_run *r, const char *stream, const char *text, size_
   bool join = last && ll && ll + len <= 4096 && json_string_value(last)[ll - 1] != '\n';
   size_t cost = join ? 0 : LOG_ENTRY_COST;
   size_t room = room_for(r, *bytes, MAX_LOGS), whole = len;
+  if (r->past_head[i]) room = 0; /* once the head is full, what follows is the tail's: in order */
   if (len + cost > room) {
+    r->past_head[i] = true;
     len = room > cost ? sbx_utf8_complete_prefix(text, room - cost) : 0; /* whole characters */
     r->truncated = true;
     to_tail(r, i, text + len, whole - len);

@@ -287,6 +287,12 @@ def test_javascript_modules(t, x):
             'export default ef() * 10')['results'][0]['text'], '20',
          'a module\'s exports in a cell: what they declare is declared, export default is the result')
     t.eq(js('ef() + ea')['results'][0]['text'], '3', 'and an exported declaration persists like any other')
+    forms = {'export default function () { return 1 }': '[Function (anonymous)]', 'export default class {}':
+             '[class (anonymous)]', 'export default { a: 1, b: 2 }': '{ a: 1, b: 2 }',
+             'export default function named() { return 7 }\nnamed()': '7',
+             'export default async function an() { return 8 }\nawait an()': '8'}
+    got = {code: (js(code).get('results') or [{}])[0].get('text') for code in forms}
+    t.eq(got, forms, 'export default of a value, an anonymous function or class, and of a named one (declared)')
 
 
 def test_big_output(t, x):
@@ -309,6 +315,10 @@ def test_big_output(t, x):
          [e.get('text') for e in r['results']] == ['8'],
          'JS: one huge write keeps its first MiB and its last 256 KiB, truncated',
          (len(out), set(out), r.get('truncated'), r['results'], r['logs']['stderr'][:3]))
+    r = run(x, 'for i in range(6353): print("a" * 100)\nprint("z")\nprint("\\u00e9" * 3000)\nprint("b")\nprint("LAST")')
+    out = ''.join(r['logs']['stdout'])
+    t.ok(out.endswith('z\n' + '\u00e9' * 3000 + '\nb\nLAST\n'),
+         'what is printed once the first MiB is full comes in order (a short line did not go back into it)', out[-40:])
     for lang, code in (('python', 'for i in range(200000): print("line %d" % i)'),
                        ('javascript', 'for (let i = 0; i < 200000; i++) console.log("line " + i)')):
         res, _ = x.c.call('runCode', {'code': code, 'language': lang}, 120)
@@ -565,6 +575,19 @@ def test_python_as_in_jupyter(t, x):
     t.eq(r.get('error', {}).get('name'), 'TimeoutError',
          'a loop printing long lines is interrupted at its timeout (the interrupt waits for a message to be written whole)')
     t.eq(py('keep')['results'][0]['text'], '1', 'and the context keeps its state')
+    r = py('async def f():\n    await asyncio.sleep(2)\n    print("resumed")\n    global leaked\n    leaked = 1\nawait f()',
+           timeout=700)
+    t.eq(r.get('error', {}).get('name'), 'TimeoutError', 'an awaiting cell times out')
+    r = py('await asyncio.sleep(3)\n"leaked" in globals()')
+    t.eq((r['logs']['stdout'], r['results'][0]['text']), ([], 'False'),
+         'and what it awaited is cancelled, not resumed in a later cell\'s turn of the loop')
+    r = py('loop = asyncio.get_event_loop()\nloop.run_until_complete(asyncio.sleep(0))\nloop.close()\n'
+           'async def g(): return 4\nasyncio.run(g())')
+    t.eq(r['results'][0]['text'] if r['results'] else r, '4', 'asyncio.run() in a cell works')
+    t.eq(py('await asyncio.sleep(0, result=5)')['results'][0]['text'], '5',
+         'and awaiting cells go on after code closed the loop or ran asyncio.run()')
+    t.eq(py('import sys\n(sys.stdin.read(), hasattr(sys.stdin, "buffer"))')['results'][0]['text'], "('', True)",
+         'sys.stdin is at its end (a file, with a buffer)')
     e = py('input("name? ")').get('error', {})
     t.ok(e.get('name') == 'EOFError' and 'no input' in e.get('value', ''), 'input() is an EOFError that says why', e)
     res, notes = c.call('runCode', {'sandboxId': 'jup', 'code': 'print(0)'}, 60, progress=True)

@@ -245,6 +245,15 @@ def test_costly_pattern(t, x):
     e = other.next(lambda m: m.get('id') == 'cw', 30)['result']['structuredContent'].get('error', {})
     t.ok(e.get('code') == 'COMMAND_TIMEOUT' and 'compiled' in e.get('message', ''),
          'and that wait ends at its own timeout, saying the pattern was still being compiled', e)
+    c.ok('startProcess', {'processId': 'ended', 'command': 'echo hello'})
+    c.ok('waitForExit', {'processId': 'ended', 'timeout': 10000})
+    e = c.call('waitForLog', {'processId': 'ended', 'pattern': '((a*|b*){32})*'}, 120)[0]['structuredContent']
+    t.ok(e.get('error', {}).get('code') == 'RESOURCE_LIMIT' and 'compiling' in e['error'].get('message', ''),
+         'a pattern that would take hours to compile ends its wait (no timeout, on an ended process) after 10 s of CPU', e)
+    c.ok('startProcess', {'processId': 'silent', 'command': 'true'})
+    c.ok('waitForExit', {'processId': 'silent', 'timeout': 10000})
+    t.eq(c.err('waitForLog', {'processId': 'silent', 'pattern': 'a('}), 'VALIDATION_FAILED',
+         'a bad pattern on a process that ended without a line is VALIDATION_FAILED, not PROCESS_EXITED')
     e = c.call('waitForLog', {'processId': 'long', 'pattern': 'a(b', 'timeout': 5000}, 30)[0]['structuredContent']
     t.ok(e.get('error', {}).get('code') == 'VALIDATION_FAILED' and 'Unmatched (' in e['error'].get('message', ''),
          'a pattern that does not compile is VALIDATION_FAILED, in regcomp\'s words', e)

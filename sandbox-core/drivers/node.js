@@ -306,6 +306,7 @@ function assignments(text) {
 // through the driver's own, which resolves as code in the context's
 // directory would: `./x.mjs` from its cwd, packages from its node_modules.
 const IMPORT = 'globalThis[Symbol.for("sbx.import")]';
+const DEFAULT = 'globalThis[Symbol.for("sbx.default")]'; // what `export default` gives: the cell's value
 Object.defineProperty(globalThis, Symbol.for('sbx.import'), {
   value: (spec) => {
     const path = require('path'), { pathToFileURL } = require('url');
@@ -344,9 +345,18 @@ function rewriteImports(code) {
       // a module's export in a cell: `export const x`, `export function
       // f` and `export default v` are what they declare or say (a cell has
       // no exports); `export {a}` and `export * from "m"` are nothing
-      if (/^(?:const|let|var|function|async|class|default)$/.test(next.t)) {
+      if (/^(?:const|let|var|function|async|class)$/.test(next.t)) {
         out += code.slice(at, tk.at);
-        at = next.t === 'default' ? next.end : next.at;
+        at = next.at;
+        continue;
+      }
+      if (next.t === 'default') { // a named function or class is declared; anything else is a value
+        const a = toks[k + 2], b = toks[k + 3], c = toks[k + 4];
+        const named = a && ((a.t === 'class' && b && b.type === 'word' && b.t !== 'extends') ||
+          (a.t === 'function' && b && (b.type === 'word' || (b.t === '*' && c && c.type === 'word'))) ||
+          (a.t === 'async' && b && b.t === 'function' && c && (c.type === 'word' || c.t === '*')));
+        out += code.slice(at, tk.at) + (named ? '' : `${DEFAULT} =`);
+        at = named ? a.at : next.end;
         continue;
       }
       if (next.t === '{' || next.t === '*') {

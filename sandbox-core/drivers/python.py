@@ -27,26 +27,35 @@ _driver_pid = os.getpid()  # a child the code forks is another
 _current = [None]  # the id of the run in progress
 
 
-_writing = [0]  # the main thread is writing a message: a SIGINT then waits for its end
+_writing = [0]  # the main thread is sending: a SIGINT then waits for it to end
 _deferred = [False]  # one did
 
 
+class _Whole:
+    """What the main thread sends in it goes whole: a run's KeyboardInterrupt
+    raised in the middle of a message would leave half a line (the daemon
+    would never read the run's end), and raised between the messages of a
+    flush would lose text that was printed. It is raised once all is sent."""
+
+    def __enter__(self):
+        self.main = threading.get_ident() == _main
+        _writing[0] += self.main
+
+    def __exit__(self, kind, value, tb):
+        _writing[0] -= self.main
+        if self.main and _deferred[0] and not _writing[0]:
+            _deferred[0] = False
+            if kind is None:
+                _on_sigint(signal.SIGINT, None)
+        return False
+
+
 def _write(msg):
-    """One message on the control channel (_lock held), whole: a run's
-    KeyboardInterrupt raised in the middle of it would leave half a line,
-    and the daemon would never read the run's end."""
+    """One message on the control channel (_lock held)."""
     data = (json.dumps(msg, ensure_ascii=True, default=str) + '\n').encode()
     view = memoryview(data)
-    main = threading.get_ident() == _main
-    _writing[0] += main
-    try:
-        while view:
-            view = view[os.write(_ctl_fd, view):]
-    finally:
-        _writing[0] -= main
-    if main and _deferred[0] and not _writing[0]:
-        _deferred[0] = False
-        _on_sigint(signal.SIGINT, None)
+    while view:
+        view = view[os.write(_ctl_fd, view):]
 
 
 # Text printed and not sent yet: [run id, stream, pieces]. A print is two
@@ -97,31 +106,38 @@ def _send(msg):
     code forked: results and the run's end are the driver's to send)."""
     if os.getpid() != _driver_pid:
         return
-    with _lock:
+    with _Whole(), _lock:
         _flush_locked()
         _write(msg)
 
 
+_soon = [False]  # the flusher's next wait is short
+
+
 def _queue_text(name, s):
-    with _lock:
+    with _Whole(), _lock:
         if _pending and _pending[-1][0] == _current[0] and _pending[-1][1] == name:
             _pending[-1][2].append(s)
         else:
             _pending.append([_current[0], name, [s]])
         _pending_size[0] += len(s)
-        # the first text after a quiet while goes at once (long work may
-        # follow, which the flusher thread cannot interrupt); the rest in batches
-        # (a print is its text, then its newline: one message, not two)
-        if _pending_size[0] >= 65536 or (s.endswith('\n') and time.monotonic() - _last_flush[0] >= 0.05):
+        # the first line after a quiet while goes at once (long work may
+        # follow, which the flusher thread cannot interrupt); the rest in
+        # batches. A text that does not end a line waits 2 ms for the rest
+        # of it (a print is its text, then its newline: one message)
+        quiet = time.monotonic() - _last_flush[0] >= 0.05
+        if _pending_size[0] >= 65536 or (quiet and s.endswith('\n')):
             _flush_locked()
             return
+        _soon[0] = _soon[0] or quiet
     _kick.set()
 
 
 def _flusher():
     while True:
         _kick.wait()
-        time.sleep(0.05)  # what is printed meanwhile goes with it
+        time.sleep(0.002 if _soon[0] else 0.05)  # what is printed meanwhile goes with it
+        _soon[0] = False
         _kick.clear()
         with _lock:
             _flush_locked()
@@ -253,26 +269,15 @@ for _fd, _name in ((1, 'stdout'), (2, 'stderr')):
 _null = os.open('/dev/null', os.O_RDONLY)
 os.dup2(_null, 0)
 os.close(_null)
-class _NoInput(io.TextIOBase):
-    """sys.stdin: a run has no input, and input() says so (an EOFError, as
-    at the end of any input); fd 0 is /dev/null for subprocesses."""
-
-    encoding = 'utf-8'
-
-    def readable(self):
-        return True
-
-    def fileno(self):
-        return 0
-
-    def read(self, size=-1):
-        raise EOFError('runCode has no input to read: put the data in the code, or run the program with exec and '
-                       'its stdin')
-
-    readline = read
+sys.stdin = open(0, 'r', closefd=False)  # /dev/null: reads find its end
 
 
-sys.stdin = _NoInput()
+def _input(prompt=''):
+    """input(): a run has no input, and says so (an EOFError, as at the end
+    of any input)."""
+    if prompt:
+        sys.stdout.write(str(prompt))
+    raise EOFError('runCode has no input to read: put the data in the code, or run the program with exec and its stdin')
 sys.stdout = _Stream('stdout')
 sys.stderr = _Stream('stderr')
 
@@ -357,6 +362,7 @@ _cells.__dict__.update({'__builtins__': __builtins__, 'display': display})
 sys.modules['__main__'] = _cells
 _ns = _cells.__dict__
 builtins.display = display
+builtins.input = _input
 
 # Top-level await, as in Jupyter: a cell that awaits runs on one event loop
 # kept from cell to cell (what a cell leaves scheduled runs in the next).
@@ -368,10 +374,22 @@ def _eval(code):
     value = eval(code, _ns)
     if _AWAIT and code.co_flags & 0x80:  # CO_COROUTINE: it awaits
         import asyncio
-        if _loop[0] is None:
+        if _loop[0] is None or _loop[0].is_closed():  # (code may close it: loop.close())
             _loop[0] = asyncio.new_event_loop()
-            asyncio.set_event_loop(_loop[0])
-        value = _loop[0].run_until_complete(value)
+        loop = _loop[0]
+        asyncio.set_event_loop(loop)  # (asyncio.run() in a cell leaves none)
+        task = loop.create_task(value)
+        try:
+            value = loop.run_until_complete(task)
+        except BaseException:
+            # interrupted, timed out: the cell's task ends here, not in a
+            # later cell's turn of the loop
+            task.cancel()
+            try:
+                loop.run_until_complete(asyncio.wait({task}, timeout=1))
+            except BaseException:
+                pass
+            raise
     return value
 
 
