@@ -571,6 +571,11 @@ def test_python_as_in_jupyter(t, x):
     t.eq(([x['text'] for x in r['results']], ''.join(r['logs']['stdout'])), (["'end'"], 'c1\nc2\n'),
          'one that runs off the end of the cell ends there too: one result, all it printed')
     t.eq(py('keep', timeout=20000)['results'][0]['text'], '1', 'and the context is the parent\'s, with its state')
+    r = py('from concurrent.futures import ProcessPoolExecutor\ndef sq(v):\n    print("in worker", v)\n    return v * v\n'
+           'with ProcessPoolExecutor(2) as ex: out = list(ex.map(sq, range(6)))\nout', timeout=60000)
+    t.eq((r['results'][0]['text'] if r['results'] else r, sorted(r['logs']['stdout'])),
+         ('[0, 1, 4, 9, 16, 25]', ['in worker %d\n' % i for i in range(6)]),
+         'a process pool maps a cell\'s function, its workers\' prints whole lines')
     r = py("s = 'x' * 10000\nwhile True: print(s)", timeout=2000)
     t.eq(r.get('error', {}).get('name'), 'TimeoutError',
          'a loop printing long lines is interrupted at its timeout (the interrupt waits for a message to be written whole)')

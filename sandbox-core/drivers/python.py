@@ -150,8 +150,15 @@ _real_exit = os._exit
 
 def _exit(status):
     """os._exit() from the code: what it printed goes out first, so that
-    the run's answer has it; a forked child's copy of that text does not."""
-    if os.getpid() == _driver_pid and _lock.acquire(timeout=1):
+    the run's answer has it; a forked child's copy of that text does not,
+    its own lines do."""
+    if os.getpid() != _driver_pid:
+        for stream in _std:
+            try:
+                stream.flush()
+            except Exception:
+                pass
+    elif _lock.acquire(timeout=1):
         try:
             _flush_locked()
         finally:
@@ -167,6 +174,7 @@ _pipes = []  # (read fd, lock held while a chunk is read and sent)
 
 def _pump(fd, name, plock):
     import select
+    text = codecs.getincrementaldecoder('utf-8')('replace')  # a character cut by a chunk's end is whole in the next
     while True:
         select.select([fd], [], [])
         with plock:
@@ -176,7 +184,10 @@ def _pump(fd, name, plock):
                 return
             if not chunk:
                 return
-            _send({'id': _current[0], 'stream': name, 'text': chunk.decode('utf-8', 'replace')})
+            # a line an entry, as the logs go (a line cut by the chunk's end joins the next)
+            lines = text.decode(chunk).splitlines(True)
+            if lines:
+                _send({'id': _current[0], 'stream': name, 'texts': lines})
 
 
 def _drain():
@@ -208,20 +219,25 @@ class _Stream(io.TextIOBase):
         super().__init__()
         self.name = name
         self.buffer = _Bytes(self)
+        self._line = []  # a forked child's text not written yet: whole lines go, as a pipe's stdout does
 
     def write(self, s):
         if not isinstance(s, str):
             raise TypeError('write() argument must be str, not %s' % type(s).__name__)
         if s and os.getpid() != _driver_pid:
-            data = s.encode('utf-8', 'replace')
-            while data:
-                data = data[os.write(self.fileno(), data):]
+            self._line.append(s)
+            if '\n' in s or sum(map(len, self._line)) >= 8192:
+                self.flush()
         elif s:
             _queue_text(self.name, s)
         return len(s)
 
     def flush(self):
-        pass
+        if self._line and os.getpid() != _driver_pid:
+            data = ''.join(self._line).encode('utf-8', 'replace')
+            del self._line[:]
+            while data:
+                data = data[os.write(self.fileno(), data):]
 
     def close(self):
         pass  # the run's output goes on: closing it is nothing
@@ -280,6 +296,7 @@ def _input(prompt=''):
     raise EOFError('runCode has no input to read: put the data in the code, or run the program with exec and its stdin')
 sys.stdout = _Stream('stdout')
 sys.stderr = _Stream('stderr')
+_std = (sys.stdout, sys.stderr)
 
 _MIME = (('_repr_html_', 'html'), ('_repr_markdown_', 'markdown'), ('_repr_svg_', 'svg'), ('_repr_png_', 'png'),
          ('_repr_jpeg_', 'jpeg'), ('_repr_latex_', 'latex'), ('_repr_json_', 'json'), ('_repr_javascript_', 'javascript'))
@@ -497,7 +514,7 @@ def _child_done(e):
     parent's). Nothing in the driver's own process."""
     if os.getpid() == _driver_pid:
         return
-    code = 0
+    code = 0  # (what it printed goes out in _exit)
     if isinstance(e, SystemExit):
         if isinstance(e.code, int):
             code = e.code
@@ -507,7 +524,7 @@ def _child_done(e):
     elif e is not None:
         sys.stderr.write(''.join(traceback.format_exception(type(e), e, e.__traceback__)))
         code = 1
-    _real_exit(code & 0xff)
+    _exit(code & 0xff)
 
 
 def _cut(text, keep=65536):
