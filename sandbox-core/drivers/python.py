@@ -24,6 +24,8 @@ _in_fd = os.dup(0)
 _lock = threading.Lock()
 _main = threading.get_ident()  # the thread that runs the code: signal handlers run in it
 _driver_pid = os.getpid()  # a child the code forks is another
+_forked = [False]  # this is such a child (os.fork: cheaper to ask than getpid at each print)
+os.register_at_fork(after_in_child=lambda: _forked.__setitem__(0, True))
 _current = [None]  # the id of the run in progress
 
 
@@ -31,23 +33,22 @@ _writing = [0]  # the main thread is sending: a SIGINT then waits for it to end
 _deferred = [False]  # one did
 
 
-class _Whole:
-    """What the main thread sends in it goes whole: a run's KeyboardInterrupt
-    raised in the middle of a message would leave half a line (the daemon
-    would never read the run's end), and raised between the messages of a
-    flush would lose text that was printed. It is raised once all is sent."""
+def _whole_begin():
+    """What the main thread sends from here to _whole_end goes whole: a
+    run's KeyboardInterrupt raised in the middle of a message would leave
+    half a line (the daemon would never read the run's end), and raised
+    between the messages of a flush would lose text that was printed. It
+    is raised at the end, once all is sent. True on the main thread."""
+    main = threading.get_ident() == _main
+    _writing[0] += main
+    return main
 
-    def __enter__(self):
-        self.main = threading.get_ident() == _main
-        _writing[0] += self.main
 
-    def __exit__(self, kind, value, tb):
-        _writing[0] -= self.main
-        if self.main and _deferred[0] and not _writing[0]:
-            _deferred[0] = False
-            if kind is None:
-                _on_sigint(signal.SIGINT, None)
-        return False
+def _whole_end(main):
+    _writing[0] -= main
+    if main and _deferred[0] and not _writing[0]:
+        _deferred[0] = False
+        _on_sigint(signal.SIGINT, None)
 
 
 def _write(msg):
@@ -104,18 +105,22 @@ def _entries(pieces):
 def _send(msg):
     """A message, after the text printed before it (never from a child the
     code forked: results and the run's end are the driver's to send)."""
-    if os.getpid() != _driver_pid:
+    if _forked[0] or os.getpid() != _driver_pid:
         return
-    with _Whole(), _lock:
-        _flush_locked()
-        _write(msg)
+    main = _whole_begin()
+    try:
+        with _lock:
+            _flush_locked()
+            _write(msg)
+    finally:
+        _whole_end(main)
 
 
 _soon = [False]  # the flusher's next wait is short
 
 
 def _queue_text(name, s):
-    with _Whole(), _lock:
+    with _lock:
         if _pending and _pending[-1][0] == _current[0] and _pending[-1][1] == name:
             _pending[-1][2].append(s)
         else:
@@ -126,11 +131,17 @@ def _queue_text(name, s):
         # batches. A text that does not end a line waits 2 ms for the rest
         # of it (a print is its text, then its newline: one message)
         quiet = time.monotonic() - _last_flush[0] >= 0.05
-        if _pending_size[0] >= 65536 or (quiet and s.endswith('\n')):
-            _flush_locked()
+        if not (_pending_size[0] >= 65536 or (quiet and s.endswith('\n'))):
+            _soon[0] = _soon[0] or quiet
+            if not _kick.is_set():  # (set() takes a lock and notifies: a print's biggest cost)
+                _kick.set()
             return
-        _soon[0] = _soon[0] or quiet
-    _kick.set()
+    main = _whole_begin()
+    try:
+        with _lock:
+            _flush_locked()
+    finally:
+        _whole_end(main)
 
 
 def _flusher():
@@ -224,7 +235,7 @@ class _Stream(io.TextIOBase):
     def write(self, s):
         if not isinstance(s, str):
             raise TypeError('write() argument must be str, not %s' % type(s).__name__)
-        if s and os.getpid() != _driver_pid:
+        if s and _forked[0]:
             self._line.append(s)
             if '\n' in s or sum(map(len, self._line)) >= 8192:
                 self.flush()
