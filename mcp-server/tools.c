@@ -934,8 +934,9 @@ static void git_done(void *ud, const sbx_exec_result *r, const sbx_error *err) {
     static const char *const loops[] = {"://127.", "://localhost", "://[::1]", "@127.", "@localhost", "@[::1]"};
     for (size_t i = 0; !hint && i < SBX_ARRAY_SIZE(loops); i++)
       if (strstr(g->shown, loops[i]) && (strstr(t, "refused") || strstr(t, "unable to connect")))
-        hint = "the sandbox's 127.0.0.1 and localhost are its own loopback, not the host's: a server on the host "
-               "is out of its reach (copy a repository in with sbx cp, or serve it from inside the sandbox)";
+        hint = "the sandbox's 127.0.0.1 and localhost are its own loopback, not the host's: nothing in the sandbox "
+               "answered there (is the server you started in it still running?), and a server on the host is out of "
+               "its reach (copy a repository in with sbx cp, or serve it from inside the sandbox)";
     if (r->exit_code == 5) /* rm's or mv's words */
       sbx_err(&e, "GIT_CLONE_FAILED", "the clone worked, but it could not replace %s: %s", g->dir,
               *last ? last : "(no message)");
@@ -1404,10 +1405,11 @@ static void h_delete(mcp_call *call, json_t *args, sbx_sandbox *sb) {
 
 static void do_move(mcp_call *call, json_t *args, sbx_sandbox *sb, const char *kfrom, const char *kto, bool into) {
   sbx_error err = {0};
-  char a[4096], b[4096];
+  char a[4096], b[4096], moved[4096];
   if (sbx_fs_abspath(str(args, kfrom), a, &err) < 0 || sbx_fs_abspath(str(args, kto), b, &err) < 0 ||
-      sbx_fs_rename(sb, a, b, into, &err) < 0)
+      sbx_fs_rename(sb, a, b, into, moved, &err) < 0)
     return mcp_call_fail(call, &err);
+  memcpy(b, moved, sizeof b); /* moveFile into a directory: the path inside it */
   char text[8300];
   snprintf(text, sizeof text, "%s -> %s", a, b);
   mcp_call_ok(call, json_pack("{s:s, s:s}", kfrom, a, kto, b), text);

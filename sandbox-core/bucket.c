@@ -595,6 +595,8 @@ static void bucket_free(sbx_bucket *b) {
 
 /* ---- bucket servers ---------------------------------------------------------- */
 
+static bool shutting_down; /* sbx_bucket_shutdown */
+
 typedef struct waiter {
   sbx_bucket_cb cb;
   void *ud;
@@ -753,7 +755,10 @@ static void proc_exited(uv_poll_t *h, int status, int events) {
   p->waiters = NULL;
   sbx_sandbox *sb = sbx_sandbox_find(p->sandbox);
   sbx_bucket *b = spec_find(sb, p->id);
-  if (!b && code == 0 && !p->flush_only && !proc_find(p->sandbox, p->id)) {
+  if (shutting_down) {
+    /* its sandbox's mounts are gone from memory, not from its record: the
+     * cache (and the configuration in it) is the next daemon's to mount */
+  } else if (!b && code == 0 && !p->flush_only && !proc_find(p->sandbox, p->id)) {
     remove_cache(p->sandbox, p->id); /* unmounted or destroyed, and all of it is in the bucket */
   } else if (!b && p->flush_only && code == 0 && !proc_find(p->sandbox, p->id)) {
     remove_cache(p->sandbox, p->id);
@@ -1103,11 +1108,19 @@ int sbx_bucket_mount(sbx_sandbox *sb, const sbx_bucket_req *r, sbx_bucket_cb cb,
   char ak[256], sk[256];
   if (sbx_bucket_prepare(r, &spec, ak, sk, err) < 0) return -1;
   int n = 0;
-  for (sbx_bucket *b = sb->buckets; b; b = b->next, n++) {
+  for (sbx_bucket **pp = &sb->buckets, *b; (b = *pp); pp = &b->next, n++) {
     if (!strcmp(b->mount_path, spec.mount_path) && !strcmp(b->id, spec.id) && b->read_only == spec.read_only) {
-      explicit_bzero(sk, sizeof sk);
-      cb(ud, NULL, "already mounted");
-      return 0;
+      if (b->attached || proc_find(sb->id, b->id)) { /* mounted, or being mounted */
+        explicit_bzero(sk, sizeof sk);
+        cb(ud, NULL, "already mounted");
+        return 0;
+      }
+      /* in the record but not mounted (its server could not start it
+       * again: the bucket away, its configuration lost): mounted afresh,
+       * with what this call gives */
+      *pp = b->next;
+      bucket_free(b);
+      if (!(b = *pp)) break; /* (the next one is looked at, and counted, in this turn) */
     }
     if (nested(b->mount_path, spec.mount_path)) {
       explicit_bzero(sk, sizeof sk);
@@ -1242,4 +1255,9 @@ static void start_cache(const char *sandbox, sbx_sandbox *sb, const char *id, vo
   else if (!spec_find(sb, id)) remove_cache(sandbox, id);
 }
 
-void sbx_bucket_init(void) { each_cache(start_cache, NULL); }
+void sbx_bucket_init(void) {
+  shutting_down = false;
+  each_cache(start_cache, NULL);
+}
+
+void sbx_bucket_shutdown(void) { shutting_down = true; }

@@ -69,6 +69,10 @@ void sbx_bucket_destroyed(sbx_sandbox *sb);
 void sbx_bucket_free_all(sbx_sandbox *sb);
 /* At engine start: changes journaled by servers of earlier daemons go up. */
 void sbx_bucket_init(void);
+/* The daemon stops: its sandboxes go from memory, not from the state dir;
+ * a bucket server that ends from here on keeps its cache (the next daemon
+ * start removes those no mount has). */
+void sbx_bucket_shutdown(void);
 
 json_t *sbx_bucket_to_json(const sbx_bucket *b);
 int sbx_bucket_from_json(json_t *j, sbx_bucket *b);

@@ -347,7 +347,7 @@ int sbx_fs_delete(sbx_sandbox *sb, const char *path, bool recursive, sbx_error *
   return 0;
 }
 
-int sbx_fs_rename(sbx_sandbox *sb, const char *from, const char *to, bool into_dir, sbx_error *err) {
+int sbx_fs_rename(sbx_sandbox *sb, const char *from, const char *to, bool into_dir, char moved_to[4096], sbx_error *err) {
   AS_SANDBOX(sb);
   char a[4096], b[4096];
   if (sbx_fs_abspath(from, a, err) < 0 || sbx_fs_abspath(to, b, err) < 0 || refuse_workspace(a, "moved", err) < 0)
@@ -366,6 +366,7 @@ int sbx_fs_rename(sbx_sandbox *sb, const char *from, const char *to, bool into_d
   _cleanup_close_ int fb = open_parent(sb, b, &bb, err);
   if (fb < 0) return -1;
   if (renameat(fa, ba, fb, bb) < 0) return fail_errno(err, errno, "moving", a);
+  if (moved_to) snprintf(moved_to, 4096, "%s", b); /* where it went: inside `to`, when that is a directory */
   return 0;
 }
 

@@ -43,8 +43,9 @@ int sbx_fs_read_part(sbx_sandbox *sb, const char *path, uint64_t offset, size_t 
 /* 1: made; 0: a directory already (recursive only); -1 + err. */
 int sbx_fs_mkdir(sbx_sandbox *sb, const char *path, bool recursive, sbx_error *err);
 int sbx_fs_delete(sbx_sandbox *sb, const char *path, bool recursive, sbx_error *err);
-/* into_dir: when `to` is an existing directory, move `from` inside it. */
-int sbx_fs_rename(sbx_sandbox *sb, const char *from, const char *to, bool into_dir, sbx_error *err);
+/* into_dir: when `to` is an existing directory, move `from` inside it;
+ * moved_to (may be NULL) gets the path it has now. */
+int sbx_fs_rename(sbx_sandbox *sb, const char *from, const char *to, bool into_dir, char moved_to[4096], sbx_error *err);
 int sbx_fs_exists(sbx_sandbox *sb, const char *path, bool *exists, sbx_error *err);
 
 typedef struct sbx_fs_entry {

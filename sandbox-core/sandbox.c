@@ -430,6 +430,7 @@ int sbx_engine_init(const sbx_engine_config *cfg, sbx_error *err) {
 }
 
 void sbx_engine_shutdown(void) {
+  sbx_bucket_shutdown(); /* the sandboxes leave memory, not the state dir: their bucket caches stay */
   /* every init is told first, then waited for: they die in parallel */
   for (sbx_sandbox *sb = eng.list, *next; sb; sb = next) {
     next = sb->next;

@@ -495,6 +495,31 @@ def test_restart_kill9(t, x):
     t.ok(True, 'writes go to the bucket again')
 
 
+def test_restart_stop(t, x):
+    """sbx daemon stop, then the next call: the mount is back (the stop
+    ended its server cleanly, and that once deleted its cache and the
+    configuration in it), and a mountBucket of a mount that is in the
+    record but not mounted mounts it (it said 'already mounted')."""
+    c = x.c
+    c.ok('createSandbox', {'sandboxId': 'st'})
+    x.mount('/data', sandbox='st', prefix='st')
+    c.sh('echo before > /data/f', sandbox='st')
+    x.s3.wait_object('test', 'st/f', b'before\n')
+    x.env.run(['daemon', 'stop'])
+    r = c.sh('cat /data/f; echo after > /data/g', sandbox='st', wait=60)
+    t.eq((r.get('restarted'), r['stdout']), (True, 'before\n'), 'after sbx daemon stop the next call restarts the sandbox '
+         'with its bucket mounted again')
+    x.s3.wait_object('test', 'st/g', b'after\n')
+    t.ok(True, 'writes go to the bucket again')
+    # its cache and configuration gone while no daemon ran: it cannot come back
+    x.env.run(['daemon', 'stop'])
+    shutil.rmtree(os.path.join(x.env.state, 'bucket-cache', 'st'))
+    r = c.sh('grep -c " /data " /proc/self/mounts || true', sandbox='st', wait=60)
+    t.eq(r['stdout'].strip(), '0', 'a mount whose configuration is gone does not come back')
+    x.mount('/data', sandbox='st', prefix='st')
+    t.eq(c.sh('cat /data/g', sandbox='st')['stdout'], 'after\n', 'and mountBucket mounts it again')
+
+
 def test_crash_of_bucket_server(t, x):
     c = x.c
     c.ok('createSandbox', {'sandboxId': 'cr'})
@@ -1391,7 +1416,7 @@ def test_destroy_cleans_up(t, x):
 
 if __name__ == '__main__':
     sys.exit(run_tests([test_mount_write_read, test_names_not_utf8, test_object_grows_while_open, test_signatures, test_fsync_means_in_bucket, test_secrets_never_shown,
-                        test_errors, test_read_only, test_server_cpu_bounded, test_fsyncs_hold_no_thread, test_hung_bucket_stalls_nobody, test_local_bucket, test_local_bucket_prefix, test_local_bucket_quota, test_reset_keeps_bucket, test_restart_kill9,
+                        test_errors, test_read_only, test_server_cpu_bounded, test_fsyncs_hold_no_thread, test_hung_bucket_stalls_nobody, test_local_bucket, test_local_bucket_prefix, test_local_bucket_quota, test_reset_keeps_bucket, test_restart_kill9, test_restart_stop,
                         test_crash_of_bucket_server, test_daemon_killed_during_writes, test_outage, test_outage_names_bounded, test_removed_stays_removed, test_open_unlinked_files, test_crash_during_outage, test_syscall_suite,
                         test_view_shows_bucket, test_unmount, test_cache_cap, test_forgotten_files_stay_cached, test_mounts_by_identity, test_mounts_bounded, test_more_files_than_fds, test_big_directory, test_dir_handles_bounded, test_cold_directory, test_tree_listing, test_listing_that_never_ends,
                         test_hostile_keys_and_bodies, test_listings_bounded,

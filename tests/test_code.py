@@ -287,6 +287,10 @@ def test_javascript_modules(t, x):
             'export default ef() * 10')['results'][0]['text'], '20',
          'a module\'s exports in a cell: what they declare is declared, export default is the result')
     t.eq(js('ef() + ea')['results'][0]['text'], '3', 'and an exported declaration persists like any other')
+    r = js('class P { constructor() { this.x = 1 } }\n[new Map([[1, 2]]), new Set([1]), new P(), [1, {a: 2}], new Uint8Array(2)]'
+           '.map((v) => { display(v); return 0 })')
+    t.eq([d.get('json', '-') for d in r['results'][:5]], ['-', '-', {'x': 1}, [1, {'a': 2}], '-'],
+         'a result\'s json is what it holds: none for a Map, a Set or a typed array (JSON says {} of them)')
     forms = {'export default function () { return 1 }': '[Function (anonymous)]', 'export default class {}':
              '[class (anonymous)]', 'export default { a: 1, b: 2 }': '{ a: 1, b: 2 }',
              'export default function named() { return 7 }\nnamed()': '7',

@@ -127,10 +127,16 @@ process.exit = (code) => {
 
 function bundle(v) {
   const b = { text: typeof v === 'string' ? v : util.inspect(v, { depth: 4 }) };
-  if (v !== null && typeof v === 'object' && !(v instanceof Error)) {
+  // json: what JSON says of it, where that is what it holds (a Map, a Set,
+  // a Promise, a typed array are not: {} or its bytes as keys)
+  const proto = v !== null && typeof v === 'object' ? Object.getPrototypeOf(v) : undefined;
+  const opaque = [Error, Map, Set, WeakMap, WeakSet, Promise, RegExp, ArrayBuffer].some((t) => v instanceof t) ||
+    ArrayBuffer.isView(v);
+  if (proto !== undefined && !opaque) {
     try {
       const j = JSON.stringify(v);
-      if (j !== undefined) b.json = JSON.parse(j);
+      // an instance whose JSON is {} says nothing of it (its state is private, or not enumerable)
+      if (j !== undefined && !(j === '{}' && proto !== Object.prototype && proto !== null)) b.json = JSON.parse(j);
     } catch (e) { /* not JSON: text only */ }
   }
   return b;
