@@ -1103,12 +1103,23 @@ static bool nested(const char *a, const char *b) {
   return la <= lb ? !strncmp(a, b, la) && (b[la] == '/' || !b[la]) : !strncmp(a, b, lb) && a[lb] == '/';
 }
 
+/* Takes b (if any) out of sb's list and frees it. */
+static void drop(sbx_sandbox *sb, sbx_bucket *b) {
+  for (sbx_bucket **pp = &sb->buckets; b && *pp; pp = &(*pp)->next)
+    if (*pp == b) {
+      *pp = b->next;
+      bucket_free(b);
+      return;
+    }
+}
+
 int sbx_bucket_mount(sbx_sandbox *sb, const sbx_bucket_req *r, sbx_bucket_cb cb, void *ud, sbx_error *err) {
   sbx_bucket spec;
   char ak[256], sk[256];
   if (sbx_bucket_prepare(r, &spec, ak, sk, err) < 0) return -1;
   int n = 0;
-  for (sbx_bucket **pp = &sb->buckets, *b; (b = *pp); pp = &b->next, n++) {
+  sbx_bucket *stale = NULL;
+  for (sbx_bucket *b = sb->buckets; b; b = b->next, n++) {
     if (!strcmp(b->mount_path, spec.mount_path) && !strcmp(b->id, spec.id) && b->read_only == spec.read_only) {
       if (b->attached || proc_find(sb->id, b->id)) { /* mounted, or being mounted */
         explicit_bzero(sk, sizeof sk);
@@ -1117,10 +1128,11 @@ int sbx_bucket_mount(sbx_sandbox *sb, const sbx_bucket_req *r, sbx_bucket_cb cb,
       }
       /* in the record but not mounted (its server could not start it
        * again: the bucket away, its configuration lost): mounted afresh,
-       * with what this call gives */
-      *pp = b->next;
-      bucket_free(b);
-      if (!(b = *pp)) break; /* (the next one is looked at, and counted, in this turn) */
+       * with what this call gives; it stays in the record until the new
+       * mount takes its place, and its cache (a journal, perhaps) stays */
+      stale = b;
+      n--;
+      continue;
     }
     if (nested(b->mount_path, spec.mount_path)) {
       explicit_bzero(sk, sizeof sk);
@@ -1146,6 +1158,7 @@ int sbx_bucket_mount(sbx_sandbox *sb, const sbx_bucket_req *r, sbx_bucket_cb cb,
       free(b);
       return -1;
     }
+    drop(sb, stale);
     b->next = sb->buckets;
     sb->buckets = b;
     sbx_sandbox_save(sb);
@@ -1169,6 +1182,7 @@ int sbx_bucket_mount(sbx_sandbox *sb, const sbx_bucket_req *r, sbx_bucket_cb cb,
   p->ud = ud;
   p->incarnation = sb->incarnation;
   uv_timer_start(&p->timer, check_timeout, CHECK_TIMEOUT_MS, 0);
+  drop(sb, stale); /* the new one takes its place */
   b->next = sb->buckets; /* in the record now; taken out again if the check fails */
   sb->buckets = b;
   sbx_sandbox_save(sb);
@@ -1178,7 +1192,7 @@ fail:
   free(config);
   if (devfd >= 0) close(devfd);
   if (mfd >= 0) close(mfd);
-  remove_cache(sb->id, b->id);
+  if (!stale) remove_cache(sb->id, b->id); /* (a stale mount's is its own: kept) */
   free(b);
   return -1;
 }

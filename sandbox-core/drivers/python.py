@@ -24,8 +24,17 @@ _in_fd = os.dup(0)
 _lock = threading.Lock()
 _main = threading.get_ident()  # the thread that runs the code: signal handlers run in it
 _driver_pid = os.getpid()  # a child the code forks is another
-_forked = [False]  # this is such a child (os.fork: cheaper to ask than getpid at each print)
-os.register_at_fork(after_in_child=lambda: _forked.__setitem__(0, True))
+_forked = [False]  # this is such a child, forked by os.fork (or multiprocessing, which uses it)
+
+
+def _in_child():
+    """A child the code forked (its own stdout state, fresh locks)."""
+    _forked[0] = True
+    for stream in _std:
+        stream._child_lock._at_fork_reinit()
+
+
+os.register_at_fork(after_in_child=_in_child)
 _current = [None]  # the id of the run in progress
 
 
@@ -46,7 +55,7 @@ def _whole_begin():
 
 def _whole_end(main):
     _writing[0] -= main
-    if main and _deferred[0] and not _writing[0]:
+    if main and _deferred[0] and not _writing[0] and sys.exc_info()[0] is None:
         _deferred[0] = False
         _on_sigint(signal.SIGINT, None)
 
@@ -133,7 +142,10 @@ def _queue_text(name, s):
         quiet = time.monotonic() - _last_flush[0] >= 0.05
         if not (_pending_size[0] >= 65536 or (quiet and s.endswith('\n'))):
             _soon[0] = _soon[0] or quiet
-            if not _kick.is_set():  # (set() takes a lock and notifies: a print's biggest cost)
+            # (set() takes a lock and notifies: a print's biggest cost; a
+            # notify an exception cut short is made up by the flusher's
+            # own wake-up, once a second)
+            if not _kick.is_set():
                 _kick.set()
             return
     main = _whole_begin()
@@ -146,7 +158,8 @@ def _queue_text(name, s):
 
 def _flusher():
     while True:
-        _kick.wait()
+        if not _kick.wait(1) and not _pending:
+            continue
         time.sleep(0.002 if _soon[0] else 0.05)  # what is printed meanwhile goes with it
         _soon[0] = False
         _kick.clear()
@@ -230,23 +243,29 @@ class _Stream(io.TextIOBase):
         super().__init__()
         self.name = name
         self.buffer = _Bytes(self)
-        self._line = []  # a forked child's text not written yet: whole lines go, as a pipe's stdout does
+        # a forked child's text not written yet: whole lines go, as a pipe's stdout does
+        self._line, self._line_size, self._child_lock = [], 0, threading.Lock()
 
     def write(self, s):
         if not isinstance(s, str):
             raise TypeError('write() argument must be str, not %s' % type(s).__name__)
-        if s and _forked[0]:
-            self._line.append(s)
-            if '\n' in s or sum(map(len, self._line)) >= 8192:
+        if s and _forked[0]:  # (a getpid at each write doubled a print's cost: children of libc's fork print as the driver)
+            with self._child_lock:
+                self._line.append(s)
+                self._line_size += len(s)
+                full = '\n' in s or self._line_size >= 8192
+            if full:
                 self.flush()
         elif s:
             _queue_text(self.name, s)
         return len(s)
 
     def flush(self):
-        if self._line and os.getpid() != _driver_pid:
+        if not self._line or os.getpid() == _driver_pid:
+            return
+        with self._child_lock:
             data = ''.join(self._line).encode('utf-8', 'replace')
-            del self._line[:]
+            self._line, self._line_size = [], 0
             while data:
                 data = data[os.write(self.fileno(), data):]
 
