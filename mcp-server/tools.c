@@ -1409,10 +1409,9 @@ static void do_move(mcp_call *call, json_t *args, sbx_sandbox *sb, const char *k
   if (sbx_fs_abspath(str(args, kfrom), a, &err) < 0 || sbx_fs_abspath(str(args, kto), b, &err) < 0 ||
       sbx_fs_rename(sb, a, b, into, moved, &err) < 0)
     return mcp_call_fail(call, &err);
-  memcpy(b, moved, sizeof b); /* moveFile into a directory: the path inside it */
-  char text[8300];
-  snprintf(text, sizeof text, "%s -> %s", a, b);
-  mcp_call_ok(call, json_pack("{s:s, s:s}", kfrom, a, kto, b), text);
+  char text[8300]; /* (moved: moveFile into a directory gives the path inside it) */
+  snprintf(text, sizeof text, "%s -> %s", a, moved);
+  mcp_call_ok(call, json_pack("{s:s, s:s}", kfrom, a, kto, moved), text);
 }
 
 static void h_rename(mcp_call *call, json_t *args, sbx_sandbox *sb) {

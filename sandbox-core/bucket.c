@@ -665,16 +665,22 @@ static void proc_close(bproc *p) {
 }
 
 /* A mount that did not come about leaves no trace in the record. */
-static void forget_spec(const char *sandbox, const char *id) {
-  sbx_sandbox *sb = sbx_sandbox_find(sandbox);
-  for (sbx_bucket **pp = sb ? &sb->buckets : NULL; pp && *pp; pp = &(*pp)->next)
-    if (!strcmp((*pp)->id, id)) {
-      sbx_bucket *b = *pp;
+/* Takes b (if any) out of sb's list and frees it. */
+static void drop(sbx_sandbox *sb, sbx_bucket *b) {
+  for (sbx_bucket **pp = &sb->buckets; b && *pp; pp = &(*pp)->next)
+    if (*pp == b) {
       *pp = b->next;
       bucket_free(b);
-      sbx_sandbox_save(sb);
       return;
     }
+}
+
+static void forget_spec(const char *sandbox, const char *id) {
+  sbx_sandbox *sb = sbx_sandbox_find(sandbox);
+  sbx_bucket *b = spec_find(sb, id);
+  if (!b) return;
+  drop(sb, b);
+  sbx_sandbox_save(sb);
 }
 
 static void check_answered(bproc *p, const sbx_error *err) {
@@ -1101,16 +1107,6 @@ void sbx_bucket_start_all(sbx_sandbox *sb) {
 static bool nested(const char *a, const char *b) {
   size_t la = strlen(a), lb = strlen(b);
   return la <= lb ? !strncmp(a, b, la) && (b[la] == '/' || !b[la]) : !strncmp(a, b, lb) && a[lb] == '/';
-}
-
-/* Takes b (if any) out of sb's list and frees it. */
-static void drop(sbx_sandbox *sb, sbx_bucket *b) {
-  for (sbx_bucket **pp = &sb->buckets; b && *pp; pp = &(*pp)->next)
-    if (*pp == b) {
-      *pp = b->next;
-      bucket_free(b);
-      return;
-    }
 }
 
 int sbx_bucket_mount(sbx_sandbox *sb, const sbx_bucket_req *r, sbx_bucket_cb cb, void *ud, sbx_error *err) {

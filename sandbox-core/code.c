@@ -129,14 +129,13 @@ const char *sbx_code_gone(const sbx_sandbox *sb, const char *id) {
 }
 
 void sbx_code_reset_sandbox(sbx_sandbox *sb) {
-  json_t *a = json_array();
-  for (sbx_code_ctx *c = all; c; c = c->next)
-    if (!c->forgotten && !strcmp(c->sandbox, sb->id))
-      json_array_append_new(a, json_pack("{s:s, s:s, s:s, s:b}", "id", c->id, "language", c->language, "cwd", c->cwd,
-                                         "reset", 1));
-  json_decref(sb->code_gone);
-  sb->code_gone = json_array_size(a) ? a : NULL;
-  if (!sb->code_gone) json_decref(a);
+  json_decref(sb->code_gone); /* (a reset has cleared it: its record is of the live contexts alone) */
+  sb->code_gone = NULL;
+  json_t *a = sbx_code_record(sb), *g;
+  size_t i;
+  json_array_foreach(a, i, g) json_object_set_new(g, "reset", json_true());
+  if (json_array_size(a)) sb->code_gone = a;
+  else json_decref(a);
   sbx_code_forget_sandbox(sb->id);
 }
 

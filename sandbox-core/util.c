@@ -109,7 +109,7 @@ void sbx_buf_free(sbx_buf *b) {
 }
 
 void sbx_headtail_init_split(sbx_headtail *h, size_t head, size_t tail) {
-  *h = (sbx_headtail){.limit = head + tail, .head_cap = head, .tail_cap = tail};
+  *h = (sbx_headtail){.head_cap = head, .tail_cap = tail};
 }
 
 void sbx_headtail_init(sbx_headtail *h, size_t limit) { sbx_headtail_init_split(h, limit / 2, limit - limit / 2); }

@@ -82,7 +82,7 @@ void sbx_buf_free(sbx_buf *b);
  * `head` and the last `tail`) and counts the rest, so a flood of output
  * costs bounded memory. */
 typedef struct sbx_headtail {
-  size_t limit, head_cap;
+  size_t head_cap;
   sbx_buf head;
   char *tail; /* ring of limit - head bytes */
   size_t tail_cap, tail_len, tail_pos;

@@ -116,11 +116,17 @@ def _send(msg):
     code forked: results and the run's end are the driver's to send)."""
     if _forked[0] or os.getpid() != _driver_pid:
         return
+    _deliver(msg)
+
+
+def _deliver(msg=None):
+    """What is printed and not sent yet, then msg (if any), whole."""
     main = _whole_begin()
     try:
         with _lock:
             _flush_locked()
-            _write(msg)
+            if msg is not None:
+                _write(msg)
     finally:
         _whole_end(main)
 
@@ -148,12 +154,7 @@ def _queue_text(name, s):
             if not _kick.is_set():
                 _kick.set()
             return
-    main = _whole_begin()
-    try:
-        with _lock:
-            _flush_locked()
-    finally:
-        _whole_end(main)
+    _deliver()
 
 
 def _flusher():
