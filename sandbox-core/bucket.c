@@ -4,8 +4,7 @@
 #include "config.h"
 #include "disk.h"
 #include "record.h"
-
-#include <linux/openat2.h>
+#include "rootfs.h"
 
 #include <ctype.h>
 #include <dirent.h>
@@ -414,43 +413,14 @@ static int fuse_detached(uid_t owner, bool ro, int *devfd) {
   return mfd;
 }
 
-/* The directory path names below dfd (taken), made where missing, reached
- * through no symlink and into no other mount (not a bucket's, whose server
- * could keep the walk waiting): an O_PATH fd, or -1 with errno (ELOOP: a
- * symlink, EXDEV: another mount). */
-static int walk_from(int dfd, const char *path) {
-  char copy[sizeof ((sbx_bucket *)0)->mount_path];
-  snprintf(copy, sizeof copy, "%s", path);
-  for (char *save = NULL, *c = strtok_r(copy, "/", &save); c && dfd >= 0; c = strtok_r(NULL, "/", &save)) {
-    if (mkdirat(dfd, c, 0755) < 0 && errno != EEXIST) {
-      int e = errno;
-      close(dfd);
-      errno = e;
-      return -1;
-    }
-    struct open_how how = {.flags = O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC,
-                           .resolve = RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV};
-    int nfd = (int)syscall(SYS_openat2, dfd, c, &how, sizeof how);
-    int e = errno;
-    if (nfd < 0) { /* O_PATH|O_NOFOLLOW|O_DIRECTORY on a symlink is ENOTDIR, not ELOOP */
-      struct stat st;
-      if (e == ENOTDIR && fstatat(dfd, c, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode)) e = ELOOP;
-    }
-    close(dfd);
-    dfd = nfd;
-    errno = e;
-  }
-  return dfd;
-}
-
 /* path on the sandbox's root filesystem, as its root sees it */
-static int walk_root(const char *path) { return walk_from(open("/", O_PATH | O_DIRECTORY | O_CLOEXEC), path); }
+static int walk_root(const char *path) { return sbx_walk_mkdir(open("/", O_PATH | O_DIRECTORY | O_CLOEXEC), path); }
 
 /* The part of a local bucket's tree under prefix (made where missing,
  * through no symlink: the sandboxes that mount the bucket write it), as a
  * detached mount of its own; mfd, the whole tree's, is closed. */
 static int prefix_tree(int mfd, const char *prefix) {
-  int dfd = walk_from(openat(mfd, ".", O_PATH | O_DIRECTORY | O_CLOEXEC), prefix);
+  int dfd = sbx_walk_mkdir(openat(mfd, ".", O_PATH | O_DIRECTORY | O_CLOEXEC), prefix);
   int sub = dfd < 0 ? -1 : open_tree(dfd, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
   int e = errno;
   if (dfd >= 0) close(dfd);
@@ -583,13 +553,19 @@ static int detach(sbx_sandbox *sb, sbx_bucket *b, sbx_error *err) {
   return 0;
 }
 
+static void unpend(sbx_bucket *b);
+
 void sbx_bucket_stopped(sbx_sandbox *sb) {
-  for (sbx_bucket *b = sb->buckets; b; b = b->next) unpin(b); /* the mount goes with its namespace */
+  for (sbx_bucket *b = sb->buckets; b; b = b->next) { /* the mount goes with its namespace */
+    unpin(b);
+    unpend(b);
+  }
 }
 
 /* A mount taken out of the record. */
 static void bucket_free(sbx_bucket *b) {
   unpin(b);
+  unpend(b);
   free(b);
 }
 
@@ -761,6 +737,7 @@ static void proc_exited(uv_poll_t *h, int status, int events) {
   p->waiters = NULL;
   sbx_sandbox *sb = sbx_sandbox_find(p->sandbox);
   sbx_bucket *b = spec_find(sb, p->id);
+  if (b && b->pending && sb->incarnation == p->incarnation) b->served = false; /* its start mounts it anew */
   if (shutting_down) {
     /* its sandbox's mounts are gone from memory, not from its record: the
      * cache (and the configuration in it) is the next daemon's to mount */
@@ -1098,8 +1075,76 @@ static void remount(sbx_sandbox *sb, sbx_bucket *b, bool replace) {
   if (err.code) warn("bucket %s at %s:%s: %s", b->bucket, sb->id, b->mount_path, err.message);
 }
 
-void sbx_bucket_start_all(sbx_sandbox *sb) {
-  for (sbx_bucket *b = sb->buckets; b; b = b->next) remount(sb, b, false);
+int sbx_bucket_start_mounts(sbx_sandbox *sb, const char *paths[], int mfds[]) {
+  int n = 0;
+  if (sbx_engine_cfg()->rootless) return 0; /* made in the sandbox's namespaces: after the start */
+  for (sbx_bucket *b = sb->buckets; b && n < SBX_INIT_MOUNTS_MAX; b = b->next) {
+    if (b->local || b->pending) continue;
+    sbx_error err = {0};
+    char *config = read_cache_config(sb->id, b->id, sb);
+    int devfd = -1, mfd = config ? make_fuse(sb, b, &devfd, &err) : -1;
+    int copy = mfd < 0 ? -1 : fcntl(mfd, F_DUPFD_CLOEXEC, 3);
+    if (copy < 0) { /* the start's end tries again, and says what failed */
+      if (mfd >= 0) close(mfd), close(devfd);
+      free(config);
+      continue;
+    }
+    b->pending = true;
+    b->served = false;
+    b->pmfd = mfd;
+    b->pdevfd = devfd;
+    b->pconfig = config;
+    paths[n] = b->mount_path;
+    mfds[n++] = copy;
+  }
+  return n;
+}
+
+void sbx_bucket_start_servers(sbx_sandbox *sb) {
+  for (sbx_bucket *b = sb->buckets; b; b = b->next) {
+    if (!b->pending || b->pdevfd < 0) continue;
+    sbx_error err = {0};
+    bproc *p = spawn_server(sb->id, b->id, b->pconfig, b->pdevfd, "", sb->opts.limits.cpus, &err);
+    close(b->pdevfd);
+    b->pdevfd = -1;
+    free(b->pconfig);
+    b->pconfig = NULL;
+    if (p) p->incarnation = sb->incarnation;
+    b->served = p != NULL;
+  }
+}
+
+/* A start's mount let go: the start failed, or it is attached (or not)
+ * and in b->mfd. */
+static void unpend(sbx_bucket *b) {
+  if (!b->pending) return;
+  close(b->pmfd);
+  if (b->pdevfd >= 0) close(b->pdevfd);
+  free(b->pconfig);
+  b->pending = false;
+}
+
+void sbx_bucket_start_all(sbx_sandbox *sb, const char *in) {
+  size_t i = 0, given = strlen(in);
+  for (sbx_bucket *b = sb->buckets; b; b = b->next) {
+    if (!b->pending) {
+      remount(sb, b, false);
+      continue;
+    }
+    bool there = i < given && in[i] == '1';
+    i++;
+    sbx_error err = {0};
+    if (there) {
+      attached(b, b->pmfd);
+    } else if (b->served) { /* a helper tries: it says why not */
+      helper h = {.op = H_ATTACH, .path = b->mount_path, .mfd = b->pmfd};
+      if (run_helper(sb, &h, NULL, &err) == 0) attached(b, b->pmfd);
+    }
+    bool served = b->served;
+    unpend(b); /* not attached: the mount goes with its fd, and its server ends */
+    if (err.code) warn("bucket %s at %s:%s: %s", b->bucket, sb->id, b->mount_path, err.message);
+    else if (!served) remount(sb, b, there); /* no server (or it died already): all of it again */
+  }
 }
 
 /* ---- mountBucket / unmountBucket -------------------------------------------- */

@@ -28,6 +28,12 @@ typedef struct sbx_bucket {
    * an fd of it, by which it is detached wherever the sandbox moved it */
   bool attached;
   int mfd;
+  /* a start's mount, made before init's clone and given to it to attach
+   * (sbx_bucket_start_mounts), until the start ends: its fd, the /dev/fuse
+   * fd until its server runs, the server's configuration until then */
+  bool pending, served;
+  int pmfd, pdevfd;
+  char *pconfig;
   struct sbx_bucket *next;
 } sbx_bucket;
 
@@ -61,8 +67,17 @@ void sbx_bucket_stopped(sbx_sandbox *sb);
 /* Unmounts it; cb once its server has put every change in the bucket (or
  * kept what it could not in its journal, for later). */
 int sbx_bucket_unmount(sbx_sandbox *sb, const char *mount_path, sbx_bucket_cb cb, void *ud, sbx_error *err);
-/* After a start: every mount of the record again. Failures are warned of. */
-void sbx_bucket_start_all(sbx_sandbox *sb);
+/* A start, root mode: the FUSE mounts of the record's S3 buckets, made
+ * before init's clone for init to attach as it builds the root: their
+ * paths into paths, copies of their fds into mfds (the caller's to send
+ * and close); how many. */
+int sbx_bucket_start_mounts(sbx_sandbox *sb, const char *paths[], int mfds[]);
+/* Once init has them: their servers start while it builds the root. */
+void sbx_bucket_start_servers(sbx_sandbox *sb);
+/* After a start: every mount of the record again (what init attached, of
+ * those sbx_bucket_start_mounts gave it: a '1' in `in` for each, in order,
+ * is kept). Failures are warned of. */
+void sbx_bucket_start_all(sbx_sandbox *sb, const char *in);
 /* The sandbox is being destroyed: its caches go once their servers have
  * uploaded everything. */
 void sbx_bucket_destroyed(sbx_sandbox *sb);

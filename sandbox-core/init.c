@@ -1,7 +1,8 @@
 /* sbx-init: pid 1 of every sandbox. Statically linked, so it runs on any
  * image. It names the sandbox (argv[1], or for a sandbox made ahead the
  * first message on fd 3, the socket it inherits, once a create takes it),
- * tells the daemon it is up (sending the sandbox's root directory on fd 3),
+ * tells the daemon it is up (sending the sandbox's root directory on fd 3,
+ * with "ok", and argv[2] after it: which bucket mounts the root has),
  * then reaps orphans forever. It is not dumpable, so nothing inside the
  * sandbox can ptrace or read it. */
 #define _GNU_SOURCE
@@ -84,8 +85,9 @@ int main(int argc, char **argv) {
    * daemon lacks */
   int rootfd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
   if (rootfd < 0) _exit(1);
-  char ok[] = "ok";
-  struct iovec iov = {ok, 2};
+  char ok[64];
+  snprintf(ok, sizeof ok, "ok%s%s", argc > 2 ? " " : "", argc > 2 ? argv[2] : "");
+  struct iovec iov = {ok, strlen(ok)};
   union {
     struct cmsghdr h;
     char buf[CMSG_SPACE(sizeof(int))];

@@ -322,8 +322,8 @@ _Noreturn void sbx_rootfs_init_main(const sbx_init_args *a) {
   char path[4096], opts[8192];
   pid_t parent = getppid(); /* the daemon: it started us, directly or through CLONE_PARENT */
   int exe = a->init_exe_fd; /* the static sbx-init, executed once the root is built */
-  int fds[SBX_LAYERS_MAX + 3];
-  int nfds = recv_go(a->sock, fds, SBX_LAYERS_MAX + 3);
+  int fds[SBX_LAYERS_MAX + SBX_INIT_MOUNTS_MAX + 3];
+  int nfds = recv_go(a->sock, fds, SBX_LAYERS_MAX + SBX_INIT_MOUNTS_MAX + 3);
   if (nfds < 0) _exit(1);
   int extra = a->idmapped ? a->meminfo + a->cpu_online : 0; /* the /proc files come last */
   if (nfds < extra) _exit(1);
@@ -347,8 +347,9 @@ _Noreturn void sbx_rootfs_init_main(const sbx_init_args *a) {
   const sbx_layer *layers = a->layers;
   int nl = a->nlayers;
   int *lfds = fds + (a->idmapped ? 1 : 0); /* root mode: the disk comes first */
-  if (a->idmapped && nfds != nl + 1) {
-    report(a->sock, "expected %d mount fds, got %d", nl + 1, nfds);
+  int nm = a->idmapped ? a->nmounts : 0, *mfds = lfds + nl;
+  if (a->idmapped && nfds != nl + nm + 1) {
+    report(a->sock, "expected %d mount fds, got %d", nl + nm + 1, nfds);
     _exit(1);
   }
   if (!a->idmapped) /* hold the host dirs before the stage hides any of them */
@@ -462,6 +463,17 @@ _Noreturn void sbx_rootfs_init_main(const sbx_init_args *a) {
   TRY(umount2("/.oldroot", MNT_DETACH), "detaching the host root");
   rmdir("/.oldroot");
 
+  /* the bucket mounts: one that cannot go here is left to the daemon,
+   * which tries again with a helper and says why */
+  char attached[SBX_INIT_MOUNTS_MAX + 1] = "";
+  for (int i = 0; i < nm; i++) {
+    int d = sbx_walk_mkdir(open("/", O_PATH | O_DIRECTORY | O_CLOEXEC), a->mount_paths[i]);
+    bool in = d >= 0 && move_mount(mfds[i], "", d, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) == 0;
+    attached[i] = in ? '1' : '0';
+    if (d >= 0) close(d);
+    close(mfds[i]);
+  }
+
   /* pip's marker: in the sandbox's / (a symlink it made on the way leads
    * there, not into the host's) */
   unlink("/etc/resolv.conf");
@@ -504,7 +516,7 @@ _Noreturn void sbx_rootfs_init_main(const sbx_init_args *a) {
   TRY(fcntl(3, F_SETFD, 0), "keeping the socket");
   int null = open("/dev/null", O_RDWR);
   if (null >= 0 && null != 0) dup2(null, 0);
-  char *argv[] = {"sbx-init", a->ahead ? NULL : (char *)a->id, NULL}, *envp[] = {NULL};
+  char *argv[] = {"sbx-init", a->ahead ? NULL : (char *)a->id, nm ? attached : NULL, NULL}, *envp[] = {NULL};
   syscall(SYS_execveat, exe, "", argv, envp, AT_EMPTY_PATH);
   report(a->sock, "executing init: %s", strerror(errno));
   _exit(1);

@@ -51,6 +51,13 @@ typedef struct sbx_init_args {
   bool meminfo, cpu_online;
   char procdir[1200];
   unsigned dev_mb; /* the size of /dev's tmpfs, /dev/shm's too */
+  /* root mode: detached mounts (a wake's bucket mounts, made before the
+   * clone) to attach at these paths once the root is built, their fds
+   * after the layers'. Attached as a helper would (sbx_walk_mkdir), and
+   * told: sbx-init's "ok" carries a '1' or '0' for each, in order. */
+#define SBX_INIT_MOUNTS_MAX 8
+  const char *mount_paths[SBX_INIT_MOUNTS_MAX];
+  int nmounts;
 } sbx_init_args;
 
 /* Reads what the sandbox's init needs to know of root (the host's / or an

@@ -878,11 +878,15 @@ static int start(sbx_sandbox *sb, bool ahead, int *sock_out, sbx_error *err) {
   args.cpu_online = sb->cpu_online = pf.has_online;
   snprintf(args.procdir, sizeof args.procdir, "%s/sandboxes/%s", eng.cfg.state_dir, sb->id);
   int pidfd = -1;
+  /* a wake's bucket mounts, attached by init as it builds the root */
+  int bfds[SBX_INIT_MOUNTS_MAX];
+  args.nmounts = ahead ? 0 : sbx_bucket_start_mounts(sb, args.mount_paths, bfds);
   /* init keeps every signal blocked: sbx-init waits for SIGCHLD with sigwaitinfo */
   pid_t pid = clone_init(sb, &args, sv[0], &pidfd);
   close(sv[1]);
   if (pid < 0) {
     int e = errno;
+    for (int i = 0; i < args.nmounts; i++) close(bfds[i]);
     if (pf.meminfo >= 0) close(pf.meminfo);
     if (pf.online >= 0) close(pf.online);
     close(sv[0]);
@@ -892,7 +896,7 @@ static int start(sbx_sandbox *sb, bool ahead, int *sock_out, sbx_error *err) {
   }
   sb->init_pid = pid;
   sb->init_pidfd = pidfd;
-  int fds[SBX_LAYERS_MAX + 3], nfds = 0, r = 0;
+  int fds[SBX_LAYERS_MAX + SBX_INIT_MOUNTS_MAX + 3], nfds = 0, r = 0;
   if ((r = write_maps(pid, sb->uid_base, eng.cfg.rootless)) < 0) {
     sbx_err_errno(err, "INTERNAL", -r, "writing the uid map of sandbox '%s'", id);
     goto fail;
@@ -918,6 +922,8 @@ static int start(sbx_sandbox *sb, bool ahead, int *sock_out, sbx_error *err) {
       goto fail;
     }
     if (idmapped_layers(userns, args.layers, args.nlayers, fds, &nfds, err) < 0) goto fail;
+    for (int i = 0; i < args.nmounts; i++) fds[nfds++] = bfds[i];
+    args.nmounts = 0;
   }
   if (pf.meminfo >= 0) fds[nfds++] = pf.meminfo, pf.meminfo = -1;
   if (pf.online >= 0) fds[nfds++] = pf.online, pf.online = -1;
@@ -928,10 +934,12 @@ static int start(sbx_sandbox *sb, bool ahead, int *sock_out, sbx_error *err) {
     sbx_err_errno(err, "INTERNAL", -r, "starting sandbox '%s'", id);
     goto fail;
   }
+  sbx_bucket_start_servers(sb);
   *sock_out = sv[0];
   return 0;
 fail:
   for (int i = 0; i < nfds; i++) close(fds[i]);
+  for (int i = 0; i < args.nmounts; i++) close(bfds[i]);
   if (diskfd >= 0) close(diskfd);
   if (pf.meminfo >= 0) close(pf.meminfo);
   if (pf.online >= 0) close(pf.online);
@@ -954,9 +962,10 @@ static int start_finish(sbx_sandbox *sb, int sock, sbx_error *err) {
   if (n > 0) reply[n] = 0;
   sb->rootfd = rootfd;
   close(sock);
-  if (n <= 0 || strcmp(reply, "ok") || sb->rootfd < 0) {
+  bool ok = n > 0 && !strncmp(reply, "ok", 2) && (!reply[2] || reply[2] == ' ');
+  if (!ok || sb->rootfd < 0) {
     sbx_err(err, "INTERNAL", "setting up sandbox '%s': %s", id,
-            n > 0 && strcmp(reply, "ok") ? reply
+            n > 0 && !ok ? reply
             : pr == 0                     ? "timed out (its init had not built its root in 15 s)"
                                           : "its init died");
     stop_running_async(sb, pr != 0); /* one that does not answer may not die soon either */
@@ -968,7 +977,7 @@ static int start_finish(sbx_sandbox *sb, int sock, sbx_error *err) {
     return -1;
   }
   ensure_default_session(sb);
-  sbx_bucket_start_all(sb);
+  sbx_bucket_start_all(sb, reply[2] ? reply + 3 : ""); /* which of its bucket mounts init attached */
   return 0;
 }
 

@@ -2,11 +2,13 @@
 #include "util.h"
 
 #include <arpa/inet.h>
+#include <linux/openat2.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -622,4 +624,31 @@ uint32_t sbx_crc32c(uint32_t crc, const void *data, size_t len) {
   const unsigned char *p = data;
   while (len--) crc = table[(crc ^ *p++) & 0xff] ^ (crc >> 8);
   return crc;
+}
+
+/* Not into another mount: not a bucket's, whose server could keep the
+ * walk waiting. */
+int sbx_walk_mkdir(int dfd, const char *path) {
+  char copy[PATH_MAX];
+  snprintf(copy, sizeof copy, "%s", path);
+  for (char *save = NULL, *c = strtok_r(copy, "/", &save); c && dfd >= 0; c = strtok_r(NULL, "/", &save)) {
+    if (mkdirat(dfd, c, 0755) < 0 && errno != EEXIST) {
+      int e = errno;
+      close(dfd);
+      errno = e;
+      return -1;
+    }
+    struct open_how how = {.flags = O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC,
+                           .resolve = RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV};
+    int nfd = (int)syscall(SYS_openat2, dfd, c, &how, sizeof how);
+    int e = errno;
+    if (nfd < 0) { /* O_PATH|O_NOFOLLOW|O_DIRECTORY on a symlink is ENOTDIR, not ELOOP */
+      struct stat st;
+      if (e == ENOTDIR && fstatat(dfd, c, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode)) e = ELOOP;
+    }
+    close(dfd);
+    dfd = nfd;
+    errno = e;
+  }
+  return dfd;
 }

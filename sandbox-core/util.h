@@ -171,9 +171,14 @@ int sbx_pidfd_open(pid_t pid);
  * added to flags. recv: recvmsg of up to len bytes; up to max descriptors
  * (close-on-exec) into fds and their count into *nfds (may be NULL); any
  * past max are closed. Both return what sendmsg/recvmsg return. */
-#define SBX_FDS_MAX 16
+#define SBX_FDS_MAX 24
 ssize_t sbx_send_fds(int sock, const void *data, size_t len, const int *fds, int nfds, int flags);
 ssize_t sbx_recv_fds(int sock, void *data, size_t len, int *fds, int max, int *nfds, int flags);
+/* The directories path names below dfd (which it takes), made (0755) where
+ * missing, reached through no symlink and into no other mount: an O_PATH
+ * fd of the last, or -1 with errno (ELOOP: a symlink, EXDEV: another
+ * mount). */
+int sbx_walk_mkdir(int dfd, const char *path);
 /* Whether pid is a live sbx daemon (not gone, not a zombie, not reused). */
 bool sbx_daemon_alive(pid_t pid);
 int sbx_pidfd_send_signal(int pidfd, int sig);
@@ -188,3 +193,4 @@ int sbx_base64_decode(const char *s, size_t len, char **out, size_t *out_len);
 /* ISO 8601 UTC with milliseconds; out at least 32 bytes. */
 void sbx_iso_time(uint64_t wall_ms, char out[32]);
 uint64_t sbx_wall_ms(void);
+
