@@ -7,12 +7,73 @@
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <curl/curl.h>
+#include <dlfcn.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <sys/stat.h>
 #include <time.h>
 
 #define MAX_XML (16u * 1024 * 1024) /* a listing page or an error: bounded */
 #define EMPTY_SHA "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+
+/* libcurl is loaded by the first request that needs it (or by the thread
+ * s3_global_init starts), not when sbx is executed: its thirty libraries
+ * were most of the 17 ms any `sbx` took to start, a bucket server's (which
+ * a wake with a bucket mount waits for) and `sbx mcp`'s among them. The
+ * way systemd loads its optional libraries. */
+static struct {
+  CURLcode (*global_init)(long);
+  CURL *(*easy_init)(void);
+  void (*easy_cleanup)(CURL *);
+  void (*easy_reset)(CURL *);
+  CURLcode (*easy_setopt)(CURL *, CURLoption, ...);
+  CURLcode (*easy_getinfo)(CURL *, CURLINFO, ...);
+  CURLcode (*easy_perform)(CURL *);
+  const char *(*easy_strerror)(CURLcode);
+  struct curl_slist *(*slist_append)(struct curl_slist *, const char *);
+  void (*slist_free_all)(struct curl_slist *);
+  bool ready;
+  char why[256]; /* when not */
+} cu;
+static pthread_once_t cu_once = PTHREAD_ONCE_INIT;
+
+static void cu_load(void) {
+  void *l = dlopen("libcurl.so.4", RTLD_NOW | RTLD_LOCAL);
+  if (!l) {
+    snprintf(cu.why, sizeof cu.why, "%s", dlerror());
+    return;
+  }
+  static const struct {
+    const char *name;
+    size_t off;
+  } syms[] = {
+#define SYM(n) {"curl_" #n, offsetof(typeof(cu), n)}
+      SYM(global_init),   SYM(easy_init),    SYM(easy_cleanup),  SYM(easy_reset),   SYM(easy_setopt),
+      SYM(easy_getinfo),  SYM(easy_perform), SYM(easy_strerror), SYM(slist_append), SYM(slist_free_all),
+#undef SYM
+  };
+  for (size_t i = 0; i < SBX_ARRAY_SIZE(syms); i++) {
+    void *f = dlsym(l, syms[i].name);
+    if (!f) {
+      snprintf(cu.why, sizeof cu.why, "libcurl.so.4 has no %s", syms[i].name);
+      return;
+    }
+    memcpy((char *)&cu + syms[i].off, &f, sizeof f);
+  }
+  cu.ready = cu.global_init(CURL_GLOBAL_DEFAULT) == CURLE_OK;
+  if (!cu.ready) snprintf(cu.why, sizeof cu.why, "curl_global_init failed");
+}
+
+static bool cu_ready(void) {
+  pthread_once(&cu_once, cu_load);
+  return cu.ready;
+}
+
+static void *cu_preload(void *unused) {
+  (void)unused;
+  cu_ready();
+  return NULL;
+}
 
 /* Each thread keeps its connection (and a hashing buffer) for its next
  * request; they go when the thread ends, FUSE's workers included. */
@@ -25,7 +86,7 @@ static __thread tls *tl;
 
 static void tls_free(void *v) {
   tls *t = v;
-  if (t->curl) curl_easy_cleanup(t->curl);
+  if (t->curl) cu.easy_cleanup(t->curl);
   free(t->buf);
   free(t);
   tl = NULL;
@@ -37,8 +98,9 @@ static tls *tls_get(void) {
 }
 
 void s3_global_init(void) {
-  curl_global_init(CURL_GLOBAL_DEFAULT);
   pthread_key_create(&tls_key, tls_free);
+  pthread_t t;
+  if (pthread_create(&t, NULL, cu_preload, NULL) == 0) pthread_detach(t);
 }
 
 void s3_thread_done(void) {
@@ -155,7 +217,7 @@ static size_t on_body(char *p, size_t sz, size_t n, void *ud) {
   resp *r = ud;
   size_t len = sz * n;
   long status = 0;
-  curl_easy_getinfo(tl->curl, CURLINFO_RESPONSE_CODE, &status);
+  cu.easy_getinfo(tl->curl, CURLINFO_RESPONSE_CODE, &status);
   if (r->fd >= 0 && status / 100 == 2) {
     if (r->got + len > r->max) { /* a server that sends more than asked: not into the cache */
       r->too_long = true;
@@ -300,8 +362,12 @@ static bool endpoint_loopback(const s3_conf *c) {
 
 /* One request, retried a little when the service or the network falters. */
 static int perform(const s3_conf *c, const req *q, resp *r, s3_err *e) {
+  if (!cu_ready()) {
+    fail(e, ENOSYS, 0, "curl", "cannot load libcurl: %s", cu.why);
+    return -1;
+  }
   tls *t = tls_get();
-  if (t && !t->curl) t->curl = curl_easy_init();
+  if (t && !t->curl) t->curl = cu.easy_init();
   if (!t || !t->curl) {
     fail(e, ENOMEM, 0, "curl", "cannot start curl");
     return -1;
@@ -310,7 +376,7 @@ static int perform(const s3_conf *c, const req *q, resp *r, s3_err *e) {
   url_for(c, q->key, q->query, url, sizeof url);
   for (int attempt = 0;; attempt++) {
     CURL *h = t->curl;
-    curl_easy_reset(h);
+    cu.easy_reset(h);
     sbx_buf_free(&r->body);
     r->got = 0;
     r->fd_error = r->too_long = false;
@@ -322,66 +388,66 @@ static int perform(const s3_conf *c, const req *q, resp *r, s3_err *e) {
     /* no "Expect:" to turn 100-continue off: curl 7.88 would sign that
      * header and then not send it, and the signature would not verify */
     snprintf(line, sizeof line, "x-amz-content-sha256: %s", q->sha ? q->sha : EMPTY_SHA);
-    hd = curl_slist_append(hd, line);
+    hd = cu.slist_append(hd, line);
     if (q->meta && q->meta->valid) {
       snprintf(line, sizeof line, "x-amz-meta-mode: %04o", (unsigned)(q->meta->mode & (S_IFMT | 07777)));
-      hd = curl_slist_append(hd, line);
+      hd = cu.slist_append(hd, line);
       snprintf(line, sizeof line, "x-amz-meta-mtime: %lld", (long long)q->meta->mtime_ns);
-      hd = curl_slist_append(hd, line);
+      hd = cu.slist_append(hd, line);
       snprintf(line, sizeof line, "x-amz-meta-uid: %u", (unsigned)q->meta->uid);
-      hd = curl_slist_append(hd, line);
+      hd = cu.slist_append(hd, line);
       snprintf(line, sizeof line, "x-amz-meta-gid: %u", (unsigned)q->meta->gid);
-      hd = curl_slist_append(hd, line);
+      hd = cu.slist_append(hd, line);
     }
-    if (q->extra) hd = curl_slist_append(hd, q->extra);
-    if (q->extra2) hd = curl_slist_append(hd, q->extra2);
+    if (q->extra) hd = cu.slist_append(hd, q->extra);
+    if (q->extra2) hd = cu.slist_append(hd, q->extra2);
     snprintf(region, sizeof region, "aws:amz:%s:s3", c->region[0] ? c->region : "us-east-1");
-    curl_easy_setopt(h, CURLOPT_URL, url);
-    curl_easy_setopt(h, CURLOPT_PATH_AS_IS, 1L); /* a key is a literal name: its dots are not resolved */
-    curl_easy_setopt(h, CURLOPT_AWS_SIGV4, region);
-    curl_easy_setopt(h, CURLOPT_USERNAME, c->access_key);
-    curl_easy_setopt(h, CURLOPT_PASSWORD, c->secret_key);
-    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
-    curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
-    if (endpoint_loopback(c)) curl_easy_setopt(h, CURLOPT_NOPROXY, "*"); /* this host's: never through a proxy */
-    curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L);
-    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, 10L);
-    curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
-    curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, 60L);
+    cu.easy_setopt(h, CURLOPT_URL, url);
+    cu.easy_setopt(h, CURLOPT_PATH_AS_IS, 1L); /* a key is a literal name: its dots are not resolved */
+    cu.easy_setopt(h, CURLOPT_AWS_SIGV4, region);
+    cu.easy_setopt(h, CURLOPT_USERNAME, c->access_key);
+    cu.easy_setopt(h, CURLOPT_PASSWORD, c->secret_key);
+    cu.easy_setopt(h, CURLOPT_HTTPHEADER, hd);
+    cu.easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
+    if (endpoint_loopback(c)) cu.easy_setopt(h, CURLOPT_NOPROXY, "*"); /* this host's: never through a proxy */
+    cu.easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L);
+    cu.easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    cu.easy_setopt(h, CURLOPT_CONNECTTIMEOUT, 10L);
+    cu.easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    cu.easy_setopt(h, CURLOPT_LOW_SPEED_TIME, 60L);
     /* a listing, a HEAD or a DELETE is done in two minutes or failed: a
      * server that trickles a byte a second does not hold it (and its
      * caller) for ever; copies and uploads may take longer */
     if ((!strcmp(q->method, "GET") && r->fd < 0) || !strcmp(q->method, "HEAD") || !strcmp(q->method, "DELETE"))
-      curl_easy_setopt(h, CURLOPT_TIMEOUT, 120L);
-    curl_easy_setopt(h, CURLOPT_OPENSOCKETFUNCTION, open_socket);
-    curl_easy_setopt(h, CURLOPT_OPENSOCKETDATA, (void *)c);
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
-    curl_easy_setopt(h, CURLOPT_WRITEDATA, r);
-    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
-    curl_easy_setopt(h, CURLOPT_HEADERDATA, r);
+      cu.easy_setopt(h, CURLOPT_TIMEOUT, 120L);
+    cu.easy_setopt(h, CURLOPT_OPENSOCKETFUNCTION, open_socket);
+    cu.easy_setopt(h, CURLOPT_OPENSOCKETDATA, (void *)c);
+    cu.easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+    cu.easy_setopt(h, CURLOPT_WRITEDATA, r);
+    cu.easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
+    cu.easy_setopt(h, CURLOPT_HEADERDATA, r);
     if (!strcmp(q->method, "HEAD")) {
-      curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
+      cu.easy_setopt(h, CURLOPT_NOBODY, 1L);
     } else if (!strcmp(q->method, "PUT")) {
-      curl_easy_setopt(h, CURLOPT_UPLOAD, 1L);
+      cu.easy_setopt(h, CURLOPT_UPLOAD, 1L);
       if (q->up) {
-        curl_easy_setopt(h, CURLOPT_READFUNCTION, on_read);
-        curl_easy_setopt(h, CURLOPT_READDATA, &up);
-        curl_easy_setopt(h, CURLOPT_INFILESIZE_LARGE, (curl_off_t)up.left);
+        cu.easy_setopt(h, CURLOPT_READFUNCTION, on_read);
+        cu.easy_setopt(h, CURLOPT_READDATA, &up);
+        cu.easy_setopt(h, CURLOPT_INFILESIZE_LARGE, (curl_off_t)up.left);
       } else {
-        curl_easy_setopt(h, CURLOPT_INFILESIZE_LARGE, (curl_off_t)0);
+        cu.easy_setopt(h, CURLOPT_INFILESIZE_LARGE, (curl_off_t)0);
       }
     } else if (!strcmp(q->method, "POST")) {
-      curl_easy_setopt(h, CURLOPT_POST, 1L);
-      curl_easy_setopt(h, CURLOPT_POSTFIELDS, q->data ? q->data : "");
-      curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)q->data_len);
+      cu.easy_setopt(h, CURLOPT_POST, 1L);
+      cu.easy_setopt(h, CURLOPT_POSTFIELDS, q->data ? q->data : "");
+      cu.easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)q->data_len);
     } else if (strcmp(q->method, "GET")) {
-      curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, q->method);
+      cu.easy_setopt(h, CURLOPT_CUSTOMREQUEST, q->method);
     }
-    CURLcode cr = curl_easy_perform(h);
-    curl_slist_free_all(hd);
+    CURLcode cr = cu.easy_perform(h);
+    cu.slist_free_all(hd);
     long status = 0;
-    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+    cu.easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
     r->status = status;
     if (cr == CURLE_OK && status / 100 == 2 && !r->fd_error) return 0;
     bool retry = r->too_long ? false
@@ -406,7 +472,7 @@ static int perform(const s3_conf *c, const req *q, resp *r, s3_err *e) {
                              ? "TLS"
                              : "network";
       fail(e, cr == CURLE_COULDNT_CONNECT ? ECONNREFUSED : EHOSTUNREACH, 0, what, "%s: %s", what,
-           curl_easy_strerror(cr));
+           cu.easy_strerror(cr));
     } else {
       char code[64] = "", msg[256] = "";
       size_t pos = 0;
