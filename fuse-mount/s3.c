@@ -16,11 +16,11 @@
 #define MAX_XML (16u * 1024 * 1024) /* a listing page or an error: bounded */
 #define EMPTY_SHA "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 
-/* libcurl is loaded by the first request that needs it (or by the thread
- * s3_global_init starts), not when sbx is executed: its thirty libraries
- * were most of the 17 ms any `sbx` took to start, a bucket server's (which
- * a wake with a bucket mount waits for) and `sbx mcp`'s among them. The
- * way systemd loads its optional libraries. */
+/* libcurl is loaded by the first request that needs it, not when sbx is
+ * executed: its thirty libraries were most of the 17 ms any `sbx` took to
+ * start, a bucket server's (which a wake with a bucket mount waits for)
+ * and `sbx mcp`'s among them; a server that serves from its cache never
+ * loads it. The way systemd loads its optional libraries. */
 static struct {
   CURLcode (*global_init)(long);
   CURL *(*easy_init)(void);
@@ -69,12 +69,6 @@ static bool cu_ready(void) {
   return cu.ready;
 }
 
-static void *cu_preload(void *unused) {
-  (void)unused;
-  cu_ready();
-  return NULL;
-}
-
 /* Each thread keeps its connection (and a hashing buffer) for its next
  * request; they go when the thread ends, FUSE's workers included. */
 typedef struct tls {
@@ -97,11 +91,7 @@ static tls *tls_get(void) {
   return tl;
 }
 
-void s3_global_init(void) {
-  pthread_key_create(&tls_key, tls_free);
-  pthread_t t;
-  if (pthread_create(&t, NULL, cu_preload, NULL) == 0) pthread_detach(t);
-}
+void s3_global_init(void) { pthread_key_create(&tls_key, tls_free); }
 
 void s3_thread_done(void) {
   if (tl) {

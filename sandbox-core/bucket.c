@@ -806,6 +806,44 @@ static char *server_config(const sbx_bucket *b, const char *ak, const char *sk, 
   return s;
 }
 
+/* What a server's child needs, on the daemon's memory (sbx_spawn_child). */
+typedef struct {
+  const int *cgfds;
+  int ncg;
+  const char *dir, *mode;
+  bool rootless;
+  int in, devfd, status;
+} server_child;
+
+static int server_main(void *v) {
+  const server_child *c = v;
+  /* it may outlive the daemon: it finishes its uploads, then ends */
+  prctl(PR_SET_PDEATHSIG, 0);
+  for (int i = 0; i < c->ncg; i++)
+    if (write(c->cgfds[i], "0", 1) != 1) _exit(120);
+  setsid();
+  if (chdir(c->dir) < 0) _exit(121);
+  uid_t u = BUCKETFS_UID;
+  if (!c->rootless && (syscall(SYS_setgroups, 0, NULL) < 0 || syscall(SYS_setresgid, u, u, u) < 0 ||
+                       syscall(SYS_setresuid, u, u, u) < 0))
+    _exit(122);
+  prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+  int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+  int keep[5] = {c->in, null, 2, c->devfd >= 0 ? c->devfd : null, c->status};
+  int tmp[5];
+  for (int i = 0; i < 5; i++) tmp[i] = fcntl(keep[i], F_DUPFD_CLOEXEC, 16);
+  for (int i = 0; i < 5; i++)
+    if (dup2(tmp[i], i) < 0) _exit(123);
+  if (dup3(exe_fd, 5, O_CLOEXEC) < 0) _exit(124);
+  close_range(6, ~0U, 0);
+  sbx_child_unblock();
+  char *argv[] = {"sbx", "bucketfs", (char *)c->mode, NULL};
+  char *envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8", NULL};
+  if (!c->mode[0]) argv[2] = NULL;
+  syscall(SYS_execveat, 5, "", argv, envp, AT_EMPTY_PATH);
+  _exit(127);
+}
+
 /* Starts `sbx bucketfs` on a cache directory: config on its stdin, the
  * FUSE connection as fd 3 (or none for --flush), "ok"/"err" on fd 4.
  * cpus: the sandbox's own limit, which the server gets too (0: none). */
@@ -844,40 +882,16 @@ static bproc *spawn_server(const char *sandbox, const char *id, const char *conf
     if (ncg < 0) ncg = 0;
   }
   int pidfd = -1;
-  pid_t pid = sbx_fork_child(0, &pidfd);
+  server_child c = {.cgfds = cgfds, .ncg = ncg, .dir = dir, .rootless = ec->rootless, .in = in[0], .devfd = devfd,
+                    .status = st[1], .mode = mode};
+  pid_t pid = sbx_spawn_child(server_main, &c, &pidfd);
   if (pid < 0) {
-    sbx_err_errno(err, "INTERNAL", errno, "fork");
+    sbx_err_errno(err, "INTERNAL", errno, "clone");
     for (int i = 0; i < ncg; i++) close(cgfds[i]);
     if (p->cg.n) sbx_cg_remove(&p->cg);
     sbx_cg_free(&p->cg);
     free(p);
     goto fail;
-  }
-  if (pid == 0) {
-    /* it may outlive the daemon: it finishes its uploads, then ends */
-    prctl(PR_SET_PDEATHSIG, 0);
-    for (int i = 0; i < ncg; i++)
-      if (write(cgfds[i], "0", 1) != 1) _exit(120);
-    setsid();
-    if (chdir(dir) < 0) _exit(121);
-    if (!ec->rootless && (setgroups(0, NULL) < 0 || setresgid(BUCKETFS_UID, BUCKETFS_UID, BUCKETFS_UID) < 0 ||
-                          setresuid(BUCKETFS_UID, BUCKETFS_UID, BUCKETFS_UID) < 0))
-      _exit(122);
-    prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
-    int null = open("/dev/null", O_RDWR | O_CLOEXEC);
-    int keep[5] = {in[0], null, 2, devfd >= 0 ? devfd : null, st[1]};
-    int tmp[5];
-    for (int i = 0; i < 5; i++) tmp[i] = fcntl(keep[i], F_DUPFD_CLOEXEC, 16);
-    for (int i = 0; i < 5; i++)
-      if (dup2(tmp[i], i) < 0) _exit(123);
-    if (dup3(exe_fd, 5, O_CLOEXEC) < 0) _exit(124);
-    close_range(6, ~0U, 0);
-    sbx_child_unblock();
-    char *argv[] = {"sbx", "bucketfs", (char *)mode, NULL};
-    char *envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8", NULL};
-    if (!mode[0]) argv[2] = NULL;
-    syscall(SYS_execveat, 5, "", argv, envp, AT_EMPTY_PATH);
-    _exit(127);
   }
   for (int i = 0; i < ncg; i++) close(cgfds[i]);
   close(in[0]);
