@@ -124,6 +124,9 @@ int sbx_bucket_prepare(const sbx_bucket_req *r, sbx_bucket *b, char ak[256], cha
     if (!strncmp(norm, forbidden[i], fl) && (norm[fl] == 0 || norm[fl] == '/'))
       return sbx_err(err, "VALIDATION_FAILED", "mountPath '%.200s' is under %s, which the sandbox's system needs", norm,
                      forbidden[i]);
+    if (!strncmp(forbidden[i], norm, nl) && forbidden[i][nl] == '/') /* /tmp, /var: a mount there would hide it */
+      return sbx_err(err, "VALIDATION_FAILED", "mountPath '%.200s' would hide %s, which the sandbox's system needs", norm,
+                     forbidden[i]);
   }
   if (!strcmp(norm, "/workspace"))
     return sbx_err(err, "VALIDATION_FAILED", "mountPath must not be /workspace itself (a directory in it, like /workspace/data, is fine)");
@@ -806,44 +809,6 @@ static char *server_config(const sbx_bucket *b, const char *ak, const char *sk, 
   return s;
 }
 
-/* What a server's child needs, on the daemon's memory (sbx_spawn_child). */
-typedef struct {
-  const int *cgfds;
-  int ncg;
-  const char *dir, *mode;
-  bool rootless;
-  int in, devfd, status;
-} server_child;
-
-static int server_main(void *v) {
-  const server_child *c = v;
-  /* it may outlive the daemon: it finishes its uploads, then ends */
-  prctl(PR_SET_PDEATHSIG, 0);
-  for (int i = 0; i < c->ncg; i++)
-    if (write(c->cgfds[i], "0", 1) != 1) _exit(120);
-  setsid();
-  if (chdir(c->dir) < 0) _exit(121);
-  uid_t u = BUCKETFS_UID;
-  if (!c->rootless && (syscall(SYS_setgroups, 0, NULL) < 0 || syscall(SYS_setresgid, u, u, u) < 0 ||
-                       syscall(SYS_setresuid, u, u, u) < 0))
-    _exit(122);
-  prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
-  int null = open("/dev/null", O_RDWR | O_CLOEXEC);
-  int keep[5] = {c->in, null, 2, c->devfd >= 0 ? c->devfd : null, c->status};
-  int tmp[5];
-  for (int i = 0; i < 5; i++) tmp[i] = fcntl(keep[i], F_DUPFD_CLOEXEC, 16);
-  for (int i = 0; i < 5; i++)
-    if (dup2(tmp[i], i) < 0) _exit(123);
-  if (dup3(exe_fd, 5, O_CLOEXEC) < 0) _exit(124);
-  close_range(6, ~0U, 0);
-  sbx_child_unblock();
-  char *argv[] = {"sbx", "bucketfs", (char *)c->mode, NULL};
-  char *envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8", NULL};
-  if (!c->mode[0]) argv[2] = NULL;
-  syscall(SYS_execveat, 5, "", argv, envp, AT_EMPTY_PATH);
-  _exit(127);
-}
-
 /* Starts `sbx bucketfs` on a cache directory: config on its stdin, the
  * FUSE connection as fd 3 (or none for --flush), "ok"/"err" on fd 4.
  * cpus: the sandbox's own limit, which the server gets too (0: none). */
@@ -882,16 +847,40 @@ static bproc *spawn_server(const char *sandbox, const char *id, const char *conf
     if (ncg < 0) ncg = 0;
   }
   int pidfd = -1;
-  server_child c = {.cgfds = cgfds, .ncg = ncg, .dir = dir, .rootless = ec->rootless, .in = in[0], .devfd = devfd,
-                    .status = st[1], .mode = mode};
-  pid_t pid = sbx_spawn_child(server_main, &c, &pidfd);
+  pid_t pid = sbx_fork_child(0, &pidfd);
   if (pid < 0) {
-    sbx_err_errno(err, "INTERNAL", errno, "clone");
+    sbx_err_errno(err, "INTERNAL", errno, "fork");
     for (int i = 0; i < ncg; i++) close(cgfds[i]);
     if (p->cg.n) sbx_cg_remove(&p->cg);
     sbx_cg_free(&p->cg);
     free(p);
     goto fail;
+  }
+  if (pid == 0) {
+    /* it may outlive the daemon: it finishes its uploads, then ends */
+    prctl(PR_SET_PDEATHSIG, 0);
+    for (int i = 0; i < ncg; i++)
+      if (write(cgfds[i], "0", 1) != 1) _exit(120);
+    setsid();
+    if (chdir(dir) < 0) _exit(121);
+    if (!ec->rootless && (setgroups(0, NULL) < 0 || setresgid(BUCKETFS_UID, BUCKETFS_UID, BUCKETFS_UID) < 0 ||
+                          setresuid(BUCKETFS_UID, BUCKETFS_UID, BUCKETFS_UID) < 0))
+      _exit(122);
+    prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+    int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+    int keep[5] = {in[0], null, 2, devfd >= 0 ? devfd : null, st[1]};
+    int tmp[5];
+    for (int i = 0; i < 5; i++) tmp[i] = fcntl(keep[i], F_DUPFD_CLOEXEC, 16);
+    for (int i = 0; i < 5; i++)
+      if (dup2(tmp[i], i) < 0) _exit(123);
+    if (dup3(exe_fd, 5, O_CLOEXEC) < 0) _exit(124);
+    close_range(6, ~0U, 0);
+    sbx_child_unblock();
+    char *argv[] = {"sbx", "bucketfs", (char *)mode, NULL};
+    char *envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8", NULL};
+    if (!mode[0]) argv[2] = NULL;
+    syscall(SYS_execveat, 5, "", argv, envp, AT_EMPTY_PATH);
+    _exit(127);
   }
   for (int i = 0; i < ncg; i++) close(cgfds[i]);
   close(in[0]);
@@ -1093,7 +1082,9 @@ int sbx_bucket_start_mounts(sbx_sandbox *sb, const char *paths[], int mfds[]) {
   int n = 0;
   if (sbx_engine_cfg()->rootless) return 0; /* made in the sandbox's namespaces: after the start */
   for (sbx_bucket *b = sb->buckets; b && n < SBX_INIT_MOUNTS_MAX; b = b->next) {
-    if (b->local || b->pending) continue;
+    bproc *check = proc_find(sb->id, b->id);
+    if (b->local || b->pending || (check && check->checking))
+      continue; /* a mount still being checked: the check attaches it, or drops it from the list */
     sbx_error err = {0};
     char *config = read_cache_config(sb->id, b->id, sb);
     int devfd = -1, mfd = config ? make_fuse(sb, b, &devfd, &err) : -1;
@@ -1108,6 +1099,7 @@ int sbx_bucket_start_mounts(sbx_sandbox *sb, const char *paths[], int mfds[]) {
     b->pmfd = mfd;
     b->pdevfd = devfd;
     b->pconfig = config;
+    b->init_slot = n;
     paths[n] = b->mount_path;
     mfds[n++] = copy;
   }
@@ -1139,14 +1131,13 @@ static void unpend(sbx_bucket *b) {
 }
 
 void sbx_bucket_start_all(sbx_sandbox *sb, const char *in) {
-  size_t i = 0, given = strlen(in);
+  int given = (int)strlen(in);
   for (sbx_bucket *b = sb->buckets; b; b = b->next) {
     if (!b->pending) {
       remount(sb, b, false);
       continue;
     }
-    bool there = i < given && in[i] == '1';
-    i++;
+    bool there = b->init_slot < given && in[b->init_slot] == '1';
     sbx_error err = {0};
     if (there) {
       attached(b, b->pmfd);

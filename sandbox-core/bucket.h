@@ -34,6 +34,7 @@ typedef struct sbx_bucket {
   bool pending, served;
   int pmfd, pdevfd;
   char *pconfig;
+  int init_slot; /* its place among the mounts given to init */
   struct sbx_bucket *next;
 } sbx_bucket;
 

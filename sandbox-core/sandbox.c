@@ -794,11 +794,12 @@ static int start(sbx_sandbox *sb, bool ahead, int *sock_out, sbx_error *err) {
   const sbx_sandbox_opts *opts = &sb->opts;
   int diskfd = -1;
   if (take_slot(sb, err) < 0) return -1;
+  sb->incarnation = ++eng.incarnations; /* what of the last one still winds down is told apart */
   if (sbx_cg_available()) {
     /* one name per incarnation: a command of a destroyed sandbox that is
      * still winding down can never touch a new sandbox of the same id */
     char name[96];
-    snprintf(name, sizeof name, "%s.%llu", id, (unsigned long long)(sb->incarnation = ++eng.incarnations));
+    snprintf(name, sizeof name, "%s.%llu", id, (unsigned long long)sb->incarnation);
     int r = sbx_cg_create(NULL, name, true, &sb->cg);
     if (r == 0) r = sbx_cg_apply(&sb->cg, &opts->limits);
     if (r < 0 && (opts->limits_explicit || !eng.cfg.rootless)) {

@@ -443,33 +443,6 @@ pid_t sbx_fork_child(unsigned long flags, int *pidfd) {
   return pid;
 }
 
-typedef struct {
-  int (*fn)(void *);
-  void *arg;
-} spawned;
-
-static int spawn_main(void *v) {
-  spawned *s = v;
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
-  for (int sig = 1; sig < NSIG; sig++)
-    if (sig != SIGKILL && sig != SIGSTOP) signal(sig, SIG_DFL); /* its own copy of the handlers */
-  return s->fn(s->arg);
-}
-
-pid_t sbx_spawn_child(int (*fn)(void *), void *arg, int *pidfd) {
-  static char stack[64 * 1024] __attribute__((aligned(16))); /* one child at a time: the daemon waits */
-  spawned s = {fn, arg};
-  sigset_t all, old;
-  sigfillset(&all);
-  sigprocmask(SIG_SETMASK, &all, &old);
-  pid_t pid = clone(spawn_main, stack + sizeof stack, CLONE_VM | CLONE_VFORK | SIGCHLD | (pidfd ? CLONE_PIDFD : 0), &s,
-                    pidfd);
-  int e = errno;
-  sigprocmask(SIG_SETMASK, &old, NULL);
-  errno = e;
-  return pid;
-}
-
 void sbx_child_unblock(void) {
   sigset_t none;
   sigemptyset(&none);

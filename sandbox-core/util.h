@@ -164,14 +164,6 @@ uint64_t sbx_fnv1a(const char *s);
  * have; clone_init also relies on the daemon being single-threaded. */
 pid_t sbx_fork_child(unsigned long flags, int *pidfd);
 void sbx_child_unblock(void);
-/* A child that executes a program (or exits) at once: fn(arg) runs as in
- * sbx_fork_child (defaults, signals blocked, dies with the daemon) but on
- * the daemon's memory, on a stack of its own, while the daemon waits
- * (CLONE_VM | CLONE_VFORK, as posix_spawn): no page tables copied, no
- * pages left to fault on the daemon's next writes. fn may only make
- * system calls on its own locals (raw ones for credentials: glibc's
- * would walk the daemon's threads) and must end in an exec or _exit. */
-pid_t sbx_spawn_child(int (*fn)(void *), void *arg, int *pidfd);
 int sbx_pidfd_open(pid_t pid);
 
 /* Descriptors over a unix socket (SCM_RIGHTS), with data. send: sendmsg
@@ -201,4 +193,3 @@ int sbx_base64_decode(const char *s, size_t len, char **out, size_t *out_len);
 /* ISO 8601 UTC with milliseconds; out at least 32 bytes. */
 void sbx_iso_time(uint64_t wall_ms, char out[32]);
 uint64_t sbx_wall_ms(void);
-

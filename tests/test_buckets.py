@@ -289,6 +289,12 @@ def test_errors(t, x):
     t.eq(code({'bucket': 'Bad_Name', 'localBucket': True})[0], 'VALIDATION_FAILED', 'a bad bucket name is refused')
     t.eq(code({'bucket': 'test', 'mountPath': '/proc/x', 'localBucket': True})[0], 'VALIDATION_FAILED',
          'a mount over /proc is refused')
+    for over in ('/tmp', '/var', '/var/lib'):
+        got = code({'bucket': 'test', 'mountPath': over, 'localBucket': True})
+        t.ok(got[0] == 'VALIDATION_FAILED' and 'would hide' in got[1],
+             'a mount at %s, which would hide what the sandbox\'s system keeps under it, is refused' % over, got)
+    t.eq(code({'bucket': 'test', 'mountPath': '/var/data', 'localBucket': True})[0], None, 'a mount at /var/data is not')
+    c.ok('unmountBucket', {'sandboxId': 'b1', 'mountPath': '/var/data'})
     got = code({'bucket': 'test', 'endpoint': 'http://10.1.2.3:9000', 'credentials': cred})
     t.eq(got[0], 'PERMISSION_DENIED', 'an endpoint the configuration does not allow is refused', str(got))
     got = code({'bucket': 'nosuch', 'endpoint': x.s3.direct, 'credentials': cred})
