@@ -50,6 +50,11 @@ static struct {
 static void stop_view(void);
 static void log_warning(const char *msg) { fprintf(stderr, "sbx daemon: %s\n", msg); }
 
+static void warn_sandbox(const char *id, const char *msg) {
+  log_warning(msg);
+  mcp_broadcast_log("warning", id, "%s", msg);
+}
+
 static void client_closed(uv_handle_t *h) {
   client *c = h->data;
   if (c->conn) mcp_conn_close(c->conn); /* here, not inside whatever was sending */
@@ -537,7 +542,7 @@ int sbx_daemon_main(const char *http_addr, bool http_allow_remote, const char *m
     setrlimit(RLIMIT_NOFILE, &nofile);
   }
   sbx_engine_config cfg = {.state_dir = d.paths.state, .runtime_dir = d.paths.runtime, .rootless = geteuid() != 0,
-                           .max_sandboxes = conf.max_sandboxes, .default_limits = conf.limits, .warn = log_warning,
+                           .max_sandboxes = conf.max_sandboxes, .default_limits = conf.limits, .warn = log_warning, .warn_sandbox = warn_sandbox,
                            .loop = uv_default_loop(), .on_change = view_changed};
   sbx_error e = {0};
   if (sbx_engine_init(&cfg, &e) < 0) {

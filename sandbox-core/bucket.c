@@ -260,6 +260,7 @@ static void local_dir(const char *bucket, char *out, size_t len) {
 }
 
 static void warn(const char *fmt, ...) SBX_PRINTF(1, 2);
+static void warn_sandbox(const char *id, const char *fmt, ...) SBX_PRINTF(2, 3);
 static void warn(const char *fmt, ...) {
   const sbx_engine_config *c = sbx_engine_cfg();
   if (!c->warn) return;
@@ -269,6 +270,19 @@ static void warn(const char *fmt, ...) {
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
   c->warn(msg);
+}
+
+/* A mount a sandbox did not get back: its clients hear of it too (files
+ * written there meanwhile land on the sandbox's own disk). */
+static void warn_sandbox(const char *id, const char *fmt, ...) {
+  const sbx_engine_config *c = sbx_engine_cfg();
+  char msg[1200];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (c->warn_sandbox) c->warn_sandbox(id, msg);
+  else if (c->warn) c->warn(msg);
 }
 
 static void remove_cache(const char *sandbox, const char *id) {
@@ -596,6 +610,7 @@ typedef struct bproc {
   void *ud;
   waiter *waiters;  /* told when it exits (unmountBucket) */
   bool checking, flush_only, exited;
+  bool counted; /* --check: in its sandbox's running count until it answers */
   int handles;
   struct bproc *next;
 } bproc;
@@ -665,6 +680,9 @@ static void forget_spec(const char *sandbox, const char *id) {
 static void check_answered(bproc *p, const sbx_error *err) {
   if (!p->checking) return;
   p->checking = false;
+  sbx_sandbox *sb = p->counted ? sbx_sandbox_find(p->sandbox) : NULL;
+  if (sb && sb->running > 0) sb->running--;
+  p->counted = false;
   if (err) forget_spec(p->sandbox, p->id);
   if (p->mfd >= 0) close(p->mfd); /* attached by now, or never to be */
   p->mfd = -1;
@@ -754,7 +772,7 @@ static void proc_exited(uv_poll_t *h, int status, int events) {
       warn("bucket server of %s:%s ended (status %d); mounting it again", p->sandbox, b->mount_path, code);
       remount(sb, b, true);
     } else {
-      warn("bucket server of %s:%s keeps ending (status %d); left unmounted", p->sandbox, b->mount_path, code);
+      warn_sandbox(p->sandbox, "bucket server of %s:%s keeps ending (status %d); left unmounted", p->sandbox, b->mount_path, code);
     }
   }
   proc_close(p);
@@ -1054,13 +1072,14 @@ static int mount_local(sbx_sandbox *sb, sbx_bucket *b, sbx_error *err) {
 static void remount(sbx_sandbox *sb, sbx_bucket *b, bool replace) {
   sbx_error err = {0};
   if (b->local) {
-    if (mount_local(sb, b, &err) < 0) warn("bucket %s at %s:%s: %s", b->bucket, sb->id, b->mount_path, err.message);
+    if (mount_local(sb, b, &err) < 0)
+      warn_sandbox(sb->id, "bucket %s at %s:%s is not mounted: %s", b->bucket, sb->id, b->mount_path, err.message);
     return;
   }
   char *config = read_cache_config(sb->id, b->id, sb);
   if (!config) {
-    warn("bucket %s at %s:%s: its configuration is gone from the state dir; unmountBucket and mount it again",
-         b->bucket, sb->id, b->mount_path);
+    warn_sandbox(sb->id, "bucket %s at %s:%s is not mounted: its configuration is gone from the state dir; unmountBucket "
+                 "and mount it again", b->bucket, sb->id, b->mount_path);
     return;
   }
   if (replace) detach(sb, b, NULL); /* the dead server's mount answers "not connected": detach it */
@@ -1075,7 +1094,7 @@ static void remount(sbx_sandbox *sb, sbx_bucket *b, bool replace) {
     if (run_helper(sb, &h, NULL, &err) == 0) attached(b, mfd); /* on failure the mount goes with mfd, and its server ends */
   }
   if (mfd >= 0) close(mfd);
-  if (err.code) warn("bucket %s at %s:%s: %s", b->bucket, sb->id, b->mount_path, err.message);
+  if (err.code) warn_sandbox(sb->id, "bucket %s at %s:%s is not mounted: %s", b->bucket, sb->id, b->mount_path, err.message);
 }
 
 int sbx_bucket_start_mounts(sbx_sandbox *sb, const char *paths[], int mfds[]) {
@@ -1133,6 +1152,8 @@ static void unpend(sbx_bucket *b) {
 void sbx_bucket_start_all(sbx_sandbox *sb, const char *in) {
   int given = (int)strlen(in);
   for (sbx_bucket *b = sb->buckets; b; b = b->next) {
+    bproc *check = proc_find(sb->id, b->id);
+    if (check && check->checking) continue; /* the check attaches it, or drops it from the list */
     if (!b->pending) {
       remount(sb, b, false);
       continue;
@@ -1147,7 +1168,7 @@ void sbx_bucket_start_all(sbx_sandbox *sb, const char *in) {
     }
     bool served = b->served;
     unpend(b); /* not attached: the mount goes with its fd, and its server ends */
-    if (err.code) warn("bucket %s at %s:%s: %s", b->bucket, sb->id, b->mount_path, err.message);
+    if (err.code) warn_sandbox(sb->id, "bucket %s at %s:%s is not mounted: %s", b->bucket, sb->id, b->mount_path, err.message);
     else if (!served) remount(sb, b, there); /* no server (or it died already): all of it again */
   }
 }
@@ -1227,6 +1248,8 @@ int sbx_bucket_mount(sbx_sandbox *sb, const sbx_bucket_req *r, sbx_bucket_cb cb,
   p->cb = cb;
   p->ud = ud;
   p->incarnation = sb->incarnation;
+  sb->running++; /* not idle while its mount is being checked: a reset would leave it half made */
+  p->counted = true;
   uv_timer_start(&p->timer, check_timeout, CHECK_TIMEOUT_MS, 0);
   drop(sb, stale); /* the new one takes its place */
   b->next = sb->buckets; /* in the record now; taken out again if the check fails */
@@ -1280,6 +1303,8 @@ int sbx_bucket_unmount(sbx_sandbox *sb, const char *mount_path, sbx_bucket_cb cb
 /* ---- lifecycle ------------------------------------------------------------------ */
 
 void sbx_bucket_free_all(sbx_sandbox *sb) {
+  for (bproc *p = procs; p; p = p->next)
+    if (!strcmp(p->sandbox, sb->id)) p->counted = false; /* its count goes with it */
   while (sb->buckets) {
     sbx_bucket *b = sb->buckets;
     sb->buckets = b->next;

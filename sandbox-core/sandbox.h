@@ -103,6 +103,9 @@ typedef struct sbx_engine_config {
   int max_sandboxes;
   sbx_limits default_limits;
   void (*warn)(const char *msg); /* what the daemon's log should hear of */
+  /* what the daemon's log and its clients should hear of a sandbox (a
+   * bucket mount it did not get back); NULL: warn alone */
+  void (*warn_sandbox)(const char *id, const char *msg);
   uv_loop_t *loop;               /* starts and teardowns finish on it */
   /* a sandbox was "created", "started", "reset" or "destroyed" (for the
    * FUSE view; may be NULL) */

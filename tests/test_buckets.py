@@ -487,6 +487,38 @@ def test_reset_keeps_bucket(t, x):
     t.eq(r['stdout'], want + '\nb\n', 'the bucket\'s file is intact byte for byte; the file outside it is gone')
 
 
+def test_no_reset_while_checked(t, x):
+    """A sandbox whose mountBucket is still waiting for the bucket is not
+    idle: a reset then would leave the mount half made (attached by the
+    wake, dropped from the record by the check's failure)."""
+    c = x.c
+    c.ok('createSandbox', {'sandboxId': 'chk', 'sleepAfter': '1s'})
+    c.sh('true', sandbox='chk')
+    reset = lambda m: m.get('method') == 'notifications/message' and m['params']['data'].get('sandboxId') == 'chk'
+    node = x.s3.node
+    os.kill(node.pid, signal.SIGSTOP)  # the bucket answers nothing until it is continued
+    try:
+        c.send({'jsonrpc': '2.0', 'id': 'chk-mount', 'method': 'tools/call',
+                'params': {'name': 'mountBucket', 'arguments': {
+                    'sandboxId': 'chk', 'bucket': 'test', 'mountPath': '/workspace/bk', 'prefix': 'chk',
+                    'endpoint': x.s3.endpoint, 'credentials': {'accessKeyId': AK, 'secretAccessKey': SK}}}})
+        try:  # three sweeps past its sleepAfter: a reset would have been told by now
+            got = c.next(reset, 4)
+        except Fail:
+            got = None
+        t.eq(got, None, 'no idle reset while its mountBucket waits for the bucket')
+    finally:
+        os.kill(node.pid, signal.SIGCONT)
+    r = c.next(lambda m: m.get('id') == 'chk-mount', 60)
+    t.ok(not r['result'].get('isError'), 'the mount is made once the bucket answers', r)
+    c.sh('echo kept > /workspace/bk/k', sandbox='chk')
+    x.s3.wait_object('test', 'chk/k', b'kept\n')
+    c.next(reset, 30)
+    t.ok(True, 'and once it answered, the sandbox goes idle as usual')
+    r = c.sh('cat /workspace/bk/k', sandbox='chk')
+    t.eq((r.get('reset'), r['stdout']), (True, 'kept\n'), 'its bucket is there after the reset')
+
+
 def test_restart_kill9(t, x):
     c = x.c
     c.ok('createSandbox', {'sandboxId': 'rs'})
@@ -522,6 +554,10 @@ def test_restart_stop(t, x):
     shutil.rmtree(os.path.join(x.env.state, 'bucket-cache', 'st'))
     r = c.sh('grep -c " /data " /proc/self/mounts || true', sandbox='st', wait=60)
     t.eq(r['stdout'].strip(), '0', 'a mount whose configuration is gone does not come back')
+    told = c.next(lambda m: m.get('method') == 'notifications/message' and
+                  m['params']['data'].get('sandboxId') == 'st' and 'is not mounted' in m['params']['data'].get('message', ''), 30)
+    t.ok('/data' in told['params']['data']['message'] and told['params']['level'] == 'warning',
+         'and its clients are told, with the mount named', told)
     x.mount('/data', sandbox='st', prefix='st')
     t.eq(c.sh('cat /data/g', sandbox='st')['stdout'], 'after\n', 'and mountBucket mounts it again')
 
@@ -1422,7 +1458,7 @@ def test_destroy_cleans_up(t, x):
 
 if __name__ == '__main__':
     sys.exit(run_tests([test_mount_write_read, test_names_not_utf8, test_object_grows_while_open, test_signatures, test_fsync_means_in_bucket, test_secrets_never_shown,
-                        test_errors, test_read_only, test_server_cpu_bounded, test_fsyncs_hold_no_thread, test_hung_bucket_stalls_nobody, test_local_bucket, test_local_bucket_prefix, test_local_bucket_quota, test_reset_keeps_bucket, test_restart_kill9, test_restart_stop,
+                        test_errors, test_read_only, test_server_cpu_bounded, test_fsyncs_hold_no_thread, test_hung_bucket_stalls_nobody, test_local_bucket, test_local_bucket_prefix, test_local_bucket_quota, test_reset_keeps_bucket, test_no_reset_while_checked, test_restart_kill9, test_restart_stop,
                         test_crash_of_bucket_server, test_daemon_killed_during_writes, test_outage, test_outage_names_bounded, test_removed_stays_removed, test_open_unlinked_files, test_crash_during_outage, test_syscall_suite,
                         test_view_shows_bucket, test_unmount, test_cache_cap, test_forgotten_files_stay_cached, test_mounts_by_identity, test_mounts_bounded, test_more_files_than_fds, test_big_directory, test_dir_handles_bounded, test_cold_directory, test_tree_listing, test_listing_that_never_ends,
                         test_hostile_keys_and_bodies, test_listings_bounded,
