@@ -38,7 +38,7 @@ static struct {
 static pthread_once_t cu_once = PTHREAD_ONCE_INIT;
 
 static void cu_load(void) {
-  void *l = dlopen("libcurl.so.4", RTLD_NOW | RTLD_LOCAL);
+  void *l = dlopen(SBX_LIBCURL, RTLD_NOW | RTLD_LOCAL);
   if (!l) {
     snprintf(cu.why, sizeof cu.why, "%s", dlerror());
     return;
@@ -55,7 +55,7 @@ static void cu_load(void) {
   for (size_t i = 0; i < SBX_ARRAY_SIZE(syms); i++) {
     void *f = dlsym(l, syms[i].name);
     if (!f) {
-      snprintf(cu.why, sizeof cu.why, "libcurl.so.4 has no %s", syms[i].name);
+      snprintf(cu.why, sizeof cu.why, SBX_LIBCURL " has no %s", syms[i].name);
       return;
     }
     memcpy((char *)&cu + syms[i].off, &f, sizeof f);

@@ -259,21 +259,10 @@ static void local_dir(const char *bucket, char *out, size_t len) {
   snprintf(out, len, "%s/buckets/%s", sbx_engine_cfg()->state_dir, bucket);
 }
 
-static void warn(const char *fmt, ...) SBX_PRINTF(1, 2);
+/* What the daemon's log hears of; with id, the sandbox's clients too (a
+ * mount it did not get back: files written there meanwhile land on its
+ * own disk). */
 static void warn_sandbox(const char *id, const char *fmt, ...) SBX_PRINTF(2, 3);
-static void warn(const char *fmt, ...) {
-  const sbx_engine_config *c = sbx_engine_cfg();
-  if (!c->warn) return;
-  char msg[1200];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  c->warn(msg);
-}
-
-/* A mount a sandbox did not get back: its clients hear of it too (files
- * written there meanwhile land on the sandbox's own disk). */
 static void warn_sandbox(const char *id, const char *fmt, ...) {
   const sbx_engine_config *c = sbx_engine_cfg();
   char msg[1200];
@@ -281,7 +270,7 @@ static void warn_sandbox(const char *id, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  if (c->warn_sandbox) c->warn_sandbox(id, msg);
+  if (id && c->warn_sandbox) c->warn_sandbox(id, msg);
   else if (c->warn) c->warn(msg);
 }
 
@@ -769,7 +758,7 @@ static void proc_exited(uv_poll_t *h, int status, int events) {
   } else if (b && !clean && !p->flush_only && sb->incarnation == p->incarnation && sbx_sandbox_alive(sb)) {
     /* the server died under a live mount: a new one takes over its journal */
     if (may_restart(p->sandbox, p->id)) {
-      warn("bucket server of %s:%s ended (status %d); mounting it again", p->sandbox, b->mount_path, code);
+      warn_sandbox(NULL, "bucket server of %s:%s ended (status %d); mounting it again", p->sandbox, b->mount_path, code);
       remount(sb, b, true);
     } else {
       warn_sandbox(p->sandbox, "bucket server of %s:%s keeps ending (status %d); left unmounted", p->sandbox, b->mount_path, code);
@@ -1321,7 +1310,7 @@ static void flush(const char *sandbox, const char *id) {
   explicit_bzero(config, strlen(config));
   free(config);
   if (p) p->flush_only = true;
-  else warn("bucket cache %s/%s: %s", sandbox, id, err.message);
+  else warn_sandbox(NULL, "bucket cache %s/%s: %s", sandbox, id, err.message);
 }
 
 void sbx_bucket_destroyed(sbx_sandbox *sb) {

@@ -184,15 +184,13 @@ int sbx_doctor(FILE *out) {
                         "once mounted) and takes requests on rings of the CPUs their callers run on; -o nouring does not"
                       : "off: root can turn it on (echo Y > " SBX_FUSE_ENABLE_URING "); the view reads /dev/fuse");
   }
-  /* loaded by bucket servers when they start (fuse-mount/s3.c), not linked */
-  void *curl = dlopen("libcurl.so.4", RTLD_LAZY | RTLD_LOCAL);
-  char curl_why[300];
-  snprintf(curl_why, sizeof curl_why, "libcurl.so.4 cannot be loaded (Debian package libcurl4): no S3 bucket mounts, local "
-           "buckets work (%s)", curl ? "" : dlerror());
   /* optional: local buckets work without it */
-  fprintf(out, "%-4s %-22s %s\n", curl ? "ok" : "--", "S3 client",
-          curl ? "libcurl.so.4 loads: S3/R2 bucket mounts work" : curl_why);
+  void *curl = dlopen(SBX_LIBCURL, RTLD_LAZY | RTLD_LOCAL);
+  char curl_says[300] = SBX_LIBCURL " loads: S3/R2 bucket mounts work";
   if (curl) dlclose(curl);
+  else snprintf(curl_says, sizeof curl_says, SBX_LIBCURL " cannot be loaded (Debian package libcurl4): no S3 bucket "
+                "mounts, local buckets work (%s)", dlerror());
+  fprintf(out, "%-4s %-22s %s\n", curl ? "ok" : "--", "S3 client", curl_says);
   bool pidfd = probe_pidfd();
   LINE(pidfd, "pidfd", pidfd ? "processes supervised by pidfd on the event loop" : "missing: sbx needs Linux >= 5.3");
   const char *why = NULL;

@@ -179,6 +179,8 @@ ssize_t sbx_recv_fds(int sock, void *data, size_t len, int *fds, int max, int *n
  * fd of the last, or -1 with errno (ELOOP: a symlink, EXDEV: another
  * mount). */
 int sbx_walk_mkdir(int dfd, const char *path);
+/* S3 bucket servers load it when they first need it (fuse-mount/s3.c) */
+#define SBX_LIBCURL "libcurl.so.4"
 /* Whether pid is a live sbx daemon (not gone, not a zombie, not reused). */
 bool sbx_daemon_alive(pid_t pid);
 int sbx_pidfd_send_signal(int pidfd, int sig);
