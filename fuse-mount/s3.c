@@ -285,7 +285,7 @@ static size_t on_read(char *p, size_t sz, size_t n, void *ud) {
   return (size_t)k;
 }
 
-static void url_for(const s3_conf *c, const char *key, const char *query, char *out, size_t len) {
+void s3_url(const s3_conf *c, const char *key, const char *query, char *out, size_t len) {
   char enc[4096];
   s3_uri_encode(key ? key : "", true, enc, sizeof enc);
   const char *sep = query && *query ? "?" : "";
@@ -363,7 +363,7 @@ static int perform(const s3_conf *c, const req *q, resp *r, s3_err *e) {
     return -1;
   }
   char url[8192];
-  url_for(c, q->key, q->query, url, sizeof url);
+  s3_url(c, q->key, q->query, url, sizeof url);
   for (int attempt = 0;; attempt++) {
     CURL *h = t->curl;
     cu.easy_reset(h);

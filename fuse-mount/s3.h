@@ -49,6 +49,9 @@ typedef struct s3_err {
  * address, reached without a proxy). Uploads from a file are sent
  * UNSIGNED-PAYLOAD there. */
 bool s3_body_protected(const s3_conf *c);
+/* A request's URL: endpoint/bucket/key path-style, else the virtual host
+ * bucket.host/key; key URI-encoded, query (already encoded) after '?'. */
+void s3_url(const s3_conf *c, const char *key, const char *query, char *out, size_t len);
 
 /* A listing entry: a key (relative to the listed prefix) or, for is_dir, a
  * common prefix without its trailing delimiter. etag: s3_etag_hash of the

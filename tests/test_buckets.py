@@ -270,6 +270,10 @@ def test_secrets_never_shown(t, x):
         t.ok(st.st_mode & 0o777 == 0o600 and st.st_uid == 0, '%s is root\'s, 0600' % os.path.basename(h))
     r = c.ok('listSandboxes')
     t.ok(SECRET not in json.dumps(r), 'listSandboxes shows no secret')
+    out = x.env.run(['doctor']).stdout.decode()
+    # (s3rver's key id and secret are the same word: the masked field is what tells)
+    t.ok('"loopback"' in out and '"allowedEndpoints"' in out and '"secretAccessKey": "********"' in out,
+         'sbx doctor prints the bucket configuration in force, the profile\'s secret masked', out[-800:])
     # the server: not root, not dumpable
     for pid in bucketfs_pids(x):
         st = open('/proc/%d/status' % pid).read()

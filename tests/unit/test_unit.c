@@ -4,6 +4,7 @@
 #include "../../fuse-mount/sha256.h"
 #include "../../mcp-server/framing.h"
 #include "../../mcp-server/schema.h"
+#include "../../sandbox-core/bucket.h"
 #include "../../sandbox-core/cgroup.h"
 #include "../../sandbox-core/config.h"
 #include "../../sandbox-core/exec.h"
@@ -496,6 +497,38 @@ static void test_s3_body_protected(void) {
   }
 }
 
+static void test_s3_url(void) {
+  char url[1024];
+  s3_conf c = {.endpoint = "http://127.0.0.1:9000", .bucket = "test", .path_style = true};
+  s3_url(&c, "dir/a b.txt", "", url, sizeof url);
+  OK(!strcmp(url, "http://127.0.0.1:9000/test/dir/a%20b.txt"), "s3: a path-style URL: endpoint/bucket/key (%s)", url);
+  c = (s3_conf){.endpoint = "https://s3.eu-west-1.amazonaws.com", .bucket = "logs"};
+  s3_url(&c, "x/y", "list-type=2", url, sizeof url);
+  OK(!strcmp(url, "https://logs.s3.eu-west-1.amazonaws.com/x/y?list-type=2"),
+     "s3: a virtual-host URL: bucket.host/key, the query after it (%s)", url);
+  /* which style a mount gets: AWS by virtual host (but for a bucket with a
+   * dot, which its certificate would not cover), every other endpoint
+   * (R2, MinIO, this host's) by path */
+  static const struct {
+    const char *endpoint, *bucket;
+    bool path_style;
+    const char *region; /* when the request names none */
+  } cases[] = {{"https://s3.eu-west-1.amazonaws.com", "logs", false, "eu-west-1"},
+               {"https://s3.us-east-1.amazonaws.com", "my.logs", true, "us-east-1"},
+               {"https://abc.r2.cloudflarestorage.com", "logs", true, "auto"}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    sbx_bucket_req r = {.bucket = cases[i].bucket, .mount_path = "/workspace/b", .endpoint = cases[i].endpoint,
+                        .access_key = "AKIAEXAMPLE", .secret_key = "secret", .local = -1};
+    sbx_bucket b = {0};
+    char ak[256], sk[256];
+    sbx_error err = {0};
+    int rc = sbx_bucket_prepare(&r, &b, ak, sk, &err);
+    OK(rc == 0 && b.path_style == cases[i].path_style && !strcmp(b.region, cases[i].region),
+       "s3: bucket %s at %s is mounted %s, region %s (%s)", cases[i].bucket, cases[i].endpoint,
+       cases[i].path_style ? "path-style" : "by virtual host", cases[i].region, err.message);
+  }
+}
+
 static void test_s3_etag_hash(void) {
   uint64_t h = s3_etag_hash("\"9b2cf535f27731c974343645a3985328\"");
   OK(h != 0, "s3: an ETag hashes to a number that is not 0");
@@ -514,6 +547,7 @@ int main(void) {
   test_sha256();
   test_s3_body_protected();
   test_s3_etag_hash();
+  test_s3_url();
   test_headtail();
   test_utf8();
   test_misc();
