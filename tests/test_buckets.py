@@ -30,7 +30,8 @@ class Ctx:
             json.dump({'buckets': {
                 'localMB': 16600,  # test_local_bucket's 8192 and test_local_bucket_quota's 64, then no more of 9000
                 # 2130706433 is 127.0.0.1 in a spelling sbx does not take for this host
-                'allowedEndpoints': ['http://127.0.0.1:', 'http://sbx-test.invalid', 'http://2130706433:'],
+                'allowedEndpoints': ['http://127.0.0.1:', 'https://127.0.0.1:', 'http://sbx-test.invalid',
+                                     'http://2130706433:'],
                 'profiles': {'loopback': {'endpoint': self.s3.endpoint, 'accessKeyId': AK,
                                           'secretAccessKey': SK}}}}, f)
         self.env.env['SBX_CONFIG'] = cfg
@@ -307,6 +308,9 @@ def test_errors(t, x):
     t.ok(got[0] == 'MOUNT_FAILED' and 'connect' in got[1].lower(), 'a dead endpoint: MOUNT_FAILED, connect', got)
     got = code({'bucket': 'test', 'endpoint': 'http://sbx-test.invalid', 'credentials': cred})
     t.ok(got[0] == 'MOUNT_FAILED' and 'DNS' in got[1], 'a name that does not resolve: MOUNT_FAILED, DNS', got)
+    got = code({'bucket': 'test', 'endpoint': 'https://127.0.0.1:%d' % x.s3.port, 'credentials': cred})
+    t.ok(got[0] == 'MOUNT_FAILED' and 'TLS' in got[1], 'an endpoint whose TLS fails (plain HTTP there): MOUNT_FAILED, TLS',
+         got)
     got = code({'bucket': 'test', 'endpoint': x.s3.endpoint, 'credentials': {'accessKeyId': AK, 'secretAccessKey': 'wrong'}})
     t.ok(got[0] == 'MOUNT_FAILED' and '403' in got[1] and 'wrong' not in got[1],
          'a bad secret: MOUNT_FAILED with the 403, not the secret', got)
