@@ -600,6 +600,7 @@ typedef struct bproc {
   waiter *waiters;  /* told when it exits (unmountBucket) */
   bool checking, flush_only, exited;
   bool counted; /* --check: in its sandbox's running count until it answers */
+  bool refused; /* --check: the bucket did not mount */
   int handles;
   struct bproc *next;
 } bproc;
@@ -672,6 +673,7 @@ static void check_answered(bproc *p, const sbx_error *err) {
   sbx_sandbox *sb = p->counted ? sbx_sandbox_find(p->sandbox) : NULL;
   if (sb && sb->running > 0) sb->running--;
   p->counted = false;
+  p->refused = err != NULL;
   if (err) forget_spec(p->sandbox, p->id);
   if (p->mfd >= 0) close(p->mfd); /* attached by now, or never to be */
   p->mfd = -1;
@@ -755,6 +757,8 @@ static void proc_exited(uv_poll_t *h, int status, int events) {
     remove_cache(p->sandbox, p->id); /* unmounted or destroyed, and all of it is in the bucket */
   } else if (!b && p->flush_only && code == 0 && !proc_find(p->sandbox, p->id)) {
     remove_cache(p->sandbox, p->id);
+  } else if (!b && p->refused && !proc_find(p->sandbox, p->id) && journal_empty(p->sandbox, p->id)) {
+    remove_cache(p->sandbox, p->id); /* a mount that never was: its cache counted against the sandbox's 8 */
   } else if (b && !clean && !p->flush_only && sb->incarnation == p->incarnation && sbx_sandbox_alive(sb)) {
     /* the server died under a live mount: a new one takes over its journal */
     if (may_restart(p->sandbox, p->id)) {

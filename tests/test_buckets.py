@@ -291,6 +291,9 @@ def test_errors(t, x):
         return res['structuredContent'].get('error', {}).get('code'), res['structuredContent'].get('error', {}).get('message', '')
 
     cred = {'accessKeyId': AK, 'secretAccessKey': SK}
+    caches = os.path.join(x.env.state, 'bucket-cache', 'b1')
+    kept = lambda: set(os.listdir(caches)) if os.path.isdir(caches) else set()
+    before = kept()
     t.eq(code({'bucket': 'Bad_Name', 'localBucket': True})[0], 'VALIDATION_FAILED', 'a bad bucket name is refused')
     t.eq(code({'bucket': 'test', 'mountPath': '/proc/x', 'localBucket': True})[0], 'VALIDATION_FAILED',
          'a mount over /proc is refused')
@@ -318,6 +321,9 @@ def test_errors(t, x):
     t.eq(got[0], 'VALIDATION_FAILED', 'an unknown profile is refused')
     r = c.sh('ls -d /err 2>&1 || true')
     t.ok('No such file' in r['stdout'] or r['stdout'].strip() == '/err', 'failed mounts leave nothing mounted', r)
+    # (a sandbox has at most 8 caches: those of failed mounts stayed, and 8 failures refused every mount after)
+    wait_until(lambda: kept() <= before, 30, 'the caches of the failed mounts to go')
+    t.ok(True, 'and no cache: the failed attempts do not count against the sandbox\'s mounts')
     r = c.ok('listSandboxes')
     # a symlinked mountPath cannot lead the mount elsewhere
     c.sh('mkdir -p /workspace/real && ln -sfn /etc /workspace/link')
