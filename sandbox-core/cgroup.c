@@ -1,5 +1,6 @@
 #define _GNU_SOURCE
 #include "cgroup.h"
+#include "spawner.h"
 #include "util.h"
 
 #include <dirent.h>
@@ -302,8 +303,8 @@ static bool spare_take(const char *dir) {
 /* Keeps the memory cgroup of a sandbox that is gone as a spare: renamed at
  * once (its name is never seen again) and emptied by a child of its own,
  * since the kernel drains every CPU's page lists for it, milliseconds the
- * daemon's loop does not wait for. A child, not a thread: see
- * sbx_fork_child. false: remove it as usual. */
+ * daemon's loop does not wait for. A child, not a thread (see
+ * sbx_fork_child), of the spawner's (spawner.h). false: remove it as usual. */
 static bool spare_keep(int i, const char *dir) {
   spare_reap(false);
   if (cg.nspare >= SPARE_MAX || for_each_pid(dir, 0, NULL, NULL) != 0) return false;
@@ -320,13 +321,7 @@ static bool spare_keep(int i, const char *dir) {
   }
   char path[4096];
   snprintf(path, sizeof path, "%s/memory.force_empty", to);
-  pid_t pid = sbx_fork_child(0, NULL);
-  if (pid == 0) {
-    prctl(PR_SET_NAME, "sbx-cg-empty");
-    close_range(3, ~0U, 0); /* nothing of the daemon's held open meanwhile */
-    int fd = open(path, O_WRONLY | O_CLOEXEC);
-    _exit(fd >= 0 && write(fd, "0", 1) == 1 ? 0 : 1);
-  }
+  pid_t pid = sbx_spawn_write(path, "0", "sbx-cg-empty");
   if (pid < 0) {
     rmdir(to);
     free(to);

@@ -10,6 +10,7 @@
 #include "preview.h"
 #include "procfiles.h"
 #include "config.h"
+#include "spawner.h"
 
 #include <ctype.h>
 #include <dirent.h>
@@ -423,6 +424,8 @@ int sbx_engine_init(const sbx_engine_config *cfg, sbx_error *err) {
   for (struct dirent *e; d && (e = readdir(d));)
     if (!strncmp(e->d_name, "_ahead-", 7)) sbx_disk_remove(e->d_name, -1);
   if (d) closedir(d);
+  /* before the records fill the heap: see spawner.h */
+  if (eng.cfg.loop) sbx_spawner_start();
   if (eng.cfg.loop) sbx_disk_pool_start(eng.cfg.loop, eng.cfg.default_limits.disk_mb, ahead_soon);
   load_records();
   if (eng.cfg.loop) sbx_bucket_init();
@@ -455,6 +458,7 @@ void sbx_engine_shutdown(void) {
   starts.timer_ready = false;
   bury_all();
   sbx_disk_pool_stop();
+  sbx_spawner_stop();
   while (eng.list) {
     sbx_sandbox *sb = eng.list;
     sandbox_unlink(sb);
@@ -719,39 +723,6 @@ static void sandbox_free(sbx_sandbox *sb) {
 
 #define NS_FLAGS (CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWIPC)
 
-/* Credentials of the calling thread alone: the raw system calls. glibc's
- * change every thread of the process and wait for each; the daemon has no
- * other thread (util.h), and these never will. */
-static int thread_setresuid(uid_t r, uid_t e, uid_t s) { return (int)syscall(SYS_setresuid, r, e, s); }
-static int thread_setresgid(gid_t r, gid_t e, gid_t s) { return (int)syscall(SYS_setresgid, r, e, s); }
-
-/* Clones the sandbox's init into new namespaces. As root, the user
- * namespace is created while the loop thread's effective ids are the
- * sandbox's own host uid: the kernel charges per-user counts (inotify
- * instances, message queues, pending signals...) of a namespace to its
- * owner, so each sandbox gets its own instead of sharing host root's. The
- * real and saved ids stay 0 (nothing running as that uid may signal or
- * trace the daemon), and it is root again one syscall later. */
-static pid_t clone_init(sbx_sandbox *sb, const sbx_init_args *args, int sock_other, int *pidfd) {
-  uid_t u = sb->uid_base;
-  if (!eng.cfg.rootless && (thread_setresgid(-1, u, -1) < 0 || thread_setresuid(-1, u, -1) < 0)) {
-    int e = errno;
-    thread_setresgid(-1, 0, -1);
-    errno = e;
-    return -1;
-  }
-  pid_t pid = sbx_fork_child(NS_FLAGS, pidfd);
-  if (pid == 0) {
-    close(sock_other);
-    sbx_rootfs_init_main(args);
-  }
-  int e = errno;
-  if (!eng.cfg.rootless && (thread_setresuid(-1, 0, -1) < 0 || thread_setresgid(-1, 0, -1) < 0))
-    abort(); /* cannot happen: saved uid is 0 */
-  errno = e;
-  return pid;
-}
-
 /* A uid range is claimed on the host, not only in this daemon: two daemons
  * (other state directories) gave their sandboxes the same host uids. The
  * claim is an open file description lock on byte SLOT of
@@ -883,7 +854,13 @@ static int start(sbx_sandbox *sb, bool ahead, int *sock_out, sbx_error *err) {
   int bfds[SBX_INIT_MOUNTS_MAX];
   args.nmounts = ahead ? 0 : sbx_bucket_start_mounts(sb, args.mount_paths, bfds);
   /* init keeps every signal blocked: sbx-init waits for SIGCHLD with sigwaitinfo */
-  pid_t pid = clone_init(sb, &args, sv[0], &pidfd);
+  /* As root, the user namespace is created with the sandbox's own host uid
+   * as effective uid: the kernel charges per-user counts (inotify
+   * instances, message queues, pending signals...) of a namespace to its
+   * owner, so each sandbox gets its own instead of sharing host root's.
+   * The real and saved ids stay 0: nothing running as that uid may signal
+   * or trace what clones it. */
+  pid_t pid = sbx_spawn_init(&args, sv[0], NS_FLAGS, eng.cfg.rootless ? (uid_t)-1 : sb->uid_base, &pidfd);
   close(sv[1]);
   if (pid < 0) {
     int e = errno;

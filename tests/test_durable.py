@@ -132,6 +132,31 @@ def test_init_killed(t, x):
     t.eq(c.sh('echo again', sandbox='ik')['stdout'], 'again\n', 'the calls after it run as usual')
 
 
+def test_spawner_killed(t, x):
+    """The daemon's spawner (the small process that forks the sandboxes'
+    inits and helpers for it) killed from the host: every call goes on
+    working, made-ahead creates included; the inits are the daemon's own
+    children whoever forked them, and a new spawner takes over."""
+    c = x.c
+    d = x.env.daemon_pid()
+    sp = children(d, 'sbx-spawner')
+    t.eq(len(sp), 1, 'the daemon has one spawner')
+    c.ok('createSandbox', {'sandboxId': 'sp-before'})
+    t.eq(len(inits_of(d, 'sp-before')), 1, "a sandbox's init is the daemon's child")
+    os.kill(sp[0], signal.SIGKILL)
+    t.ok(wait_until(lambda: gone(sp[0]), 10, 'the spawner to go'), 'killed')
+    for i in range(3):
+        name = 'sp-after-%d' % i
+        c.ok('createSandbox', {'sandboxId': name, 'limits': {'memoryMB': 256}} if i == 1 else {'sandboxId': name})
+        t.eq(c.sh('hostname', sandbox=name)['stdout'], name + '\n', 'a create after it works (%d)' % i)
+        t.eq(len(inits_of(d, name)), 1, 'its init is the daemon\'s child (%d)' % i)
+        c.ok('destroySandbox', {'sandboxId': name})
+    t.eq(c.sh('echo still', sandbox='sp-before')['stdout'], 'still\n', 'the sandbox made before still runs')
+    after = children(d, 'sbx-spawner')
+    t.ok(len(after) == 1 and after[0] != sp[0], 'a new spawner took over', (sp, after))
+    c.ok('destroySandbox', {'sandboxId': 'sp-before'})
+
+
 def test_listed_after_restart(t, x):
     c = x.c
     c.ok('createSandbox', {'sandboxId': 'listed'})
