@@ -1,6 +1,7 @@
 """A real S3 server on loopback for the bucket tests: npm s3rver with a
 directory of its own, behind a proxy that checks every request's SigV4
 signature with botocore, and Debian's awscli to look at what is stored."""
+import atexit
 import json
 import os
 import signal
@@ -40,6 +41,10 @@ class S3:
         self.lock = threading.RLock()
         self.starts = 0
         self.crashes = []  # what s3rver said when it ended on its own
+        self.proxy = None
+        # also at a SIGTERM or SIGINT (a test's time running out): Env's
+        # handler exits through atexit
+        atexit.register(self.close)
         self.start()
         out = os.path.join(root, 'sigv4proxy.out')
         with open(out, 'w') as f:
