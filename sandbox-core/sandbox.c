@@ -425,7 +425,7 @@ int sbx_engine_init(const sbx_engine_config *cfg, sbx_error *err) {
     if (!strncmp(e->d_name, "_ahead-", 7)) sbx_disk_remove(e->d_name, -1);
   if (d) closedir(d);
   /* before the records fill the heap: see spawner.h */
-  if (eng.cfg.loop) sbx_spawner_start();
+  if (eng.cfg.loop) sbx_spawner_start(eng.cfg.loop);
   if (eng.cfg.loop) sbx_disk_pool_start(eng.cfg.loop, eng.cfg.default_limits.disk_mb, ahead_soon);
   load_records();
   if (eng.cfg.loop) sbx_bucket_init();

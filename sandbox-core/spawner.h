@@ -12,28 +12,36 @@
  * (BENCHMARKS.md, "1,000 idle sandboxes"). The spawner's heap stays what
  * it was at the start.
  *
- * When the spawner is gone (killed), the daemon forks for itself that once
- * and starts a new one: nothing but the speed depends on it. */
+ * Each child tells the daemon it exists itself, on the spawner's socket
+ * (its pid comes with the message, SO_PASSCRED): a spawner killed at any
+ * moment leaves no child the daemon does not know, and one that is gone
+ * with no child told means there is none, so the daemon forks that one
+ * for itself. A new spawner replaces one that dies: nothing but the
+ * speed depends on it. */
 #pragma once
 #include "rootfs.h"
+
+#include <uv.h>
 
 #include <stdbool.h>
 #include <sys/types.h>
 
-/* Forks the spawner; false (and the daemon forks for itself) if it
- * cannot. Call once, early. */
-bool sbx_spawner_start(void);
+/* Forks the spawner, watched on loop (a new one replaces one that dies);
+ * false (and the daemon forks for itself) if it cannot. Call once, early. */
+bool sbx_spawner_start(uv_loop_t *loop);
 void sbx_spawner_stop(void);
 
 /* Clones a sandbox's init into new namespaces (flags), running
- * sbx_rootfs_init_main(a) with init_sock (the init's end of its socket,
- * which the caller still closes). As root, euid is the effective uid and
- * gid the namespace is created with (its per-user kernel counts are the
- * sandbox's, see clone_init in sandbox.c); rootless callers pass
- * (uid_t)-1. The pid, with a pidfd in *pidfd; -1 with errno. */
-pid_t sbx_spawn_init(const sbx_init_args *a, int init_sock, unsigned long flags, uid_t euid, int *pidfd);
+ * sbx_rootfs_init_main(a): a->sock is init's end of its socket, other
+ * the daemon's end, which the child must not keep (the caller closes
+ * both as before). As root, euid is the effective uid and gid the
+ * namespace is created with, so that its per-user kernel counts are the
+ * sandbox's (see start in sandbox.c); rootless callers pass (uid_t)-1.
+ * The pid, with a pidfd in *pidfd; -1 with errno. */
+pid_t sbx_spawn_init(const sbx_init_args *a, int other, unsigned long flags, uid_t euid, int *pidfd);
 
 /* A child that writes text to path and exits 0 if the whole of it was
  * written (1 if not): a write that may take long, like memory.force_empty.
- * It holds none of the daemon's descriptors. Its pid, or -1 with errno. */
+ * It holds none of the daemon's descriptors; name is its command name.
+ * Its pid, or -1 with errno. */
 pid_t sbx_spawn_write(const char *path, const char *text, const char *name);

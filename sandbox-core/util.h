@@ -161,7 +161,7 @@ uint64_t sbx_fnv1a(const char *s);
  * not start threads of its own. With one, a child that calls setresuid or
  * setresgid (commands, bucket helpers, a rootless init) goes through
  * glibc's all-threads path and can wait forever for a thread it does not
- * have; clone_init also relies on the daemon being single-threaded. */
+ * have; the spawner (spawner.c) relies on it too. */
 pid_t sbx_fork_child(unsigned long flags, int *pidfd);
 void sbx_child_unblock(void);
 int sbx_pidfd_open(pid_t pid);

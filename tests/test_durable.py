@@ -132,29 +132,59 @@ def test_init_killed(t, x):
     t.eq(c.sh('echo again', sandbox='ik')['stdout'], 'again\n', 'the calls after it run as usual')
 
 
+def spawner_of(t, d, killed=()):
+    """The daemon's one spawner: a new one, not in killed."""
+    def new():
+        return [p for p in children(d, 'sbx-spawner') if p not in killed and not gone(p)]
+    wait_until(new, 30, 'a new spawner')
+    return new()[0]
+
+
 def test_spawner_killed(t, x):
     """The daemon's spawner (the small process that forks the sandboxes'
-    inits and helpers for it) killed from the host: every call goes on
-    working, made-ahead creates included; the inits are the daemon's own
-    children whoever forked them, and a new spawner takes over."""
+    inits for it) killed from the host, each time at the worst moment
+    (right after it cloned an init, before any answer of its own: strace
+    kills it as it enters its next system call), while creates run: every
+    create and exec works, with one init each that is the daemon's own
+    child; nothing is left unreaped; a new spawner takes over each time.
+    Before, the daemon cloned the init a second time on the same socket and
+    the create failed."""
     c = x.c
     d = x.env.daemon_pid()
-    sp = children(d, 'sbx-spawner')
-    t.eq(len(sp), 1, 'the daemon has one spawner')
+    sp = spawner_of(t, d)
     c.ok('createSandbox', {'sandboxId': 'sp-before'})
     t.eq(len(inits_of(d, 'sp-before')), 1, "a sandbox's init is the daemon's child")
-    os.kill(sp[0], signal.SIGKILL)
-    t.ok(wait_until(lambda: gone(sp[0]), 10, 'the spawner to go'), 'killed')
+    killed = []
     for i in range(3):
-        name = 'sp-after-%d' % i
-        c.ok('createSandbox', {'sandboxId': name, 'limits': {'memoryMB': 256}} if i == 1 else {'sandboxId': name})
-        t.eq(c.sh('hostname', sandbox=name)['stdout'], name + '\n', 'a create after it works (%d)' % i)
-        t.eq(len(inits_of(d, name)), 1, 'its init is the daemon\'s child (%d)' % i)
+        name = 'sp-%d' % i
+        # the spawner's next system call after its clone is a close (of the
+        # descriptors it was sent)
+        st = subprocess.Popen(['strace', '-qq', '-o', '/dev/null', '-e', 'trace=close', '-e', 'inject=close:signal=KILL',
+                               '-p', str(sp)], stderr=subprocess.PIPE)
+        try:
+            wait_until(lambda: open('/proc/%d/status' % sp).read().find('TracerPid:\t%d' % st.pid) >= 0, 30,
+                       'strace to attach')
+            # not the kind made ahead: cloned during the call
+            res, _ = c.call('createSandbox', {'sandboxId': name, 'limits': {'memoryMB': 256 + i}})
+        finally:
+            st.wait(30)
+        t.ok(gone(sp), 'the spawner was killed during the create (%d)' % i)
+        killed.append(sp)
+        t.ok(not res.get('isError'), 'the create worked (%d)' % i, res)
+        t.eq(c.sh('hostname', sandbox=name)['stdout'], name + '\n', 'its commands run (%d)' % i)
+        t.eq(len(inits_of(d, name)), 1, "it has one init, the daemon's child (%d)" % i)
+        sp = spawner_of(t, d, killed)
         c.ok('destroySandbox', {'sandboxId': name})
     t.eq(c.sh('echo still', sandbox='sp-before')['stdout'], 'still\n', 'the sandbox made before still runs')
-    after = children(d, 'sbx-spawner')
-    t.ok(len(after) == 1 and after[0] != sp[0], 'a new spawner took over', (sp, after))
-    c.ok('destroySandbox', {'sandboxId': 'sp-before'})
+
+    def unreaped():
+        return [p for p in os.listdir('/proc') if p.isdigit() and gone(int(p)) and int(p) in children(d, 'sbx-spawner')]
+    t.ok(wait_until(lambda: not unreaped(), 30, 'no zombie'), 'no child of the daemon is left unreaped')
+    t.eq(children(d, 'sbx-spawner'), [sp], 'one spawner serves, a new one')
+    c.ok('createSandbox', {'sandboxId': 'sp-last', 'limits': {'memoryMB': 300}})
+    t.eq(len(inits_of(d, 'sp-last')), 1, "and its inits are the daemon's children")
+    for name in ('sp-before', 'sp-last'):
+        c.ok('destroySandbox', {'sandboxId': name})
 
 
 def test_listed_after_restart(t, x):
@@ -239,9 +269,17 @@ def test_made_ahead(t, x):
     wait_until(ahead, 30, 'the next sandbox made ahead')
     left = ahead()
     inits = children(old, 'sbx-init')
+    # stopped, the spawner cannot see its socket's hang-up: it must die
+    # with the daemon all the same (its parent-death signal, which a change
+    # of its effective uid clears, is set again after each)
+    spawners = children(old, 'sbx-spawner')
+    for p in spawners:
+        os.kill(p, signal.SIGSTOP)
     os.kill(old, signal.SIGKILL)
     wait_until(lambda: all(gone(p) for p in inits), 30, 'the old sandboxes to end')
     t.ok(True, 'the sandbox made ahead ends with its daemon')
+    t.ok(wait_until(lambda: all(gone(p) for p in spawners), 30, 'the spawner to end'),
+         'the spawner too, even stopped', spawners)
     c.sh('true', sandbox='took', wait=60)
     t.ok(not set(left) & set(ahead()), "the next daemon removes the dead one's directory", (left, ahead()))
     c.ok('destroySandbox', {'sandboxId': 'took'})
@@ -728,7 +766,7 @@ def test_destroyed_disk_serves_again(t, x):
 
 
 if __name__ == '__main__':
-    sys.exit(run_tests([test_disk_is_disk, test_spills_on_disk, test_kill_9, test_daemon_stop, test_init_killed,
+    sys.exit(run_tests([test_disk_is_disk, test_spills_on_disk, test_kill_9, test_daemon_stop, test_init_killed, test_spawner_killed,
                         test_made_ahead, test_made_ahead_other_limits, test_start_that_hangs, test_destroyed_disk_serves_again,
                         test_listed_after_restart, test_processes_listed_after_restart, test_relay_survives, test_relay_survives_upgrade, test_agent_not_reading, test_stdin_closed_early, test_config,
                         test_thousand], Ctx))
