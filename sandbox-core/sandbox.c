@@ -1433,6 +1433,7 @@ int sbx_sandbox_sweep_idle(char ids[][64], int max) {
   uint64_t now = wall_ms();
   int n = 0;
   sbx_cg_reap();
+  sbx_spawner_reap();
   int settles = 0;
   for (sbx_sandbox *sb = eng.list; sb; sb = sb->next) {
     /* what free and top read in it follows its memory while commands run

@@ -9,6 +9,8 @@
 #include <sched.h>
 #include <signal.h>
 #include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -41,15 +43,25 @@ struct sp_reply {
   int err;
 };
 
-/* The daemon's side */
-static struct spawner {
-  int sock; /* SO_PASSCRED */
+/* The daemon's side: the spawner, and those given up (killed), kept
+ * until they are reaped and their socket hung up: a child that tells
+ * after its request was given up is killed, not left unknown. */
+struct spawner {
+  int sock; /* SO_PASSCRED; -1 once hung up */
   pid_t pid;
-  unsigned served;
-  uv_poll_t poll; /* a hang-up: it died */
-} *sp;
+  unsigned asked;
+  bool reaped, closed;
+  uv_poll_t poll;
+  struct spawner *next;
+};
+static struct spawner *sp, *retired;
 static uv_loop_t *sp_loop;
-static int broken; /* spawners in a row that ended by themselves or hung, having served nothing */
+static int barren; /* spawners in a row that ended before any request */
+/* children killed, their zombies reaped by sbx_spawner_reap */
+#define REAP_MAX 32
+static pid_t to_reap[REAP_MAX];
+static int nreap;
+static bool orphans_maybe; /* a child may have died before it told */
 
 /* In the spawner and its children: its end of the socket, and the daemon */
 static int own = -1;
@@ -61,10 +73,12 @@ static pid_t daemon_pid;
 static int thread_setresuid(uid_t r, uid_t e, uid_t s) { return (int)syscall(SYS_setresuid, r, e, s); }
 static int thread_setresgid(gid_t r, gid_t e, gid_t s) { return (int)syscall(SYS_setresgid, r, e, s); }
 
-/* In a child of the spawner, first: tells the daemon it exists, and lets
- * go of the spawner's socket (the daemon sees the spawner's death as
- * that socket's hang-up). */
-static void announce(void) {
+/* In a child of the spawner, first: takes its own name (a child still
+ * named as the spawner has told nothing: see sweep_orphans), tells the
+ * daemon it exists and lets go of the spawner's socket (the daemon sees
+ * the spawner's death as that socket's hang-up). */
+static void announce(const char *name) {
+  prctl(PR_SET_NAME, name);
   if (own < 0) return;
   struct sp_reply r = {0};
   (void)!send(own, &r, sizeof r, MSG_NOSIGNAL);
@@ -72,29 +86,33 @@ static void announce(void) {
   own = -1;
 }
 
+/* A change of credentials clears the parent-death signal: the spawner's
+ * own is set again (it dies with the daemon). */
+static void still_dies_with_daemon(void) {
+  if (own < 0) return; /* the daemon itself */
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != daemon_pid) _exit(0);
+}
+
 /* The clone itself, in the spawner or (without one) the daemon. */
 static pid_t init_here(const sbx_init_args *a, int other, unsigned long flags, uid_t euid, int *pidfd) {
   if (euid != (uid_t)-1 && (thread_setresgid(-1, euid, -1) < 0 || thread_setresuid(-1, euid, -1) < 0)) {
     int e = errno;
     thread_setresgid(-1, 0, -1);
+    still_dies_with_daemon();
     errno = e;
     return -1;
   }
   pid_t pid = sbx_fork_child(flags, pidfd);
   if (pid == 0) {
-    announce();
+    announce("sbx-init");
     if (other >= 0) close(other);
     sbx_rootfs_init_main(a);
   }
   int e = errno;
   if (euid != (uid_t)-1) {
     if (thread_setresuid(-1, 0, -1) < 0 || thread_setresgid(-1, 0, -1) < 0) abort(); /* cannot happen: the saved uid is 0 */
-    /* a change of credentials clears the parent-death signal: the
-     * spawner's own, set again (it dies with the daemon) */
-    if (own >= 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != daemon_pid) _exit(0);
-    }
+    still_dies_with_daemon();
   }
   errno = e;
   return pid;
@@ -103,8 +121,7 @@ static pid_t init_here(const sbx_init_args *a, int other, unsigned long flags, u
 static pid_t write_here(const char *path, const char *text, const char *name, unsigned long flags) {
   pid_t pid = sbx_fork_child(flags, NULL);
   if (pid == 0) {
-    announce();
-    prctl(PR_SET_NAME, name);
+    announce(name);
     close_range(3, ~0U, 0); /* nothing of the daemon's held open meanwhile */
     int fd = open(path, O_WRONLY | O_CLOEXEC);
     size_t len = strlen(text);
@@ -158,58 +175,120 @@ static _Noreturn void spawner_main(int sock, pid_t daemon) {
   }
 }
 
-static void spawner_closed(uv_handle_t *h) { free(h->data); }
+/* Reads one answer: its size (0: a hang-up), its sender's pid in *pid. */
+static ssize_t read_answer(int sock, struct sp_reply *rep, pid_t *pid) {
+  union {
+    struct cmsghdr h;
+    char buf[CMSG_SPACE(sizeof(struct ucred))];
+  } u;
+  struct iovec iov = {rep, sizeof *rep};
+  struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
+  ssize_t n = recvmsg(sock, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  *pid = 0;
+  for (struct cmsghdr *c = n >= 0 ? CMSG_FIRSTHDR(&m) : NULL; c; c = CMSG_NXTHDR(&m, c))
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_CREDENTIALS) {
+      struct ucred cr;
+      memcpy(&cr, CMSG_DATA(c), sizeof cr);
+      *pid = cr.pid;
+    }
+  return n;
+}
 
-/* This spawner is done with: killed, reaped, its socket closed. Whether
- * it died of a SIGKILL (when it had hung up already: not ours). */
-static bool drop(void) {
-  struct spawner *s = sp;
-  if (!s) return false;
-  sp = NULL;
-  kill(s->pid, SIGKILL);
-  int st = 0;
-  while (waitpid(s->pid, &st, 0) < 0 && errno == EINTR) {
-  }
-  bool killed = WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL;
+static void kill_child(pid_t pid) {
+  if (kill(pid, SIGKILL) == 0 && nreap < REAP_MAX) to_reap[nreap++] = pid;
+}
+
+static void handle_closed(uv_handle_t *h) {
+  struct spawner *s = h->data;
+  s->closed = true;
+}
+
+/* Its socket hung up: nothing more can come on it. */
+static void hung_up(struct spawner *s) {
+  if (s->sock < 0) return;
   uv_poll_stop(&s->poll);
   close(s->sock);
-  s->poll.data = s;
-  uv_close((uv_handle_t *)&s->poll, spawner_closed);
-  return killed;
+  s->sock = -1;
+  uv_close((uv_handle_t *)&s->poll, handle_closed);
 }
 
-/* It died or stopped answering (hung): the next requests go to a new one,
- * unless three in a row ended by themselves or hung before serving
- * anything (then the daemon forks for itself from now on). */
-static void gone(bool hung) {
-  bool served = sp && sp->served;
-  bool killed = drop() && !hung; /* from outside: it had hung up, or never got the request */
-  broken = served || killed ? 0 : broken + 1;
-  if (broken < 3) sbx_spawner_start(sp_loop);
+/* Given up: killed, and kept (see struct spawner) until it is reaped. */
+static void retire(struct spawner *s) {
+  kill(s->pid, SIGKILL);
+  s->next = retired;
+  retired = s;
 }
 
-static void spawner_hangup(uv_poll_t *h, int status, int events) {
+/* It died or stopped answering: the next requests go to a new one, unless
+ * three in a row ended before their first request (then the daemon forks
+ * for itself from now on). */
+static void gone(void) {
+  struct spawner *s = sp;
+  if (!s) return;
+  sp = NULL;
+  barren = s->asked ? 0 : barren + 1;
+  retire(s);
+  if (barren < 3) sbx_spawner_start(sp_loop);
+}
+
+static void spawner_readable(uv_poll_t *h, int status, int events) {
   (void)status, (void)events;
   struct spawner *s = h->data;
-  char c;
-  ssize_t n = recv(s->sock, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
-  if (n > 0) { /* a child that told after its request was given up: not ours to keep */
-    struct ucred cr = {0};
-    union {
-      struct cmsghdr h;
-      char buf[CMSG_SPACE(sizeof(struct ucred))];
-    } u;
+  for (;;) {
     struct sp_reply rep;
-    struct iovec iov = {&rep, sizeof rep};
-    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
-    if (recvmsg(s->sock, &m, MSG_DONTWAIT) >= 0)
-      for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c))
-        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_CREDENTIALS) memcpy(&cr, CMSG_DATA(c), sizeof cr);
-    if (cr.pid > 0 && cr.pid != s->pid && kill(cr.pid, SIGKILL) == 0) waitpid(cr.pid, NULL, 0);
+    pid_t pid;
+    ssize_t n = read_answer(s->sock, &rep, &pid);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    if (n > 0) { /* nothing is asked now: a child that told after its request was given up */
+      if (pid > 0 && pid != s->pid) kill_child(pid);
+      continue;
+    }
+    if (s == sp) gone();
+    hung_up(s);
     return;
   }
-  gone(false);
+}
+
+/* A zombie child of the daemon still named as the spawner, that is no
+ * spawner: a child that died before it told (children take their own
+ * name first); nobody else would reap it. */
+static void sweep_orphans(void) {
+  char path[64], line[4096];
+  snprintf(path, sizeof path, "/proc/self/task/%d/children", (int)getpid());
+  _cleanup_fclose_ FILE *f = fopen(path, "re");
+  if (!f || !fgets(line, sizeof line, f)) return;
+  for (char *t = strtok(line, " \n"); t; t = strtok(NULL, " \n")) {
+    pid_t pid = (pid_t)atoi(t);
+    bool spawner = sp && sp->pid == pid;
+    for (struct spawner *r = retired; r && !spawner; r = r->next) spawner = r->pid == pid;
+    char stat[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    _cleanup_fclose_ FILE *g = fopen(path, "re");
+    if (spawner || !g || !fgets(stat, sizeof stat, g)) continue;
+    char *open = strchr(stat, '('), *close_ = strrchr(stat, ')');
+    if (open && close_ && close_[1] == ' ' && close_[2] == 'Z' && close_ - open - 1 == 11 &&
+        !strncmp(open + 1, "sbx-spawner", 11))
+      waitpid(pid, NULL, WNOHANG);
+  }
+}
+
+void sbx_spawner_reap(void) {
+  for (int i = nreap - 1; i >= 0; i--)
+    if (waitpid(to_reap[i], NULL, WNOHANG) != 0) to_reap[i] = to_reap[--nreap];
+  for (struct spawner **pp = &retired; *pp;) {
+    struct spawner *r = *pp;
+    if (!r->reaped) r->reaped = waitpid(r->pid, NULL, WNOHANG) != 0;
+    if (r->reaped && r->closed) {
+      *pp = r->next;
+      free(r);
+    } else {
+      pp = &r->next;
+    }
+  }
+  if (orphans_maybe) {
+    orphans_maybe = false;
+    sweep_orphans();
+  }
 }
 
 bool sbx_spawner_start(uv_loop_t *loop) {
@@ -243,12 +322,20 @@ bool sbx_spawner_start(uv_loop_t *loop) {
   *s = (struct spawner){.sock = sv[0], .pid = pid};
   uv_poll_init(loop, &s->poll, s->sock);
   s->poll.data = s;
-  uv_poll_start(&s->poll, UV_READABLE | UV_DISCONNECT, spawner_hangup);
+  uv_poll_start(&s->poll, UV_READABLE | UV_DISCONNECT, spawner_readable);
   sp = s;
   return true;
 }
 
-void sbx_spawner_stop(void) { drop(); }
+/* At the daemon's stop: what is left is reaped by whoever adopts it. */
+void sbx_spawner_stop(void) {
+  struct spawner *s = sp;
+  if (!s) return;
+  sp = NULL;
+  retire(s);
+  hung_up(s);
+  sbx_spawner_reap();
+}
 
 static void start_req(struct sp_req *q, int op) {
   memset(q, 0, offsetof(struct sp_req, strs));
@@ -271,62 +358,58 @@ static unsigned pack(struct sp_req *q, const char *s) {
  * first), and the daemon may fork for itself. */
 static pid_t ask(struct sp_req *q, const int *fds, int nfds, bool *asked) {
   *asked = false;
-  if (!sp) return -1;
+  struct spawner *s = sp;
+  if (!s) return -1;
   size_t len = offsetof(struct sp_req, strs) + q->used;
-  if (sbx_send_fds(sp->sock, q, len, fds, nfds, 0) != (ssize_t)len) {
-    if (errno != EMSGSIZE) gone(false); /* it did not get it */
+  if (sbx_send_fds(s->sock, q, len, fds, nfds, 0) != (ssize_t)len) {
+    if (errno != EMSGSIZE) gone(); /* it did not get it */
     return -1;
   }
-  /* a clone into new namespaces takes milliseconds; a spawner that has
-   * not answered in seconds is hung: killed, then its children, if it
-   * made one, still tell (they hold its socket), and a hang-up with none
-   * told means there is none */
+  s->asked++;
+  /* a clone into new namespaces takes milliseconds; a spawner that has not
+   * answered in seconds is hung, or its child died before it told: killed,
+   * then a child it made still tells (it holds the socket), and a hang-up
+   * with none told means there is none */
   uint64_t deadline = sbx_now_ms() + 5000;
   bool killed = false;
   for (;;) {
     uint64_t now = sbx_now_ms();
     if (now >= deadline) {
-      if (killed) { /* a child may be on its way: not forked a second time */
-        gone(true);
-        *asked = true;
-        errno = EAGAIN;
-        return -1;
+      if (!killed) {
+        gone(); /* a new one for the next request; this one is still heard */
+        orphans_maybe = true;
+        killed = true;
+        deadline = now + 2000;
+        continue;
       }
-      kill(sp->pid, SIGKILL);
-      killed = true;
-      deadline = now + 2000;
-      continue;
-    }
-    struct pollfd p = {.fd = sp->sock, .events = POLLIN};
-    if (poll(&p, 1, (int)(deadline - now)) <= 0) continue;
-    struct sp_reply rep;
-    struct ucred cr = {0};
-    union {
-      struct cmsghdr h;
-      char buf[CMSG_SPACE(sizeof(struct ucred))];
-    } u;
-    struct iovec iov = {&rep, sizeof rep};
-    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
-    ssize_t n = recvmsg(sp->sock, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-    if (n != (ssize_t)sizeof rep) { /* a hang-up: it died, and made no child */
-      gone(killed);
+      /* not even a hang-up (it cannot die: frozen): a child may still tell,
+       * so none is made here; what tells later is killed */
+      errno = EAGAIN;
+      *asked = true;
       return -1;
     }
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c))
-      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_CREDENTIALS) memcpy(&cr, CMSG_DATA(c), sizeof cr);
+    struct pollfd p = {.fd = s->sock, .events = POLLIN};
+    if (poll(&p, 1, (int)(deadline - now)) <= 0) continue;
+    struct sp_reply rep;
+    pid_t pid;
+    ssize_t n = read_answer(s->sock, &rep, &pid);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+    if (n != (ssize_t)sizeof rep) { /* a hang-up: it died, and made no child (or one that died first) */
+      if (s == sp) gone();
+      hung_up(s);
+      orphans_maybe = true;
+      return -1;
+    }
     *asked = true;
-    sp->served++;
-    if (killed) gone(true);
     if (rep.err) {
       errno = rep.err;
       return -1;
     }
-    if (cr.pid <= 0 || (!killed && cr.pid == sp->pid)) { /* cannot happen: a child's message has its pid */
+    if (pid <= 0 || pid == s->pid) { /* cannot happen: a child's answer has its pid */
       errno = EPROTO;
       return -1;
     }
-    return cr.pid;
+    return pid;
   }
 }
 
@@ -346,8 +429,7 @@ pid_t sbx_spawn_init(const sbx_init_args *a, int other, unsigned long flags, uid
     pid_t pid = ask(&q, fds, 2, &asked);
     if (pid > 0 && pidfd && (*pidfd = sbx_pidfd_open(pid)) < 0) { /* our own child, not reaped: only EMFILE */
       int e = errno;
-      kill(pid, SIGKILL);
-      waitpid(pid, NULL, 0);
+      kill_child(pid);
       errno = e;
       return -1;
     }

@@ -17,7 +17,9 @@
  * moment leaves no child the daemon does not know, and one that is gone
  * with no child told means there is none, so the daemon forks that one
  * for itself. A new spawner replaces one that dies: nothing but the
- * speed depends on it. */
+ * speed depends on it. The daemon never waits for a spawner to die (one
+ * may be frozen), and a child that tells after its request was given up
+ * (after 5 + 2 s) is killed. */
 #pragma once
 #include "rootfs.h"
 
@@ -30,6 +32,9 @@
  * false (and the daemon forks for itself) if it cannot. Call once, early. */
 bool sbx_spawner_start(uv_loop_t *loop);
 void sbx_spawner_stop(void);
+/* Reaps what the spawner's failures left (a spawner given up, a child
+ * killed after its request was); often, from the loop. */
+void sbx_spawner_reap(void);
 
 /* Clones a sandbox's init into new namespaces (flags), running
  * sbx_rootfs_init_main(a): a->sock is init's end of its socket, other

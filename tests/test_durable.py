@@ -187,6 +187,42 @@ def test_spawner_killed(t, x):
         c.ok('destroySandbox', {'sandboxId': name})
 
 
+def test_spawner_child_late(t, x):
+    """A child of the spawner that tells the daemon it exists only after its
+    request was given up (strace holds its first system call 9 s; the
+    daemon gives up after 5 s, kills the spawner and waits 2 s more for the
+    hang-up its child prevents): the call fails saying so, the daemon does
+    not clone a second init for it, the late child is killed when it tells
+    and nothing is left unreaped; the next calls work."""
+    c = x.c
+    d = x.env.daemon_pid()
+    sp = spawner_of(t, d)
+    st = subprocess.Popen(['strace', '-f', '-qq', '-o', '/dev/null', '-e', 'trace=sendto',
+                           '-e', 'inject=sendto:delay_enter=9000000', '-p', str(sp)], stderr=subprocess.PIPE)
+    try:
+        wait_until(lambda: open('/proc/%d/status' % sp).read().find('TracerPid:\t%d' % st.pid) >= 0, 30,
+                   'strace to attach')
+        t0 = time.monotonic()
+        res, _ = c.call('createSandbox', {'sandboxId': 'late', 'limits': {'memoryMB': 260}})
+        took = time.monotonic() - t0
+    finally:
+        st.wait(60)
+    msg = res.get('structuredContent', {}).get('error', {}).get('message', '')
+    t.ok(res.get('isError') and 'temporarily unavailable' in msg, 'the create fails, saying why', res)
+    t.ok(took < 30, 'within the time the daemon gives the spawner', took)
+    new = spawner_of(t, d, [sp])
+    t.ok(gone(sp), 'the spawner that did not answer was killed')
+
+    def unreaped():
+        return [p for p in os.listdir('/proc') if p.isdigit() and int(p) in children(d, 'sbx-init') + children(d, 'sbx-spawner')
+                and gone(int(p))]
+    t.ok(wait_until(lambda: not unreaped() and not inits_of(d, 'late'), 30, 'the late child to be gone'),
+         'the late child was killed when it told, and reaped')
+    t.eq(c.sh('hostname', sandbox='late2')['stdout'], 'late2\n', 'the next calls work')
+    t.eq(children(d, 'sbx-spawner'), [new], 'with a new spawner')
+    c.ok('destroySandbox', {'sandboxId': 'late2'})
+
+
 def test_listed_after_restart(t, x):
     c = x.c
     c.ok('createSandbox', {'sandboxId': 'listed'})
@@ -766,7 +802,7 @@ def test_destroyed_disk_serves_again(t, x):
 
 
 if __name__ == '__main__':
-    sys.exit(run_tests([test_disk_is_disk, test_spills_on_disk, test_kill_9, test_daemon_stop, test_init_killed, test_spawner_killed,
+    sys.exit(run_tests([test_disk_is_disk, test_spills_on_disk, test_kill_9, test_daemon_stop, test_init_killed, test_spawner_killed, test_spawner_child_late,
                         test_made_ahead, test_made_ahead_other_limits, test_start_that_hangs, test_destroyed_disk_serves_again,
                         test_listed_after_restart, test_processes_listed_after_restart, test_relay_survives, test_relay_survives_upgrade, test_agent_not_reading, test_stdin_closed_early, test_config,
                         test_thousand], Ctx))
