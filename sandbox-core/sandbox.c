@@ -1554,22 +1554,11 @@ int sbx_spawn_exit_code(const siginfo_t *si) {
   return 128 + si->si_status;
 }
 
-struct command {
-  const sbx_spawn *sp;
-  const int *cgfds;
-  int ncg;
-  rlim_t nproc; /* RLIM_INFINITY, or the pids limit where no cgroup holds it */
-  uint64_t capmask;
-  int cap_last;
-  bool pin; /* run on the sandbox's cpus (procfiles.h), so nproc counts them */
-  cpu_set_t cpus;
-};
-
 /* The command, in the sandbox's namespaces: its cgroup, sandbox root,
  * capabilities, no_new_privs, seccomp, its fds, exec. Runs on the
  * supervisor's memory (CLONE_VM): no allocation here. */
 static int command_main(void *arg) {
-  const struct command *c = arg;
+  const sbx_command *c = arg;
   const sbx_spawn *sp = c->sp;
   for (int i = 0; i < c->ncg; i++)
     if (write(c->cgfds[i], "0", 1) != 1) child_fail("joining the command's cgroup");
@@ -1614,52 +1603,47 @@ static int command_main(void *arg) {
   return 127;
 }
 
+_Noreturn void sbx_supervise(const sbx_command *c) {
+  /* the supervisor: the daemon's own child, outside the sandbox's pid
+   * namespace and cgroup, so its exit status cannot be forged. Signals
+   * stay blocked until its SIGTERM handler stands. */
+  signal(SIGTERM, kill_supervised);
+  prctl(PR_SET_DUMPABLE, 0);
+  prctl(PR_SET_NAME, "sbx-exec");
+  if (setns(c->init_pidfd, CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWIPC |
+                               CLONE_NEWCGROUP) < 0)
+    child_fail("joining the sandbox");
+  /* the command shares the supervisor's memory until it executes (no
+   * page tables to copy); it runs on its own stack */
+  static char stack[64 * 1024] __attribute__((aligned(16)));
+  pid_t g = clone(command_main, stack + sizeof stack, CLONE_VM | CLONE_VFORK | SIGCHLD, (void *)c);
+  if (g < 0) child_fail("clone");
+  supervised = g;
+  sbx_child_unblock(); /* a SIGTERM that came meanwhile now kills the command's group */
+  close_range(0, ~0U, 0);
+  siginfo_t si;
+  for (;;) {
+    if (waitid(P_PID, g, &si, WEXITED) == 0) break;
+    if (errno != EINTR) _exit(127);
+  }
+  _exit(sbx_spawn_exit_code(&si) & 0xff);
+}
+
 pid_t sbx_sandbox_spawn(sbx_sandbox *sb, const sbx_spawn *sp, int *pidfd_out, sbx_error *err) {
   int cgfds[SBX_CG_MAX] = {-1, -1, -1, -1}, ncg = 0;
   if (sp->cg && sp->cg->n) {
     ncg = sbx_cg_open_procs(sp->cg, cgfds);
     if (ncg < 0) return sbx_err_errno(err, "INTERNAL", -ncg, "opening the command's cgroup");
   }
-  uint64_t capmask = 0;
-  for (size_t i = 0; i < SBX_ARRAY_SIZE(default_caps); i++) capmask |= 1ull << default_caps[i];
-  int cap_last = eng.cap_last;
-  cpu_set_t cpus;
-  bool pin = sbx_procfiles_cpuset(sb, &cpus);
+  sbx_command c = {.sp = sp, .init_pidfd = sb->init_pidfd, .cgfds = cgfds, .ncg = ncg, .cap_last = eng.cap_last,
+                   .nproc = !sb->cg.n && sb->opts.limits.pids ? (rlim_t)sb->opts.limits.pids : RLIM_INFINITY};
+  for (size_t i = 0; i < SBX_ARRAY_SIZE(default_caps); i++) c.capmask |= 1ull << default_caps[i];
+  c.pin = sbx_procfiles_cpuset(sb, &c.cpus);
   int pidfd = -1;
-  pid_t pid = sbx_fork_child(0, &pidfd);
-  if (pid < 0) {
-    int e = errno;
-    for (int i = 0; i < ncg; i++) close(cgfds[i]);
-    return sbx_err_errno(err, "INTERNAL", e, "fork");
-  }
-  if (pid == 0) {
-    /* the supervisor: the daemon's own child, outside the sandbox's pid
-     * namespace and cgroup, so its exit status cannot be forged. Signals
-     * stay blocked until its SIGTERM handler stands. */
-    signal(SIGTERM, kill_supervised);
-    prctl(PR_SET_DUMPABLE, 0);
-    prctl(PR_SET_NAME, "sbx-exec");
-    if (setns(sb->init_pidfd, CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWUTS |
-                                  CLONE_NEWIPC | CLONE_NEWCGROUP) < 0)
-      child_fail("joining the sandbox");
-    /* the command shares the supervisor's memory until it executes (no
-     * page tables to copy); it runs on its own stack */
-    static char stack[64 * 1024] __attribute__((aligned(16)));
-    struct command c = {.sp = sp, .cgfds = cgfds, .ncg = ncg, .capmask = capmask, .cap_last = cap_last, .pin = pin, .cpus = cpus,
-                        .nproc = !sb->cg.n && sb->opts.limits.pids ? (rlim_t)sb->opts.limits.pids : RLIM_INFINITY};
-    pid_t g = clone(command_main, stack + sizeof stack, CLONE_VM | CLONE_VFORK | SIGCHLD, &c);
-    if (g < 0) child_fail("clone");
-    supervised = g;
-    sbx_child_unblock(); /* a SIGTERM that came meanwhile now kills the command's group */
-    close_range(0, ~0U, 0);
-    siginfo_t si;
-    for (;;) {
-      if (waitid(P_PID, g, &si, WEXITED) == 0) break;
-      if (errno != EINTR) _exit(127);
-    }
-    _exit(sbx_spawn_exit_code(&si) & 0xff);
-  }
+  pid_t pid = sbx_spawn_command(&c, &pidfd);
+  int e = errno;
   for (int i = 0; i < ncg; i++) close(cgfds[i]);
+  if (pid < 0) return sbx_err_errno(err, "INTERNAL", e, "starting the command's supervisor");
   *pidfd_out = pidfd;
   return pid;
 }

@@ -18,11 +18,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-enum { SP_INIT = 1, SP_WRITE = 2 };
+enum { SP_INIT = 1, SP_WRITE = 2, SP_EXEC = 3 };
 
-/* A request: the arguments' strings travel in strs (offsets, 0 for NULL);
- * an init's socket and sbx-init's fd as SCM_RIGHTS. */
-#define SP_STRS (4096 * (SBX_INIT_MOUNTS_MAX + 4))
+/* A request: the arguments' strings travel in strs (offsets, 0 for NULL),
+ * descriptors as SCM_RIGHTS: an init's socket and sbx-init's; a command's
+ * init pidfd, cgroup files and its own descriptors, in that order. At most
+ * SP_MAX bytes (past it, or past what the socket takes, the daemon forks
+ * for itself). */
+#define SP_MAX (8u << 20)
+#define SP_ARGS_MAX 64
+#define SP_ENV_MAX (SBX_MAX_ENV + 64)
 struct sp_req {
   int op;
   unsigned long flags;
@@ -33,8 +38,12 @@ struct sp_req {
   unsigned id, etc_template, image_dir, mount_paths[SBX_INIT_MOUNTS_MAX];
   unsigned path; /* SP_WRITE */
   char text[32], name[16];
-  unsigned used;
-  char strs[SP_STRS];
+  sbx_command c; /* SP_EXEC: its pointers are not used */
+  unsigned argc, envc, args, cwd; /* args: argv's strings, then envp's */
+  bool strict_cwd;
+  int nfds;
+  unsigned used, cap;
+  char strs[];
 };
 
 /* The one answer to a request: from the child itself (err 0, its pid in
@@ -118,6 +127,15 @@ static pid_t init_here(const sbx_init_args *a, int other, unsigned long flags, u
   return pid;
 }
 
+static pid_t command_here(const sbx_command *c, unsigned long flags, int *pidfd) {
+  pid_t pid = sbx_fork_child(flags, pidfd);
+  if (pid == 0) {
+    announce("sbx-exec");
+    sbx_supervise(c);
+  }
+  return pid;
+}
+
 static pid_t write_here(const char *path, const char *text, const char *name, unsigned long flags) {
   pid_t pid = sbx_fork_child(flags, NULL);
   if (pid == 0) {
@@ -134,6 +152,36 @@ static const char *str_at(const struct sp_req *q, unsigned off) {
   return off && off < q->used ? q->strs + off : NULL;
 }
 
+/* n strings from offset *off on, into v (NULL after them); false if they
+ * are not all there */
+static bool strings_at(const struct sp_req *q, unsigned *off, unsigned n, char **v) {
+  for (unsigned i = 0; i < n; i++) {
+    if (!(v[i] = (char *)str_at(q, *off))) return false;
+    *off += (unsigned)strlen(v[i]) + 1;
+  }
+  v[n] = NULL;
+  return true;
+}
+
+/* A command's request, in the spawner: its supervisor */
+static pid_t exec_request(struct sp_req *q, int *fds, int nfds) {
+  static char *argv[SP_ARGS_MAX + 1], *envp[SP_ENV_MAX + 1];
+  unsigned off = q->args;
+  if (q->argc < 1 || q->argc > SP_ARGS_MAX || q->envc > SP_ENV_MAX || q->c.ncg < 0 || q->c.ncg > SBX_CG_MAX ||
+      q->nfds < 0 || q->nfds > 8 || nfds != 1 + q->c.ncg + q->nfds || !strings_at(q, &off, q->argc, argv) ||
+      !strings_at(q, &off, q->envc, envp)) {
+    errno = EINVAL;
+    return -1;
+  }
+  sbx_spawn spn = {.argv = argv, .envp = envp, .cwd = str_at(q, q->cwd), .strict_cwd = q->strict_cwd,
+                   .fds = fds + 1 + q->c.ncg, .nfds = q->nfds};
+  sbx_command c = q->c;
+  c.sp = &spn;
+  c.init_pidfd = fds[0];
+  c.cgfds = fds + 1;
+  return command_here(&c, CLONE_PARENT, NULL);
+}
+
 static _Noreturn void spawner_main(int sock, pid_t daemon) {
   prctl(PR_SET_NAME, "sbx-spawner");
   if (sock != 3) {
@@ -144,29 +192,33 @@ static _Noreturn void spawner_main(int sock, pid_t daemon) {
   own = sock;
   daemon_pid = daemon;
   if (getppid() != daemon) _exit(0);
-  static struct sp_req q;
+  /* untouched pages of it cost nothing */
+  static char buf[SP_MAX] __attribute__((aligned(16)));
+  struct sp_req *q = (struct sp_req *)buf;
   for (;;) {
-    int fds[2] = {-1, -1}, nfds = 0;
-    ssize_t n = sbx_recv_fds(own, &q, sizeof q, fds, 2, &nfds, 0);
+    int fds[SBX_FDS_MAX], nfds = 0;
+    ssize_t n = sbx_recv_fds(own, buf, sizeof buf, fds, SBX_FDS_MAX, &nfds, 0);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) _exit(0); /* the daemon is gone */
     pid_t pid = -1;
     errno = EINVAL;
-    if ((size_t)n >= offsetof(struct sp_req, strs) && q.used <= (size_t)n - offsetof(struct sp_req, strs) && q.used &&
-        !q.strs[q.used - 1]) {
-      if (q.op == SP_INIT && nfds == 2) {
-        sbx_init_args *a = &q.a;
+    if ((size_t)n >= offsetof(struct sp_req, strs) && q->used <= (size_t)n - offsetof(struct sp_req, strs) && q->used &&
+        !q->strs[q->used - 1]) {
+      if (q->op == SP_INIT && nfds == 2) {
+        sbx_init_args *a = &q->a;
         a->sock = fds[0];
         a->init_exe_fd = fds[1];
-        a->id = str_at(&q, q.id);
-        a->etc_template = str_at(&q, q.etc_template);
-        a->image_dir = str_at(&q, q.image_dir);
+        a->id = str_at(q, q->id);
+        a->etc_template = str_at(q, q->etc_template);
+        a->image_dir = str_at(q, q->image_dir);
         if (a->nmounts < 0 || a->nmounts > SBX_INIT_MOUNTS_MAX) a->nmounts = 0;
-        for (int i = 0; i < a->nmounts; i++) a->mount_paths[i] = str_at(&q, q.mount_paths[i]);
-        if (a->id) pid = init_here(a, -1, q.flags | CLONE_PARENT, q.euid, NULL);
-      } else if (q.op == SP_WRITE && str_at(&q, q.path)) {
-        q.text[sizeof q.text - 1] = q.name[sizeof q.name - 1] = 0;
-        pid = write_here(str_at(&q, q.path), q.text, q.name, CLONE_PARENT);
+        for (int i = 0; i < a->nmounts; i++) a->mount_paths[i] = str_at(q, q->mount_paths[i]);
+        if (a->id) pid = init_here(a, -1, q->flags | CLONE_PARENT, q->euid, NULL);
+      } else if (q->op == SP_WRITE && str_at(q, q->path)) {
+        q->text[sizeof q->text - 1] = q->name[sizeof q->name - 1] = 0;
+        pid = write_here(str_at(q, q->path), q->text, q->name, CLONE_PARENT);
+      } else if (q->op == SP_EXEC) {
+        pid = exec_request(q, fds, nfds);
       }
     }
     struct sp_reply rep = {.err = errno};
@@ -296,9 +348,10 @@ bool sbx_spawner_start(uv_loop_t *loop) {
   sp_loop = loop;
   int sv[2];
   if (!loop || socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) return false;
-  /* a request is some 60 KiB at most; a small default buffer must not
-   * refuse it (the daemon then forks for itself) */
-  int one = 1, big = 1 << 20;
+  /* a request may be SP_MAX bytes (a command and its environment): the
+   * socket takes it as root; rootless, one past the default buffer is
+   * forked by the daemon itself */
+  int one = 1, big = (int)SP_MAX + 65536;
   if (setsockopt(sv[0], SOL_SOCKET, SO_SNDBUFFORCE, &big, sizeof big) < 0)
     setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &big, sizeof big);
   struct spawner *s = calloc(1, sizeof *s);
@@ -337,21 +390,30 @@ void sbx_spawner_stop(void) {
   sbx_spawner_reap();
 }
 
-static void start_req(struct sp_req *q, int op) {
+/* A request of op with room for strs bytes of strings (NULL: none) */
+static struct sp_req *new_req(int op, size_t strs) {
+  size_t cap = strs + 1;
+  if (cap > SP_MAX - offsetof(struct sp_req, strs)) return NULL; /* forked here */
+  struct sp_req *q = malloc(offsetof(struct sp_req, strs) + cap);
+  if (!q) return NULL;
   memset(q, 0, offsetof(struct sp_req, strs));
   q->op = op;
   q->strs[0] = 0; /* offset 0 is NULL */
   q->used = 1;
+  q->cap = (unsigned)cap;
+  return q;
 }
 
 static unsigned pack(struct sp_req *q, const char *s) {
   if (!s) return 0;
   size_t len = strlen(s) + 1;
-  if (q->used + len > sizeof q->strs) return 0;
+  if (q->used + len > q->cap) abort(); /* sized by the caller */
   memcpy(q->strs + q->used, s, len);
   q->used += (unsigned)len;
   return q->used - (unsigned)len;
 }
+
+static size_t len0(const char *s) { return s ? strlen(s) + 1 : 0; }
 
 /* One request and its answer: the child's pid, or -1 with errno. *asked
  * false: the spawner made no child (it could not be asked, or it died
@@ -413,40 +475,77 @@ static pid_t ask(struct sp_req *q, const int *fds, int nfds, bool *asked) {
   }
 }
 
+/* ask(), then the child's pidfd if pidfd; the request freed */
+static pid_t ask_free(struct sp_req *q, const int *fds, int nfds, int *pidfd, bool *asked) {
+  pid_t pid = ask(q, fds, nfds, asked);
+  free(q);
+  if (pid > 0 && pidfd && (*pidfd = sbx_pidfd_open(pid)) < 0) { /* our own child, not reaped: only EMFILE */
+    int e = errno;
+    kill_child(pid);
+    errno = e;
+    return -1;
+  }
+  return pid;
+}
+
 pid_t sbx_spawn_init(const sbx_init_args *a, int other, unsigned long flags, uid_t euid, int *pidfd) {
-  if (sp) {
-    static struct sp_req q;
-    start_req(&q, SP_INIT);
-    q.flags = flags;
-    q.euid = euid;
-    q.a = *a;
-    q.id = pack(&q, a->id);
-    q.etc_template = pack(&q, a->etc_template);
-    q.image_dir = pack(&q, a->image_dir);
-    for (int i = 0; i < a->nmounts; i++) q.mount_paths[i] = pack(&q, a->mount_paths[i]);
+  size_t strs = len0(a->id) + len0(a->etc_template) + len0(a->image_dir);
+  for (int i = 0; i < a->nmounts; i++) strs += len0(a->mount_paths[i]);
+  struct sp_req *q = sp ? new_req(SP_INIT, strs) : NULL;
+  if (q) {
+    q->flags = flags;
+    q->euid = euid;
+    q->a = *a;
+    q->id = pack(q, a->id);
+    q->etc_template = pack(q, a->etc_template);
+    q->image_dir = pack(q, a->image_dir);
+    for (int i = 0; i < a->nmounts; i++) q->mount_paths[i] = pack(q, a->mount_paths[i]);
     bool asked;
     int fds[2] = {a->sock, a->init_exe_fd};
-    pid_t pid = ask(&q, fds, 2, &asked);
-    if (pid > 0 && pidfd && (*pidfd = sbx_pidfd_open(pid)) < 0) { /* our own child, not reaped: only EMFILE */
-      int e = errno;
-      kill_child(pid);
-      errno = e;
-      return -1;
-    }
+    pid_t pid = ask_free(q, fds, 2, pidfd, &asked);
     if (asked) return pid;
   }
   return init_here(a, other, flags, euid, pidfd);
 }
 
-pid_t sbx_spawn_write(const char *path, const char *text, const char *name) {
-  if (sp) {
-    static struct sp_req q;
-    start_req(&q, SP_WRITE);
-    q.path = pack(&q, path);
-    snprintf(q.text, sizeof q.text, "%s", text);
-    snprintf(q.name, sizeof q.name, "%s", name);
+pid_t sbx_spawn_command(const sbx_command *c, int *pidfd) {
+  const sbx_spawn *spn = c->sp;
+  size_t strs = len0(spn->cwd);
+  unsigned argc = 0, envc = 0;
+  for (; spn->argv[argc]; argc++) strs += len0(spn->argv[argc]);
+  for (; spn->envp && spn->envp[envc]; envc++) strs += len0(spn->envp[envc]);
+  struct sp_req *q = sp && argc <= SP_ARGS_MAX && envc <= SP_ENV_MAX && c->ncg <= SBX_CG_MAX && spn->nfds <= 8
+                         ? new_req(SP_EXEC, strs)
+                         : NULL;
+  if (q) {
+    q->c = *c;
+    q->argc = argc;
+    q->envc = envc;
+    q->args = q->used;
+    for (unsigned i = 0; i < argc; i++) pack(q, spn->argv[i]);
+    for (unsigned i = 0; i < envc; i++) pack(q, spn->envp[i]);
+    q->cwd = pack(q, spn->cwd);
+    q->strict_cwd = spn->strict_cwd;
+    q->nfds = spn->nfds;
+    int fds[1 + SBX_CG_MAX + 8], nfds = 0;
+    fds[nfds++] = c->init_pidfd;
+    for (int i = 0; i < c->ncg; i++) fds[nfds++] = c->cgfds[i];
+    for (int i = 0; i < spn->nfds; i++) fds[nfds++] = spn->fds[i];
     bool asked;
-    pid_t pid = ask(&q, NULL, 0, &asked);
+    pid_t pid = ask_free(q, fds, nfds, pidfd, &asked);
+    if (asked) return pid;
+  }
+  return command_here(c, 0, pidfd);
+}
+
+pid_t sbx_spawn_write(const char *path, const char *text, const char *name) {
+  struct sp_req *q = sp ? new_req(SP_WRITE, len0(path)) : NULL;
+  if (q) {
+    q->path = pack(q, path);
+    snprintf(q->text, sizeof q->text, "%s", text);
+    snprintf(q->name, sizeof q->name, "%s", name);
+    bool asked;
+    pid_t pid = ask_free(q, NULL, 0, NULL, &asked);
     if (asked) return pid;
   }
   return write_here(path, text, name, 0);

@@ -1,6 +1,7 @@
 /* The spawner: a small process, forked when the daemon starts (before the
- * sandboxes' state fills its heap), that forks the sandboxes' inits and the
- * children that empty a spare memory cgroup on the daemon's behalf. They
+ * sandboxes' state fills its heap), that forks the sandboxes' inits, the
+ * supervisors of their commands and the children that empty a spare
+ * memory cgroup on the daemon's behalf. They
  * are still the daemon's own children (CLONE_PARENT): it waits for them,
  * signals them and sees them die as before.
  *
@@ -22,10 +23,13 @@
  * (after 5 + 2 s) is killed. */
 #pragma once
 #include "rootfs.h"
+#include "sandbox.h"
 
 #include <uv.h>
 
+#include <sched.h>
 #include <stdbool.h>
+#include <sys/resource.h>
 #include <sys/types.h>
 
 /* Forks the spawner, watched on loop (a new one replaces one that dies);
@@ -44,6 +48,26 @@ void sbx_spawner_reap(void);
  * sandbox's (see start in sandbox.c); rootless callers pass (uid_t)-1.
  * The pid, with a pidfd in *pidfd; -1 with errno. */
 pid_t sbx_spawn_init(const sbx_init_args *a, int other, unsigned long flags, uid_t euid, int *pidfd);
+
+/* What the supervisor of a command needs, all of it by value or by
+ * descriptor (the spawner runs it from a copy). */
+typedef struct sbx_command {
+  const sbx_spawn *sp;
+  int init_pidfd; /* the sandbox's init: whose namespaces it joins */
+  const int *cgfds; /* cgroup.procs files to join */
+  int ncg;
+  rlim_t nproc; /* RLIM_INFINITY, or the pids limit where no cgroup holds it */
+  uint64_t capmask;
+  int cap_last;
+  bool pin; /* run on the sandbox's cpus (procfiles.h), so nproc counts them */
+  cpu_set_t cpus;
+} sbx_command;
+/* The supervisor, in a child of the daemon's (or of the spawner's): joins
+ * the sandbox, runs the command, exits with its status. */
+_Noreturn void sbx_supervise(const sbx_command *c);
+/* Starts the supervisor of c->sp (sbx_supervise) in a child: its pid, a
+ * pidfd in *pidfd; -1 with errno. */
+pid_t sbx_spawn_command(const sbx_command *c, int *pidfd);
 
 /* A child that writes text to path and exits 0 if the whole of it was
  * written (1 if not): a write that may take long, like memory.force_empty.
