@@ -182,7 +182,11 @@ def meminfo_kb():
 
 def bench_many(n):
     """n idle sandboxes at once: host memory each, and create and exec
-    latency with them alive against none."""
+    latency with them alive against none. The latency with none is
+    measured before the n are made and again after they are destroyed, and
+    the ratio is against both together: this VM's speed drifts over the
+    minutes between (a third, some runs), which one measure before would
+    count as the n's doing."""
     env = Env()
     try:
         c = env.socket_client()
@@ -197,58 +201,68 @@ def bench_many(n):
                 c.ok('createSandbox', {'sandboxId': 'p%d' % i})
                 c.ok('destroySandbox', {'sandboxId': 'p%d' % i})
             lat_each(pair, 5)
-            cr = lat_each(pair, 60)
+            cr = lat_each(pair, 100)
             # creates as an agent makes them (bench_create's pacing); each is
             # destroyed after it was timed, in the gap before the next
             paced = []
-            for i in range(40):
+            for i in range(60):
                 time.sleep(CREATE_GAP)
                 t0 = time.perf_counter()
                 c.ok('createSandbox', {'sandboxId': 'q%d' % i})
                 paced.append((time.perf_counter() - t0) * 1000)
                 c.ok('destroySandbox', {'sandboxId': 'q%d' % i})
-            ex = lat_each(lambda i: c.ok('exec', {'sandboxId': 'probe', 'command': 'true'}), 200)
+            ex = lat_each(lambda i: c.ok('exec', {'sandboxId': 'probe', 'command': 'true'}), 500)
             return cr, paced, ex
+
+        def pipelined(tool, prefix):
+            """The tool for prefix-0..n-1, at most 200 in progress (a
+            connection may have 256)."""
+            def done(i):
+                r = c.next(lambda m, i=i: m.get('id') == 'm%d' % i, 300)
+                assert not r['result'].get('isError'), r
+            window = 200
+            for i in range(n):
+                if i >= window:
+                    done(i - window)
+                c.send({'jsonrpc': '2.0', 'id': 'm%d' % i, 'method': 'tools/call',
+                        'params': {'name': tool, 'arguments': {'sandboxId': '%s-%d' % (prefix, i)}}})
+            for i in range(max(0, n - window), n):
+                done(i)
+
+        def settled():
+            """MemAvailable once it holds still (the kernel's deferred frees
+            and the daemon's settling of quiet sandboxes over; at most 60 s)."""
+            m1, t0 = meminfo_kb(), time.monotonic()
+            while time.monotonic() - t0 < 60:
+                time.sleep(2)
+                m = meminfo_kb()
+                steady = abs(m['MemAvailable'] - m1['MemAvailable']) < 2048
+                m1 = m
+                if steady:
+                    break
+            return m1, time.monotonic() - t0
         m0 = meminfo_kb()
         before = m0['MemAvailable']
         cr0, pc0, ex0 = probe()
-        def created(i):
-            r = c.next(lambda m, i=i: m.get('id') == 'm%d' % i, 300)
-            assert not r['result'].get('isError'), r
-        window = 200  # pipelined, within the 256 calls a connection may have in progress
-        for i in range(n):
-            if i >= window:
-                created(i - window)
-            c.send({'jsonrpc': '2.0', 'id': 'm%d' % i, 'method': 'tools/call',
-                    'params': {'name': 'createSandbox', 'arguments': {'sandboxId': 'idle-%d' % i}}})
-        for i in range(max(0, n - window), n):
-            created(i)
-        # idle: the kernel's deferred frees done and the daemon's settling
-        # of quiet sandboxes (their journals checkpointed) over; what the
-        # host keeps for them then, read until it holds still (at most 60 s)
-        m1, t0 = meminfo_kb(), time.monotonic()
-        while time.monotonic() - t0 < 60:
-            time.sleep(2)
-            m = meminfo_kb()
-            steady = abs(m['MemAvailable'] - m1['MemAvailable']) < 2048
-            m1 = m
-            if steady:
-                break
+        pipelined('createSandbox', 'idle')
+        m1, settle = settled()
         after = m1['MemAvailable']
-        settle = time.monotonic() - t0
         cr1, pc1, ex1 = probe()
+        pipelined('destroySandbox', 'idle')
+        settled()
+        cr2, pc2, ex2 = probe()
         print('== %d idle sandboxes ==' % n)
         print('%-34s %8.0f KiB per sandbox (MemAvailable, caches dropped; steady after %.0f s)' %
               ('host memory', (before - after) / n, settle))
         print('%-34s %s' % ('  of which (KiB per sandbox)', ', '.join(
             '%s %.0f' % (k, (m1[k] - m0[k]) / n) for k in ('Slab', 'SUnreclaim', 'KernelStack', 'PageTables', 'Buffers',
                                                            'AnonPages', 'Shmem'))))
-        print('%-34s p50 %7.2f ms with %d alive, %7.2f ms with none (%.2fx)' %
-              ('create + destroy', pct(cr1, 50), n, pct(cr0, 50), pct(cr1, 50) / pct(cr0, 50)))
-        print('%-34s p50 %7.2f ms with %d alive, %7.2f ms with none (%.2fx)' %
-              ('create, one every %d ms' % (CREATE_GAP * 1000), pct(pc1, 50), n, pct(pc0, 50), pct(pc1, 50) / pct(pc0, 50)))
-        print('%-34s p50 %7.2f ms with %d alive, %7.2f ms with none (%.2fx)' %
-              ('exec true', pct(ex1, 50), n, pct(ex0, 50), pct(ex1, 50) / pct(ex0, 50)))
+        for name, many, none0, none2 in (('create + destroy', cr1, cr0, cr2),
+                                         ('create, one every %d ms' % (CREATE_GAP * 1000), pc1, pc0, pc2),
+                                         ('exec true', ex1, ex0, ex2)):
+            print('%-34s p50 %7.2f ms with %d alive, %7.2f ms with none (%.2f before, %.2f after) (%.2fx)' %
+                  (name, pct(many, 50), n, pct(none0 + none2, 50), pct(none0, 50), pct(none2, 50),
+                   pct(many, 50) / pct(none0 + none2, 50)))
         print()
     finally:
         env.close()
