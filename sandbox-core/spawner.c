@@ -23,9 +23,11 @@ enum { SP_INIT = 1, SP_WRITE = 2, SP_EXEC = 3 };
 /* A request: the arguments' strings travel in strs (offsets, 0 for NULL),
  * descriptors as SCM_RIGHTS: an init's socket and sbx-init's; a command's
  * init pidfd, cgroup files and its own descriptors, in that order. At most
- * SP_MAX bytes (past it, or past what the socket takes, the daemon forks
- * for itself). */
-#define SP_MAX (8u << 20)
+ * SP_MAX bytes, past which the daemon forks for itself: the kernel puts
+ * all but 17 pages of a message in one contiguous allocation, which for
+ * a bigger one may fail on a fragmented host (and always does past 4
+ * MiB); a command of that size is rare. */
+#define SP_MAX (64u << 10)
 #define SP_ARGS_MAX 64
 #define SP_ENV_MAX (SBX_MAX_ENV + 64)
 struct sp_req {
@@ -50,6 +52,7 @@ struct sp_req {
  * the message's credentials), or from the spawner when it made none. */
 struct sp_reply {
   int err;
+  int op; /* from a child: its request's */
 };
 
 /* The daemon's side: the spawner, and those given up (killed), kept
@@ -86,10 +89,10 @@ static int thread_setresgid(gid_t r, gid_t e, gid_t s) { return (int)syscall(SYS
  * named as the spawner has told nothing: see sweep_orphans), tells the
  * daemon it exists and lets go of the spawner's socket (the daemon sees
  * the spawner's death as that socket's hang-up). */
-static void announce(const char *name) {
+static void announce(int op, const char *name) {
   prctl(PR_SET_NAME, name);
   if (own < 0) return;
-  struct sp_reply r = {0};
+  struct sp_reply r = {.op = op};
   (void)!send(own, &r, sizeof r, MSG_NOSIGNAL);
   close(own);
   own = -1;
@@ -114,7 +117,7 @@ static pid_t init_here(const sbx_init_args *a, int other, unsigned long flags, u
   }
   pid_t pid = sbx_fork_child(flags, pidfd);
   if (pid == 0) {
-    announce("sbx-init");
+    announce(SP_INIT, "sbx-init");
     if (other >= 0) close(other);
     sbx_rootfs_init_main(a);
   }
@@ -130,7 +133,7 @@ static pid_t init_here(const sbx_init_args *a, int other, unsigned long flags, u
 static pid_t command_here(const sbx_command *c, unsigned long flags, int *pidfd) {
   pid_t pid = sbx_fork_child(flags, pidfd);
   if (pid == 0) {
-    announce("sbx-exec");
+    announce(SP_EXEC, "sbx-exec");
     sbx_supervise(c);
   }
   return pid;
@@ -139,7 +142,7 @@ static pid_t command_here(const sbx_command *c, unsigned long flags, int *pidfd)
 static pid_t write_here(const char *path, const char *text, const char *name, unsigned long flags) {
   pid_t pid = sbx_fork_child(flags, NULL);
   if (pid == 0) {
-    announce(name);
+    announce(SP_WRITE, name);
     close_range(3, ~0U, 0); /* nothing of the daemon's held open meanwhile */
     int fd = open(path, O_WRONLY | O_CLOEXEC);
     size_t len = strlen(text);
@@ -246,8 +249,12 @@ static ssize_t read_answer(int sock, struct sp_reply *rep, pid_t *pid) {
   return n;
 }
 
-static void kill_child(pid_t pid) {
-  if (kill(pid, SIGKILL) == 0 && nreap < REAP_MAX) to_reap[nreap++] = pid;
+/* A child the daemon will not keep. A supervisor may have started its
+ * command already: its SIGTERM kills the command's group (it is taken
+ * once the supervisor's handler stands), a SIGKILL would leave that
+ * running. An init's death ends everything of its sandbox. */
+static void kill_child(pid_t pid, int op) {
+  if (kill(pid, op == SP_EXEC ? SIGTERM : SIGKILL) == 0 && nreap < REAP_MAX) to_reap[nreap++] = pid;
 }
 
 static void handle_closed(uv_handle_t *h) {
@@ -292,7 +299,7 @@ static void spawner_readable(uv_poll_t *h, int status, int events) {
     ssize_t n = read_answer(s->sock, &rep, &pid);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
     if (n > 0) { /* nothing is asked now: a child that told after its request was given up */
-      if (pid > 0 && pid != s->pid) kill_child(pid);
+      if (pid > 0 && pid != s->pid) kill_child(pid, rep.op);
       continue;
     }
     if (s == sp) gone();
@@ -305,10 +312,12 @@ static void spawner_readable(uv_poll_t *h, int status, int events) {
  * spawner: a child that died before it told (children take their own
  * name first); nobody else would reap it. */
 static void sweep_orphans(void) {
-  char path[64], line[4096];
+  char path[64];
   snprintf(path, sizeof path, "/proc/self/task/%d/children", (int)getpid());
   _cleanup_fclose_ FILE *f = fopen(path, "re");
-  if (!f || !fgets(line, sizeof line, f)) return;
+  _cleanup_free_ char *line = NULL;
+  size_t cap = 0;
+  if (!f || getline(&line, &cap, f) < 0) return;
   for (char *t = strtok(line, " \n"); t; t = strtok(NULL, " \n")) {
     pid_t pid = (pid_t)atoi(t);
     bool spawner = sp && sp->pid == pid;
@@ -348,12 +357,7 @@ bool sbx_spawner_start(uv_loop_t *loop) {
   sp_loop = loop;
   int sv[2];
   if (!loop || socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) return false;
-  /* a request may be SP_MAX bytes (a command and its environment): the
-   * socket takes it as root; rootless, one past the default buffer is
-   * forked by the daemon itself */
-  int one = 1, big = (int)SP_MAX + 65536;
-  if (setsockopt(sv[0], SOL_SOCKET, SO_SNDBUFFORCE, &big, sizeof big) < 0)
-    setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &big, sizeof big);
+  int one = 1;
   struct spawner *s = calloc(1, sizeof *s);
   if (!s || setsockopt(sv[0], SOL_SOCKET, SO_PASSCRED, &one, sizeof one) < 0) {
     free(s);
@@ -424,7 +428,9 @@ static pid_t ask(struct sp_req *q, const int *fds, int nfds, bool *asked) {
   if (!s) return -1;
   size_t len = offsetof(struct sp_req, strs) + q->used;
   if (sbx_send_fds(s->sock, q, len, fds, nfds, 0) != (ssize_t)len) {
-    if (errno != EMSGSIZE) gone(); /* it did not get it */
+    /* it did not get it; only a hang-up means it is gone (a message
+     * the kernel could not take, ENOBUFS, is forked here) */
+    if (errno == EPIPE || errno == ECONNRESET || errno == ENOTCONN) gone();
     return -1;
   }
   s->asked++;
@@ -478,10 +484,11 @@ static pid_t ask(struct sp_req *q, const int *fds, int nfds, bool *asked) {
 /* ask(), then the child's pidfd if pidfd; the request freed */
 static pid_t ask_free(struct sp_req *q, const int *fds, int nfds, int *pidfd, bool *asked) {
   pid_t pid = ask(q, fds, nfds, asked);
+  int op = q->op;
   free(q);
   if (pid > 0 && pidfd && (*pidfd = sbx_pidfd_open(pid)) < 0) { /* our own child, not reaped: only EMFILE */
     int e = errno;
-    kill_child(pid);
+    kill_child(pid, op);
     errno = e;
     return -1;
   }
