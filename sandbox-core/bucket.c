@@ -1090,13 +1090,18 @@ static void remount(sbx_sandbox *sb, sbx_bucket *b, bool replace) {
   if (err.code) warn_sandbox(sb->id, "bucket %s at %s:%s is not mounted: %s", b->bucket, sb->id, b->mount_path, err.message);
 }
 
+/* A mount whose mountBucket check still runs: the check attaches it, or
+ * drops it from the list; a start leaves it alone. */
+static bool being_checked(const sbx_sandbox *sb, const sbx_bucket *b) {
+  bproc *p = proc_find(sb->id, b->id);
+  return p && p->checking;
+}
+
 int sbx_bucket_start_mounts(sbx_sandbox *sb, const char *paths[], int mfds[]) {
   int n = 0;
   if (sbx_engine_cfg()->rootless) return 0; /* made in the sandbox's namespaces: after the start */
   for (sbx_bucket *b = sb->buckets; b && n < SBX_INIT_MOUNTS_MAX; b = b->next) {
-    bproc *check = proc_find(sb->id, b->id);
-    if (b->local || b->pending || (check && check->checking))
-      continue; /* a mount still being checked: the check attaches it, or drops it from the list */
+    if (b->local || b->pending || being_checked(sb, b)) continue;
     sbx_error err = {0};
     char *config = read_cache_config(sb->id, b->id, sb);
     int devfd = -1, mfd = config ? make_fuse(sb, b, &devfd, &err) : -1;
@@ -1145,8 +1150,7 @@ static void unpend(sbx_bucket *b) {
 void sbx_bucket_start_all(sbx_sandbox *sb, const char *in) {
   int given = (int)strlen(in);
   for (sbx_bucket *b = sb->buckets; b; b = b->next) {
-    bproc *check = proc_find(sb->id, b->id);
-    if (check && check->checking) continue; /* the check attaches it, or drops it from the list */
+    if (being_checked(sb, b)) continue;
     if (!b->pending) {
       remount(sb, b, false);
       continue;

@@ -190,6 +190,5 @@ typedef struct sbx_spawn {
   const sbx_cgroup *cg;
 } sbx_spawn;
 pid_t sbx_sandbox_spawn(sbx_sandbox *sb, const sbx_spawn *sp, int *pidfd, sbx_error *err);
-
 /* Decodes a waitid status of that child into the command's exit code. */
 int sbx_spawn_exit_code(const siginfo_t *si);

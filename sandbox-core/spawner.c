@@ -34,10 +34,11 @@ struct sp_req {
   int op;
   unsigned long flags;
   uid_t euid;
-  /* its string pointers are replaced by the offsets below; its layers'
-   * targets point to static strings, the same in the spawner (a fork) */
-  sbx_init_args a;
-  unsigned id, etc_template, image_dir, mount_paths[SBX_INIT_MOUNTS_MAX];
+  /* SP_INIT: the init's arguments (some 11 KiB) at offset args in strs,
+   * not in this head that every request sends; their string pointers are
+   * replaced by the offsets below, their layers' targets point to static
+   * strings, the same in the spawner (a fork) */
+  unsigned init_args, id, etc_template, image_dir, mount_paths[SBX_INIT_MOUNTS_MAX];
   unsigned path; /* SP_WRITE */
   char text[32], name[16];
   sbx_command c; /* SP_EXEC: its pointers are not used */
@@ -207,8 +208,10 @@ static _Noreturn void spawner_main(int sock, pid_t daemon) {
     errno = EINVAL;
     if ((size_t)n >= offsetof(struct sp_req, strs) && q->used <= (size_t)n - offsetof(struct sp_req, strs) && q->used &&
         !q->strs[q->used - 1]) {
-      if (q->op == SP_INIT && nfds == 2) {
-        sbx_init_args *a = &q->a;
+      static sbx_init_args init_args;
+      sbx_init_args *a = &init_args;
+      if (q->op == SP_INIT && nfds == 2 && q->init_args && q->init_args + sizeof *a <= q->used) {
+        memcpy(a, q->strs + q->init_args, sizeof *a);
         a->sock = fds[0];
         a->init_exe_fd = fds[1];
         a->id = str_at(q, q->id);
@@ -408,16 +411,17 @@ static struct sp_req *new_req(int op, size_t strs) {
   return q;
 }
 
-static unsigned pack(struct sp_req *q, const char *s) {
-  if (!s) return 0;
-  size_t len = strlen(s) + 1;
-  if (q->used + len > q->cap) abort(); /* sized by the caller */
-  memcpy(q->strs + q->used, s, len);
-  q->used += (unsigned)len;
-  return q->used - (unsigned)len;
+static size_t len0(const char *s) { return s ? strlen(s) + 1 : 0; }
+
+/* n bytes of data, as they are (no alignment: copied out before use) */
+static unsigned pack_bytes(struct sp_req *q, const void *data, size_t n) {
+  if (q->used + n > q->cap) abort(); /* sized by the caller */
+  memcpy(q->strs + q->used, data, n);
+  q->used += (unsigned)n;
+  return q->used - (unsigned)n;
 }
 
-static size_t len0(const char *s) { return s ? strlen(s) + 1 : 0; }
+static unsigned pack(struct sp_req *q, const char *s) { return s ? pack_bytes(q, s, strlen(s) + 1) : 0; }
 
 /* One request and its answer: the child's pid, or -1 with errno. *asked
  * false: the spawner made no child (it could not be asked, or it died
@@ -496,13 +500,13 @@ static pid_t ask_free(struct sp_req *q, const int *fds, int nfds, int *pidfd, bo
 }
 
 pid_t sbx_spawn_init(const sbx_init_args *a, int other, unsigned long flags, uid_t euid, int *pidfd) {
-  size_t strs = len0(a->id) + len0(a->etc_template) + len0(a->image_dir);
+  size_t strs = sizeof *a + len0(a->id) + len0(a->etc_template) + len0(a->image_dir);
   for (int i = 0; i < a->nmounts; i++) strs += len0(a->mount_paths[i]);
   struct sp_req *q = sp ? new_req(SP_INIT, strs) : NULL;
   if (q) {
     q->flags = flags;
     q->euid = euid;
-    q->a = *a;
+    q->init_args = pack_bytes(q, a, sizeof *a);
     q->id = pack(q, a->id);
     q->etc_template = pack(q, a->etc_template);
     q->image_dir = pack(q, a->image_dir);

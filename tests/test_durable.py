@@ -132,7 +132,7 @@ def test_init_killed(t, x):
     t.eq(c.sh('echo again', sandbox='ik')['stdout'], 'again\n', 'the calls after it run as usual')
 
 
-def spawner_of(t, d, killed=()):
+def spawner_of(d, killed=()):
     """The daemon's one spawner: a new one, not in killed."""
     def new():
         return [p for p in children(d, 'sbx-spawner') if p not in killed and not gone(p)]
@@ -151,7 +151,7 @@ def test_spawner_killed(t, x):
     the create failed."""
     c = x.c
     d = x.env.daemon_pid()
-    sp = spawner_of(t, d)
+    sp = spawner_of(d)
     c.ok('createSandbox', {'sandboxId': 'sp-before'})
     t.eq(len(inits_of(d, 'sp-before')), 1, "a sandbox's init is the daemon's child")
     killed = []
@@ -173,7 +173,7 @@ def test_spawner_killed(t, x):
         t.ok(not res.get('isError'), 'the create worked (%d)' % i, res)
         t.eq(c.sh('hostname', sandbox=name)['stdout'], name + '\n', 'its commands run (%d)' % i)
         t.eq(len(inits_of(d, name)), 1, "it has one init, the daemon's child (%d)" % i)
-        sp = spawner_of(t, d, killed)
+        sp = spawner_of(d, killed)
         c.ok('destroySandbox', {'sandboxId': name})
     t.eq(c.sh('echo still', sandbox='sp-before')['stdout'], 'still\n', 'the sandbox made before still runs')
 
@@ -196,7 +196,7 @@ def test_spawner_child_late(t, x):
     and nothing is left unreaped; the next calls work."""
     c = x.c
     d = x.env.daemon_pid()
-    sp = spawner_of(t, d)
+    sp = spawner_of(d)
     st = subprocess.Popen(['strace', '-f', '-qq', '-o', '/dev/null', '-e', 'trace=sendto',
                            '-e', 'inject=sendto:delay_enter=9000000', '-p', str(sp)], stderr=subprocess.PIPE)
     try:
@@ -210,7 +210,7 @@ def test_spawner_child_late(t, x):
     msg = res.get('structuredContent', {}).get('error', {}).get('message', '')
     t.ok(res.get('isError') and 'temporarily unavailable' in msg, 'the create fails, saying why', res)
     t.ok(took < 30, 'within the time the daemon gives the spawner', took)
-    new = spawner_of(t, d, [sp])
+    new = spawner_of(d, [sp])
     t.ok(gone(sp), 'the spawner that did not answer was killed')
 
     def unreaped():
