@@ -329,6 +329,7 @@ void mcp_call_fail(mcp_call *call, const sbx_error *err) {
 void mcp_call_progress(mcp_call *call, const char *stream, const char *text, size_t len) {
   if (!call->conn || call->cancelled || !call->progress_token) return;
   call->progress += (double)len;
+  call->noted_us = sbx_now_us();
   if (call->raw) { /* the bytes as they came (sbx exec's output may be binary) */
     size_t n;
     char *b64 = sbx_base64_encode(text, len, &n);
@@ -343,6 +344,21 @@ void mcp_call_progress(mcp_call *call, const char *stream, const char *text, siz
                           "notifications/progress", "params", "progressToken", call->progress_token, "progress",
                           call->progress, "message", text, len, "_meta", "sbx/stream", stream);
   send_json(call->conn, msg);
+}
+
+void mcp_heartbeat(void) {
+  uint64_t now = sbx_now_us();
+  for (mcp_conn *c = live; c; c = c->next_live)
+    for (mcp_call *call = c->closed ? NULL : c->calls; call; call = call->next) {
+      /* sbx exec (raw) has no timeout to keep off: it wants output only */
+      if (!call->progress_token || call->cancelled || call->raw || now - call->noted_us < MCP_HEARTBEAT_MS * 1000ULL)
+        continue;
+      call->noted_us = now;
+      call->progress += 1; /* it must grow with each notification */
+      send_json(c, json_pack("{s:s, s:s, s:{s:O, s:f, s:s, s:{s:s}}}", "jsonrpc", "2.0", "method",
+                             "notifications/progress", "params", "progressToken", call->progress_token, "progress",
+                             call->progress, "message", "", "_meta", "sbx/stream", "heartbeat"));
+    }
 }
 
 void mcp_call_log(mcp_call *call, const char *level, const char *fmt, ...) {
@@ -523,6 +539,7 @@ static void do_tools_call(request *r) {
   if (json_is_string(tok) || json_is_integer(tok)) call->progress_token = json_incref(tok);
   call->stdin_socket = json_is_true(json_object_get(json_object_get(r->params, "_meta"), "sbx/stdin"));
   call->raw = json_is_true(json_object_get(json_object_get(r->params, "_meta"), "sbx/raw"));
+  call->noted_us = sbx_now_us();
   call->next = c->calls;
   c->calls = call;
   c->ncalls++;

@@ -30,6 +30,12 @@ void mcp_conn_close(mcp_conn *c);
 /* A notifications/message to every legacy-era connection that asked for
  * `level` or lower (events no call is waiting for: idle resets). */
 void mcp_broadcast_log(const char *level, const char *sandbox_id, const char *fmt, ...) SBX_PRINTF(3, 4);
+/* Each call with a progressToken that has sent nothing for MCP_HEARTBEAT_MS
+ * sends a progress notification without output: a client that resets its
+ * timeout on progress keeps waiting for a command that prints nothing
+ * (a quiet build). Often, from the loop. */
+#define MCP_HEARTBEAT_MS 5000
+void mcp_heartbeat(void);
 /* Sends a JSON-RPC error for a message that could not be framed (e.g. too
  * large). */
 void mcp_conn_send_error(mcp_conn *c, json_t *id, int code, const char *message);
@@ -48,6 +54,7 @@ typedef struct mcp_call {
   json_t *id;
   json_t *progress_token;
   double progress;
+  uint64_t noted_us; /* when it began, or sent its last progress (mcp_heartbeat) */
   bool cancelled;
   const mcp_tool *tool;
   char sandbox_id[64];

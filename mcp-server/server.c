@@ -446,6 +446,7 @@ static void on_idle_tick(uv_timer_t *t) {
    * daemon's RSS returns to its idle size instead of keeping its peak */
   static unsigned ticks;
   if (++ticks % 10 == 0) malloc_trim(0);
+  mcp_heartbeat();
 }
 
 static void on_signal(uv_signal_t *s, int sig) {

@@ -43,7 +43,11 @@ def render(catalog):
            '`listSandboxes` also takes `sandboxId` (1-63 of `[a-z0-9-]`; default: the connection\'s sandbox). Tools marked *creates* make the',
            'sandbox when it does not exist; the others answer `SANDBOX_NOT_FOUND`. Errors are results with',
            '`isError: true` and `structuredContent.error = {code, message}`; the codes are ' +
-           ', '.join('`%s`' % e for e in ERRORS) + '.', '']
+           ', '.join('`%s`' % e for e in ERRORS) + '.', '',
+           'A call that carries a `progressToken` and has sent no progress for 5 s (a command that prints',
+           'nothing, a long clone) sends one without output every 5 s: `message` `""`, `_meta` `{"sbx/stream":',
+           '"heartbeat"}`. A client that resets its timeout on progress (the SDKs\' `resetTimeoutOnProgress`)',
+           'keeps waiting for it; a client that shows output skips these.', '']
     for t in catalog['tools']:
         out += ['## %s%s' % (t['name'], ' (creates)' if t.get('creates') else ''), '', t['description'], '']
         inp = {k: v for k, v in t.get('input', {}).items() if k != 'sandboxId'}

@@ -34,6 +34,15 @@ try {
     undefined, { onprogress: () => {}, resetTimeoutOnProgress: true, timeout: 1500 });
   ok(slow.structuredContent.stdout.split('\n').length === 7, 'resetTimeoutOnProgress keeps a 3 s command alive with a 1.5 s timeout');
 
+  // a command that prints nothing for longer than the timeout: the heartbeats keep it alive, and carry no output
+  const beats = [];
+  const quiet = await client.callTool({ name: 'exec', arguments: { command: 'sleep 11; echo done' } },
+    undefined, { onprogress: (p) => beats.push(p), resetTimeoutOnProgress: true, timeout: 8000 });
+  ok(quiet.structuredContent.stdout === 'done\n', 'resetTimeoutOnProgress keeps a silent 11 s command alive with an 8 s timeout',
+    quiet);
+  ok(beats.length >= 2 && beats.slice(0, -1).every((p) => p.message === '') &&
+     beats.every((p, i) => i === 0 || p.progress > beats[i - 1].progress), 'through heartbeats: no text, progress growing', beats);
+
   // cancel through an AbortSignal: the command is gone afterwards
   const ac = new AbortController();
   const started = new Promise((resolve) => {
