@@ -100,8 +100,10 @@ static int open_parent(sbx_sandbox *sb, const char *abs, char **base, sbx_error 
   return fd;
 }
 
-/* 1 when it made abs, 0 when abs was a directory already, -1 on error. */
-static int mkdir_p_in(sbx_sandbox *sb, const char *abs, sbx_error *err) {
+/* 1 when it made abs, 0 when abs was a directory already, -1 on error;
+ * for_file: abs is to hold a file (a file there is not a directory, where
+ * for mkdir -p it exists). */
+static int mkdir_p_in(sbx_sandbox *sb, const char *abs, bool for_file, sbx_error *err) {
   char cur[4096];
   size_t n = strlen(abs);
   int made = 0;
@@ -112,7 +114,9 @@ static int mkdir_p_in(sbx_sandbox *sb, const char *abs, sbx_error *err) {
     _cleanup_close_ int fd = openat2_in(sb->rootfd, cur, O_PATH | O_DIRECTORY, 0);
     if (fd >= 0) continue;
     /* the last name a file's: it exists, not a directory (mkdir -p says so) */
-    if (errno == ENOTDIR && i == n) return fail_errno(err, EEXIST, "creating", cur);
+    if (errno == ENOTDIR && i == n)
+      return for_file ? sbx_err(err, "NOT_DIRECTORY", "%s is a file, not a directory", cur)
+                      : fail_errno(err, EEXIST, "creating", cur);
     if (errno != ENOENT) return fail_errno(err, errno, "opening", cur);
     char *base;
     _cleanup_close_ int pfd = open_parent(sb, cur, &base, err);
@@ -180,7 +184,7 @@ int sbx_fs_create(sbx_sandbox *sb, const char *path, mode_t mode, sbx_error *err
   char *slash = strrchr(abs, '/');
   if (slash != abs) {
     *slash = 0;
-    int r = mkdir_p_in(sb, abs, err);
+    int r = mkdir_p_in(sb, abs, true, err);
     *slash = '/';
     if (r < 0) return -1;
   }
@@ -312,7 +316,7 @@ int sbx_fs_mkdir(sbx_sandbox *sb, const char *path, bool recursive, sbx_error *e
   AS_SANDBOX(sb);
   char abs[4096];
   if (sbx_fs_abspath(path, abs, err) < 0) return -1;
-  if (recursive) return mkdir_p_in(sb, abs, err);
+  if (recursive) return mkdir_p_in(sb, abs, false, err);
   char *base;
   _cleanup_close_ int dfd = open_parent(sb, abs, &base, err);
   if (dfd < 0) return -1;
@@ -365,7 +369,11 @@ int sbx_fs_rename(sbx_sandbox *sb, const char *from, const char *to, bool into_d
   }
   _cleanup_close_ int fb = open_parent(sb, b, &bb, err);
   if (fb < 0) return -1;
-  if (renameat(fa, ba, fb, bb) < 0) return fail_errno(err, errno, "moving", a);
+  if (renameat(fa, ba, fb, bb) < 0) {
+    if (errno == EINVAL) /* rename(2)'s only EINVAL here: the target is inside what moves */
+      return sbx_err(err, "VALIDATION_FAILED", "%s cannot be moved into itself (%s)", a, b);
+    return fail_errno(err, errno, "moving", a);
+  }
   if (moved_to) snprintf(moved_to, 4096, "%s", b); /* where it went: inside `to`, when that is a directory */
   return 0;
 }

@@ -155,6 +155,12 @@ def test_mkdir_delete_rename(t, x):
     x.c.ok('writeFile', {'path': '/workspace/m/n/f', 'content': 'x'})
     t.eq(x.c.err('mkdir', {'path': '/workspace/m/n/f', 'recursive': True}), 'FILE_EXISTS',
          'mkdir recursive of a file is FILE_EXISTS (as mkdir -p says), not NOT_DIRECTORY')
+    e = x.c.call('writeFile', {'path': '/workspace/m/n/f/sub', 'content': 'x'})[0]['structuredContent']['error']
+    t.eq((e['code'], e['message']), ('NOT_DIRECTORY', '/workspace/m/n/f is a file, not a directory'),
+         'writeFile under a file: NOT_DIRECTORY, naming the file in the way')
+    e = x.c.call('moveFile', {'sourcePath': '/workspace/m', 'destinationPath': '/workspace/m/n'})[0]['structuredContent']['error']
+    t.eq((e['code'], e['message']), ('VALIDATION_FAILED', '/workspace/m cannot be moved into itself (/workspace/m/n/m)'),
+         'moving a directory into itself says so')
     t.eq(x.c.err('deleteFile', {'path': '/workspace/m'}), 'IS_DIRECTORY', 'deleteFile refuses a directory')
     x.c.ok('renameFile', {'oldPath': '/workspace/m/n/f', 'newPath': '/workspace/m/g'})
     t.eq(x.c.ok('exists', {'path': '/workspace/m/g'})['exists'], True, 'renamed file exists')
