@@ -933,7 +933,8 @@ static void git_done(void *ud, const sbx_exec_result *r, const sbx_error *err) {
     /* a server on the host's loopback, as the agent sees it: not the sandbox's */
     static const char *const loops[] = {"://127.", "://localhost", "://[::1]", "@127.", "@localhost", "@[::1]"};
     for (size_t i = 0; !hint && i < SBX_ARRAY_SIZE(loops); i++)
-      if (strstr(g->shown, loops[i]) && (strstr(t, "refused") || strstr(t, "unable to connect")))
+      if (strstr(g->shown, loops[i]) && (strstr(t, "refused") || strstr(t, "unable to connect") ||
+                                         strstr(t, "Failed to connect") || strstr(t, "Couldn't connect")))
         hint = "the sandbox's 127.0.0.1 and localhost are its own loopback, not the host's: nothing in the sandbox "
                "answered there (is the server you started in it still running?), and a server on the host is out of "
                "its reach (copy a repository in with sbx cp, or serve it from inside the sandbox)";

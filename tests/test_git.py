@@ -105,6 +105,10 @@ def test_target_in_the_way(t, x):
     err = res['structuredContent'].get('error', {})
     t.ok(err.get('code') == 'GIT_CLONE_FAILED' and 'own loopback' in err.get('message', ''),
          'nothing on the sandbox\'s loopback: the error says its 127.0.0.1 is not the host\'s', err)
+    res, _ = x.c.call('gitCheckout', {'repoUrl': 'http://127.0.0.1:9419/repo.git', 'targetDir': 'none'}, 120)
+    err = res['structuredContent'].get('error', {})
+    t.ok(err.get('code') == 'GIT_CLONE_FAILED' and 'own loopback' in err.get('message', ''),
+         'so does one over http (curl\'s words)', err)
     r = x.c.ok('gitCheckout', dict(args, force=True), 120)
     t.eq(r['commit'], x.main, 'force: true replaces it')
     t.eq(x.c.sh('ls -A /workspace/busy; ls -A /workspace | grep -c busy')['stdout'], '.git\nf\ng\n1\n',
