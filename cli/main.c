@@ -221,12 +221,18 @@ static int open_client(sbx_client *c, const char *sandbox) {
   return open_daemon(c, sandbox);
 }
 
-/* The daemon's messages name tools, for agents: here, the commands. */
-static const char *for_the_cli(const char *msg) {
+/* The daemon's messages name tools and their arguments, for agents: here,
+ * the commands and their options. The tool's name before an argument's
+ * error goes: the line names the tool already. */
+static const char *for_the_cli(const char *tool, const char *msg) {
   static const char *const names[][2] = {{"see listProcesses", "sbx ps lists them"},
                                          {"destroySandbox, then createSandbox", "sbx destroy, then sbx create"},
-                                         {"createSandbox", "sbx create"}, {"destroySandbox", "sbx destroy"}};
+                                         {"createSandbox", "sbx create"}, {"destroySandbox", "sbx destroy"},
+                                         {"limits.memoryMB", "--memory (MB)"}, {"limits.diskMB", "--disk (MB)"},
+                                         {"limits.pids", "--pids"}, {"limits.cpus", "--cpus"}};
   static char out[1024];
+  size_t tl = strlen(tool);
+  if (msg && !strncmp(msg, tool, tl) && !strncmp(msg + tl, ": ", 2)) msg += tl + 2;
   snprintf(out, sizeof out, "%s", msg ? msg : "");
   for (size_t i = 0; i < SBX_ARRAY_SIZE(names); i++)
     for (char *at; (at = strstr(out, names[i][0]));) {
@@ -266,7 +272,7 @@ static json_t *call(sbx_client *c, const char *tool, json_t *args, sbx_progress_
     if (!strcmp(code, "SANDBOX_NOT_FOUND") && *id) /* the daemon's advice is for agents */
       fprintf(stderr, "sbx: no sandbox '%s' (`sbx ls` lists them)\n", id);
     else
-      fprintf(stderr, "sbx: %s: %s: %s\n", tool, code, for_the_cli(json_string_value(json_object_get(e, "message"))));
+      fprintf(stderr, "sbx: %s: %s: %s\n", tool, code, for_the_cli(tool, json_string_value(json_object_get(e, "message"))));
     snprintf(last_code, sizeof last_code, "%s", json_string_value(json_object_get(e, "code")) ?: "");
     json_decref(r);
     return NULL;

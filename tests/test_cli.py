@@ -79,6 +79,9 @@ def test_create(t, x):
     t.ok(r.returncode == 1 and b'NOT changed' in r.stdout and b'network' in r.stdout,
          'on one that exists it names what needs a new sandbox, and fails', (r.returncode, r.stdout))
     t.eq(x.env.run(['create', 'made', '--memory', 'lots']).returncode, 2, 'a bad value is a usage error')
+    r = x.env.run(['create', 'huge', '--memory', '99999999'])
+    t.eq((r.returncode, r.stderr), (1, b'sbx: createSandbox: VALIDATION_FAILED: --memory (MB): must be from 16 to 1048576\n'),
+         'one the daemon refuses names the option, once', r.stderr)
     x.env.run(['destroy', 'made'])
     x.env.run(['create', 'tiny', '--disk', '32'])
     big = os.path.join(x.env.root, 'big.bin')
