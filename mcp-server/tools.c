@@ -1672,6 +1672,32 @@ static void cut_middle(sbx_buf *t, size_t max) {
   sbx_buf_append(t, all, sizeof all - 1);
 }
 
+/* Where a result's text says nothing but its type (Python's default repr,
+ * "<__main__.T object at 0x7f...>") or is missing, and it has a textual
+ * form (_repr_markdown_, _repr_json_, _repr_html_...), that goes in the
+ * text, named: a client that shows only text sees what the object shows.
+ * True if it did. */
+static bool richer_text(sbx_buf *t, json_t *result, json_t *text) {
+  const char *s = json_string_value(text);
+  size_t n = json_string_length(text);
+  if (s && !(n > 2 && s[0] == '<' && s[n - 1] == '>' && memmem(s, n, " object at 0x", 13))) return false;
+  static const char *const kinds[] = {"markdown", "json", "html", "latex", "svg"};
+  for (size_t k = 0; k < SBX_ARRAY_SIZE(kinds); k++) {
+    json_t *r = json_object_get(result, kinds[k]);
+    if (!r) continue;
+    char *dumped = json_is_string(r) ? NULL : json_dumps(r, JSON_COMPACT | JSON_ENCODE_ANY);
+    const char *body = dumped ? dumped : json_string_value(r);
+    if (!body) continue;
+    sbx_buf_append(t, "[", 1);
+    sbx_buf_append(t, kinds[k], strlen(kinds[k]));
+    sbx_buf_append(t, "]\n", 2);
+    sbx_buf_append(t, body, strlen(body));
+    free(dumped);
+    return true;
+  }
+  return false;
+}
+
 /* A short text of a run for clients that show only text; images also go
  * as image blocks (the structured result keeps everything). */
 static void code_done(void *ud, json_t *res, const sbx_error *err) {
@@ -1711,7 +1737,8 @@ static void code_done(void *ud, json_t *res, const sbx_error *err) {
     json_t *text = json_object_get(v, "text");
     if (t.len && t.data[t.len - 1] != '\n') sbx_buf_append(&t, "\n", 1);
     if (image) sbx_buf_append(&t, "[image]\n", 8);
-    else if (json_is_string(text)) sbx_buf_append(&t, json_string_value(text), json_string_length(text));
+    else if (!richer_text(&t, v, text) && json_is_string(text))
+      sbx_buf_append(&t, json_string_value(text), json_string_length(text));
   }
   json_t *e = json_object_get(res, "error");
   if (e) {

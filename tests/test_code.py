@@ -70,6 +70,13 @@ def test_plot_and_dataframe(t, x):
     r = run(x, 'class R:\n    def _repr_markdown_(self): return "**md**"\n    def _repr_svg_(self): return "<svg/>"\nR()')
     t.eq((r['results'][0].get('markdown'), r['results'][0].get('svg')), ('**md**', '<svg/>'),
          '_repr_markdown_ and _repr_svg_ come back under their keys')
+    res, _ = x.c.call('runCode', {'code': 'class H:\n    def _repr_html_(self): return "<b>bold</b>"\n'
+                                          '    def _repr_json_(self): return {"k": [1]}\nH()'}, 120)
+    t.eq(res['content'][0]['text'], '[json]\n{"k":[1]}',
+         'the text of an object whose repr says nothing but its type is its first textual form, named', res['content'])
+    res, _ = x.c.call('runCode', {'code': 'df'}, 120)
+    t.ok('<table' not in res['content'][0]['text'] and ' a ' in res['content'][0]['text'],
+         'a DataFrame\'s text stays its table', res['content'])
 
 
 def test_timeout_and_cancel(t, x):
