@@ -72,12 +72,13 @@ static const struct help {
      "copied whole; modes, mtimes and symlinks are kept. Into an existing directory DST gets\n"
      "SRC's name inside it; else DST becomes that name. - is a tar stream: `sbx cp ID:PATH -`\n"
      "writes one, `sbx cp - ID:DIR` unpacks one into DIR."},
-    {"expose", "sbx expose ID PORT", "Prints a preview URL that opens PORT of sandbox ID in a browser."},
+    {"expose", "sbx expose ID PORT", "Prints a preview URL that opens PORT of sandbox ID in a browser (ID must exist)."},
     {"unexpose", "sbx unexpose ID PORT", "Takes the preview URL of PORT of sandbox ID away (it answers 410 from then on)."},
     {"doctor", "sbx doctor", "Says what this machine offers sbx (namespaces, cgroups, FUSE...) and the configuration."},
     {"mount", MOUNT_USAGE,
-     "Shows every sandbox's /workspace at MOUNTPOINT/<sandboxId>/, live. Files show the\n"
-     "sandbox's own host owner (so git treats them as foreign); you read and write them all.\n"
+     "Shows every sandbox's /workspace at MOUNTPOINT/<sandboxId>/, live (MOUNTPOINT is made if\n"
+     "missing). Files show the sandbox's own host owner (so git treats them as foreign); you\n"
+     "read and write them all.\n"
      "-f stays in the foreground; SIGTERM or `sbx umount MOUNTPOINT` ends it. As root, reads\n"
      "and writes of open files go straight to the sandbox's disk (FUSE passthrough) where\n"
      "the kernel offers it; -o nopassthrough serves them through sbx instead. Requests come\n"
@@ -462,13 +463,16 @@ static int cmd_expose(int argc, char **argv) {
   if (port < 0) return 2;
   sbx_client c;
   if (open_client(&c, argv[1]) < 0) return 1;
-  /* a port exposed already: its URL again, as the first time */
-  char err[600];
-  json_t *r = sbx_client_call(&c, "getExposedPorts", json_pack("{s:s}", "sandboxId", argv[1]), NULL, NULL,
-                              &interrupted, err, sizeof err);
+  /* a port exposed already: its URL again, as the first time; a sandbox
+   * that is not there is not made (a typo's), as sbx cp */
+  json_t *r = call(&c, "getExposedPorts", json_pack("{s:s}", "sandboxId", argv[1]), NULL, NULL);
+  if (!r) {
+    sbx_client_close(&c);
+    return 1;
+  }
   size_t i;
   json_t *e;
-  json_array_foreach(r ? json_object_get(sc(r), "ports") : NULL, i, e) {
+  json_array_foreach(json_object_get(sc(r), "ports"), i, e) {
     if (json_integer_value(json_object_get(e, "port")) == port) {
       const char *warning = json_string_value(json_object_get(sc(r), "warning"));
       if (warning) fprintf(stderr, "sbx expose: %s\n", warning); /* a URL that answers nothing is not printed */

@@ -535,6 +535,10 @@ def test_cli_expose(t, x):
     t.eq((r.returncode, request(x, host_of(url))[0]), (0, 410), 'sbx unexpose ID PORT takes it away: the URL answers 410')
     r = x.env.run(['unexpose', 'web', '8001'])
     t.ok(r.returncode == 1 and b'PORT_NOT_EXPOSED' in r.stderr, 'a second time fails and says why', (r.returncode, r.stderr))
+    r = x.env.run(['expose', 'wbe', '8001'])
+    t.eq((r.returncode, r.stdout, r.stderr), (1, b'', b"sbx: no sandbox 'wbe' (`sbx ls` lists them)\n"),
+         'sbx expose of a sandbox that is not there says so')
+    t.ok(b'wbe' not in x.env.run(['ls']).stdout, 'and does not make it')
 
 
 def test_kept_across_restart(t, x):
