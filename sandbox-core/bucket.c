@@ -672,6 +672,7 @@ static void check_answered(bproc *p, const sbx_error *err) {
   p->checking = false;
   sbx_sandbox *sb = p->counted ? sbx_sandbox_find(p->sandbox) : NULL;
   if (sb && sb->running > 0) sb->running--;
+  if (sb) sbx_sandbox_touch(sb); /* its idle time counts from the answer, as a command's from its end */
   p->counted = false;
   p->refused = err != NULL;
   if (err) forget_spec(p->sandbox, p->id);

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 
-from sbxtest import Env, Fail, children, gone, run_tests, wait_until
+from sbxtest import Env, Fail, children, comm_of, gone, hostname_of, run_tests, wait_until
 from s3server import AK, SK, S3
 
 FSOPS = os.environ.get('FSOPS') or os.path.join(os.path.dirname(__file__), '..', 'build', 'tests', 'fsops')
@@ -66,14 +66,6 @@ def kill_daemon(x):
     inits = children(pid, 'sbx-init')
     os.kill(pid, signal.SIGKILL)
     wait_until(lambda: all(gone(p) for p in inits + [pid]), 30, 'the daemon and its sandboxes to end')
-
-
-def _hostname_of(pid):
-    try:
-        with open('/proc/%d/root/etc/hostname' % pid) as f:
-            return f.read().strip()
-    except OSError:
-        return None
 
 
 def run_py(x, sandbox, prog, wait=120):
@@ -393,7 +385,7 @@ def test_fsyncs_hold_no_thread(t, x):
         def waiting_threads():
             n = 0
             for pid in [int(p) for p in os.listdir('/proc') if p.isdigit()]:
-                if _hostname_of(pid) != 'slow':  # the sandbox's processes
+                if hostname_of(pid) != 'slow':  # the sandbox's processes
                     continue
                 try:
                     tids = os.listdir('/proc/%d/task' % pid)
@@ -490,11 +482,10 @@ def test_reset_keeps_bucket(t, x):
     c.ok('runCode', {'sandboxId': 'nap', 'code': 'import subprocess\nkept = subprocess.Popen(["sleep", "1000"])'})
     want = c.sh('sha256sum /workspace/b/data', sandbox='nap')['stdout'].split()[0]
     sleeper = [p for p in map(int, subprocess.run(['pgrep', '-x', 'sleep'], capture_output=True, text=True).stdout.split())
-               if _hostname_of(p) == 'nap']  # this sandbox's, not every sleep on the machine
+               if hostname_of(p) == 'nap']  # this sandbox's, not every sleep on the machine
     t.ok(sleeper, 'the sandbox runs a background process', sleeper)
     x.c.next(lambda m: m.get('method') == 'notifications/message' and m['params']['data'].get('sandboxId') == 'nap', 30)
-    wait_until(lambda: not any(os.path.exists('/proc/%d' % p) and 'sleep' in open('/proc/%d/comm' % p).read()
-                               for p in sleeper if os.path.exists('/proc/%d/comm' % p)), 10, 'the sandbox\'s processes to go')
+    wait_until(lambda: not any(comm_of(p) == 'sleep' for p in sleeper), 10, 'the sandbox\'s processes to go')
     t.ok(True, 'reset: its processes are gone')
     r = c.sh('sha256sum /workspace/b/data | cut -d" " -f1; ls /workspace', sandbox='nap')
     t.eq(r.get('reset'), True, 'the next call wakes it with reset: true')

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 
-from sbxtest import SBX, Env, Fail, children, forks, gone, inits_of, run_tests, wait_until
+from sbxtest import SBX, Env, Fail, children, comm_of, forks, gone, hostname_of, inits_of, run_tests, wait_until
 
 
 class Ctx:
@@ -287,9 +287,13 @@ def test_made_ahead(t, x):
 
     def ahead():
         return sorted(d for d in os.listdir(sandboxes) if d.startswith('_ahead-'))
-    wait_until(ahead, 30, 'a sandbox made ahead')
-    before = ahead()
     old = x.env.daemon_pid()
+
+    def all_running():  # a made-ahead sandbox's directory is there a moment before its init
+        running = sum(s['status'] == 'running' for s in c.ok('listSandboxes')['sandboxes'])
+        return ahead() and len(children(old, 'sbx-init')) >= running + len(ahead())
+    wait_until(all_running, 30, 'a sandbox made ahead, running')
+    before = ahead()
     inits = children(old, 'sbx-init')
     c.ok('createSandbox', {'sandboxId': 'took'})
     t.eq(len(set(before) - set(ahead())), 1, 'the create took a sandbox made ahead', repr((before, ahead())))
@@ -380,8 +384,8 @@ def test_relay_survives(t, x):
     out = {}
     th = threading.Thread(target=lambda: out.setdefault('r', c.call('exec', {'command': 'sleep 60'}, timeout=90)[0]))
     th.start()
-    wait_until(lambda: any('sleep' == open('/proc/%s/comm' % p).read().strip() for p in os.listdir('/proc')
-                           if p.isdigit() and os.path.exists('/proc/%s/comm' % p)), 30, 'the sleep to run')
+    wait_until(lambda: any(comm_of(p) == 'sleep' and hostname_of(p) == 'relay' for p in os.listdir('/proc') if p.isdigit()),
+               30, 'the sleep to run')
     stop = subprocess.Popen([SBX, 'daemon', 'stop'], env=x.env.env, stdout=subprocess.DEVNULL)
     th.join(30)
     r = out.get('r')

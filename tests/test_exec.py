@@ -5,7 +5,7 @@ import os
 import sys
 import time
 
-from sbxtest import Ctx, Env, Fail, run_tests, wait_until
+from sbxtest import Ctx, Env, Fail, left_running, run_tests, wait_until
 
 
 def test_basic(t, x):
@@ -156,9 +156,10 @@ def test_timeout_kills_tree(t, x):
          'a timed-out exec is isError with COMMAND_TIMEOUT, so it is not taken for a result', res)
     t.eq(r.get('stdout'), 'started\n', 'and it carries the output so far')
     t.ok(time.monotonic() - t0 < 20, 'timeout returns promptly')
-    r = x.c.sh('pid=$(cat /tmp/bg.pid); kill -0 $pid 2>/dev/null && echo alive || echo gone')
+    r = x.c.sh('pid=$(cat /tmp/bg.pid); for i in $(seq 400); do kill -0 $pid 2>/dev/null || { echo gone; exit; }; '
+               'sleep 0.05; done; echo alive')
     t.eq(r['stdout'].strip(), 'gone', 'the whole tree is killed, background children too')
-    t.eq(x.c.sh('ps -e -o comm= | grep -c "^sleep$"')['stdout'].strip(), '0', 'no sleep survives')
+    t.eq(x.c.sh(left_running('sleep'))['stdout'].strip(), '0', 'no sleep survives')
 
 
 def test_background_does_not_block(t, x):

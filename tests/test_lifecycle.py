@@ -59,14 +59,14 @@ def test_error_after_reset(t, x):
 
 def test_awake_when_kept_or_busy(t, x):
     c = x.c
-    c.ok('createSandbox', {'sandboxId': 'kept', 'sleepAfter': '1s', 'keepAlive': True})
-    c.ok('createSandbox', {'sandboxId': 'busy', 'sleepAfter': '1s'})
-    c.ok('createSandbox', {'sandboxId': 'probe', 'sleepAfter': '1s'})
-    busy = x.env.mcp(['--sandbox', 'busy'])
+    busy = x.env.mcp(['--sandbox', 'busy'])  # ready first: its command starts right after busy is made
     busy.initialize()
+    c.ok('createSandbox', {'sandboxId': 'busy', 'sleepAfter': '1s'})
     out = {}
     th = threading.Thread(target=lambda: out.setdefault('r', busy.sh('sleep 4; echo done', timeout=20000)))
     th.start()
+    c.ok('createSandbox', {'sandboxId': 'kept', 'sleepAfter': '1s', 'keepAlive': True})
+    c.ok('createSandbox', {'sandboxId': 'probe', 'sleepAfter': '1s'})
     reset_event(c, 'probe')  # a sandbox made alongside them has been reset by now
     t.eq(status(c, 'kept'), 'running', 'keepAlive never sleeps')
     t.eq(status(c, 'busy'), 'running', 'a running command keeps its sandbox awake')

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from dnsserver import Dns
-from sbxtest import Env, run_tests
+from sbxtest import Env, left_running, run_tests
 
 UID = GID = 4242  # an unprivileged uid with no other business on the machine
 
@@ -101,7 +101,7 @@ def test_limits(t, x):
         t.eq(x.c.sh('nproc', sandbox='rl')['stdout'], '1\n', 'nproc says the cpus limit rootless too')
     r = x.c.sh('sleep 300 & sleep 300', timeout=500)
     t.ok(r.get('timedOut'), 'timeout still works')
-    t.eq(x.c.sh('ps -e -o comm= | grep -c ^sleep || true')['stdout'].strip(), '0', 'and kills the tree')
+    t.eq(x.c.sh(left_running('sleep'))['stdout'].strip(), '0', 'and kills the tree')
     r = x.c.sh(FORKS, sandbox='rl-forks', timeout=60000)
     t.ok(0 < int(r['stdout']) < 1024, 'the default pids limit holds rootless (%s forks of 1100)' % r['stdout'].strip())
 

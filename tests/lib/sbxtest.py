@@ -447,18 +447,7 @@ def children(parent, comm):
 def inits_of(daemon_pid, sandbox):
     """Host pids of the daemon's sandbox inits named sandbox (an init's
     hostname is its sandbox's id)."""
-    named = []
-    for pid in children(daemon_pid, 'sbx-init'):
-        try:  # what a sandbox left there may be a FIFO: never waited for
-            fd = os.open('/proc/%d/root/etc/hostname' % pid, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
-            try:
-                if stat.S_ISREG(os.fstat(fd).st_mode) and os.read(fd, 128) == (sandbox + '\n').encode():
-                    named.append(pid)
-            finally:
-                os.close(fd)
-        except OSError:
-            continue
-    return named
+    return [pid for pid in children(daemon_pid, 'sbx-init') if hostname_of(pid) == sandbox]
 
 
 def gone(pid):
@@ -468,6 +457,36 @@ def gone(pid):
             return f.read().split(') ')[1][0] == 'Z'
     except OSError:
         return True
+
+
+def comm_of(pid):
+    """A process's command name, or None once it is gone."""
+    try:
+        with open('/proc/%d/comm' % int(pid)) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def hostname_of(pid):
+    """The hostname a process's sandbox gave it (its id), or None."""
+    try:  # what a sandbox left there may be a FIFO: never waited for
+        fd = os.open('/proc/%d/root/etc/hostname' % int(pid), os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        try:
+            return os.read(fd, 128).decode(errors='replace').strip() if stat.S_ISREG(os.fstat(fd).st_mode) else None
+        finally:
+            os.close(fd)
+    except OSError:
+        return None
+
+
+def left_running(name, seconds=20):
+    """Shell text that prints how many processes named name are left in
+    the sandbox, once there are none or after seconds: a tree a call
+    killed (a timeout, a cancel) has SIGKILL pending when the call answers,
+    and the sandbox's init reaps it just after."""
+    return ('for i in $(seq %d); do n=$(ps -e -o comm= | grep -c "^%s$"); [ "$n" = 0 ] && break; sleep 0.05; done; echo $n'
+            % (seconds * 20, name))
 
 
 def wait_until(pred, timeout=TIMEOUT, what='condition'):
