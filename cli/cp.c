@@ -137,6 +137,9 @@ static int parent_of(const extract *e, char *rel, const char **last) {
   return fd;
 }
 
+/* A file's data, with its holes kept: blocks of zeros are skipped, not
+ * written, so a sparse file (a sandbox's 300 MB of nothing) takes no more
+ * of the host's disk than of the sandbox's. */
 static int write_data(reader *r, int fd, uint64_t size) {
   char buf[65536];
   int rc = 0;
@@ -144,15 +147,36 @@ static int write_data(reader *r, int fd, uint64_t size) {
   while (left > 0) {
     size_t k = left < sizeof buf ? left : sizeof buf;
     if (read_full(r, buf, k) < 0) return -1;
-    if (rc == 0 && sbx_write_all(fd, buf, k) < 0) rc = -2; /* keep reading the archive */
+    bool hole = k == sizeof buf && !buf[0] && !memcmp(buf, buf + 1, k - 1);
+    if (rc == 0 && (hole ? lseek(fd, (off_t)k, SEEK_CUR) < 0 : sbx_write_all(fd, buf, k) < 0))
+      rc = -2; /* keep reading the archive */
     left -= k;
   }
+  if (rc == 0 && ftruncate(fd, (off_t)size) < 0) rc = -2; /* a hole at the end */
   if (skip(r, ((size + 511) & ~511ull) - size) < 0) return -1;
   return rc;
 }
 
+/* Text from the sandbox (its names, its tar's words), as the terminal
+ * may show it: control characters (an escape sequence that clears the
+ * screen or writes a line of its own) as \xNN; newlines kept in lines. */
+static const char *shown(const char *s, bool lines) {
+  static char out[2][4096];
+  static int which;
+  char *o = out[which ^= 1];
+  size_t n = 0;
+  for (; s && *s && n + 5 < sizeof out[0]; s++) {
+    unsigned char ch = (unsigned char)*s;
+    if ((ch < 0x20 && !(lines && (ch == '\n' || ch == '\t'))) || ch == 0x7f) n += (size_t)sprintf(o + n, "\\x%02x", ch);
+    else o[n++] = (char)ch;
+  }
+  o[n] = 0;
+  return o;
+}
+
 static int fail(const char *what, const char *path) {
-  fprintf(stderr, "sbx cp: %s %s: %s\n", what, path, strerror(errno));
+  int e = errno;
+  fprintf(stderr, "sbx cp: %s %s: %s\n", what, shown(path, false), strerror(e));
   return 1;
 }
 
@@ -165,7 +189,7 @@ static int entry(extract *e, reader *r, char type, const char *name, const char 
   char *rel = relative(e, name);
   bool data = type == '0' || type == '\0' || type == '7';
   if (!rel) {
-    fprintf(stderr, "sbx cp: skipping %s: not under %s\n", name, e->top);
+    fprintf(stderr, "sbx cp: skipping %s: not under %s\n", shown(name, false), shown(e->top, false));
     return data && skip(r, (size + 511) & ~511ull) < 0 ? -1 : 1;
   }
   int rc = 0;
@@ -173,10 +197,13 @@ static int entry(extract *e, reader *r, char type, const char *name, const char 
     if (type == '5') {
       char meta[64];
       snprintf(meta, sizeof meta, "%o %lld", mode, (long long)mtime);
-      if (mkdir(e->dest, 0700) < 0 && errno != EEXIST) rc = fail("making", e->dest), e->top_failed = true;
+      bool made = mkdir(e->dest, 0700) == 0;
+      if (!made && errno != EEXIST) rc = fail("making", e->dest), e->top_failed = true;
       else if (e->rootfd < 0 && (e->rootfd = open(e->dest, O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0)
         rc = fail("opening", e->dest), e->top_failed = true;
-      else sbx_strv_add(&e->dirs, ""), sbx_strv_add(&e->dir_meta, meta);
+      else if (made) sbx_strv_add(&e->dirs, ""), sbx_strv_add(&e->dir_meta, meta);
+      /* one of the host's that was there keeps its mode: the sandbox's
+       * archive does not open a directory of the host's (1777 on 0700) */
     } else if (data) {
       int fd = open(e->dest, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
       if (fd < 0) rc = fail("writing", e->dest);
@@ -189,7 +216,7 @@ static int entry(extract *e, reader *r, char type, const char *name, const char 
       if (symlink(link, e->dest) < 0) rc = fail("making", e->dest);
       else utimensat(AT_FDCWD, e->dest, ts, AT_SYMLINK_NOFOLLOW);
     } else {
-      fprintf(stderr, "sbx cp: %s is neither a file, a directory nor a symlink\n", name);
+      fprintf(stderr, "sbx cp: %s is neither a file, a directory nor a symlink\n", shown(name, false));
       rc = 1;
     }
     free(rel);
@@ -197,7 +224,7 @@ static int entry(extract *e, reader *r, char type, const char *name, const char 
   }
   if (e->rootfd < 0) {
     free(rel);
-    if (!e->top_failed) fprintf(stderr, "sbx cp: %s: not in a directory\n", name);
+    if (!e->top_failed) fprintf(stderr, "sbx cp: %s: not in a directory\n", shown(name, false));
     return data && skip(r, (size + 511) & ~511ull) < 0 ? -1 : 1;
   }
   const char *last;
@@ -216,7 +243,7 @@ static int entry(extract *e, reader *r, char type, const char *name, const char 
   if (rc) {
   } else if (type == '5') {
     if (!exists && mkdirat(dir, last, 0700) < 0) rc = fail("making", name);
-    else {
+    else if (!exists) { /* (as the top one) */
       char meta[64];
       snprintf(meta, sizeof meta, "%o %lld", mode, (long long)mtime);
       sbx_strv_add(&e->dirs, rel);
@@ -241,7 +268,7 @@ static int entry(extract *e, reader *r, char type, const char *name, const char 
     if (tdir >= 0) close(tdir);
     free(trel);
   } else {
-    if (!e->warned) fprintf(stderr, "sbx cp: skipping %s and other devices, fifos or sockets\n", name);
+    if (!e->warned) fprintf(stderr, "sbx cp: skipping %s and other devices, fifos or sockets\n", shown(name, false));
     e->warned = true;
   }
   close(dir);
@@ -366,7 +393,7 @@ static int cp_done(sbx_client *c, const char *id, const char *path) {
         else if (text && strstr(text, "No such file or directory")) /* tar's or cd's words for it */
           fprintf(stderr, "sbx cp: %s: No such file or directory\n", what);
         else
-          fprintf(stderr, "sbx cp: %s: %s", what, text && *text ? text : "tar failed\n");
+          fprintf(stderr, "sbx cp: %s: %s", shown(what, false), text && *text ? shown(text, true) : "tar failed\n");
       }
       json_decref(m);
       return code ? 1 : 0;

@@ -162,6 +162,15 @@ def test_cp(t, x):
     t.eq(tree_facts(dst), tree_facts(src), 'the round trip keeps every file, mode, mtime and symlink')
     d = subprocess.run(['diff', '-r', '--no-dereference', src, dst], capture_output=True)
     t.eq(d.returncode, 0, 'diff -r finds no difference', d.stdout)
+    x.env.run(['exec', '-s', 'cp1', '--', 'truncate -s 300M /workspace/sparse.bin && printf end >> /workspace/sparse.bin'])
+    r = x.env.run(['cp', 'cp1:sparse.bin', os.path.join(x.env.root, 'sparse.bin')])
+    st = os.stat(os.path.join(x.env.root, 'sparse.bin'))
+    t.ok(r.returncode == 0 and st.st_size == (300 << 20) + 3 and st.st_blocks * 512 < (1 << 20),
+         'a sparse file stays sparse on the host (%d bytes, %d allocated)' % (st.st_size, st.st_blocks * 512), r.stderr)
+    with open(os.path.join(x.env.root, 'sparse.bin'), 'rb') as f:
+        f.seek(300 << 20)
+        t.eq(f.read(), b'end', 'with its data where it was')
+    os.unlink(os.path.join(x.env.root, 'sparse.bin'))
     into = os.path.join(x.env.root, 'into')
     os.makedirs(into)
     x.env.run(['cp', 'cp1:proj/sub', into])
@@ -231,6 +240,20 @@ sys.stdout.buffer.write(b.getvalue())
     t.eq(os.stat(os.path.join(dest, 'suid')).st_mode & 0o7777, 0o755, 'set-id bits are dropped')
     t.ok(not os.path.exists(os.path.join(dest, 'dev')), 'no device node is made')
     t.ok(not os.path.exists(os.path.join(dest, 'hard')), 'no hard link to a file outside')
+    # a directory of the host's that is there already keeps its mode
+    kept = os.path.join(x.env.root, 'kept')
+    os.makedirs(os.path.join(kept, 'loot'), mode=0o700)
+    os.chmod(os.path.join(kept, 'loot'), 0o700)
+    x.env.run(['exec', '-s', 'evil', '--', 'rm /usr/local/bin/tar; chmod 1777 /workspace/loot'])
+    r = x.env.run(['cp', 'evil:loot', kept])
+    t.eq((r.returncode, oct(os.stat(os.path.join(kept, 'loot')).st_mode & 0o7777)), (0, '0o700'),
+         'a host directory that was there keeps its mode (the sandbox\'s 1777 does not open it)', r.stderr)
+    # what the sandbox's tar says reaches the terminal with its control characters shown, not obeyed
+    x.env.run(['exec', '-s', 'evil', '--', 'printf \'#!/bin/sh\\nprintf "\\\\033[2J\\\\033]0;owned\\\\007fake" >&2; exit 1\\n\' '
+               '> /usr/local/bin/tar && chmod +x /usr/local/bin/tar'])
+    r = x.env.run(['cp', 'evil:loot', os.path.join(x.env.root, 'esc')])
+    t.ok(r.returncode == 1 and b'\x1b' not in r.stderr and b'\x07' not in r.stderr and b'\\x1b[2J' in r.stderr,
+         'the sandbox\'s tar cannot write escape sequences to the terminal', r.stderr)
 
 
 def test_cp_symlink_race(t, x):
