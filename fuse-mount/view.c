@@ -71,6 +71,7 @@ typedef struct vnode {
   int backing;      /* passthrough: the kernel's id of its backing file, or 0 */
   unsigned nbacked; /* open files using it */
   unsigned ncached; /* open files served here (the kernel takes one mode at a time) */
+  bool listed;      /* a directory not watched, whose listing the kernel may keep (relisted) */
 } vnode;
 
 typedef struct vfile { /* an open file or directory */
@@ -142,6 +143,7 @@ static struct {
    * removing one name in a loop queued two a turn, and the view spent most
    * of a CPU sending them) */
   struct inval *pending[1024];
+  unsigned long nlisted; /* directories listed that no invalidation keeps right (vnode.listed) */
   bool stopping;
 } V = {.lock = PTHREAD_MUTEX_INITIALIZER, .notify_cond = PTHREAD_COND_INITIALIZER, .fan = -1};
 
@@ -177,6 +179,112 @@ static void act_as_node(const vnode *v) {
   gid_t g = v->group;
   if (V.rootless || !sb || o == sb->uid || o - sb->uid >= sb->uids) return act_as(sb);
   act_with(o, g - sb->gid < sb->uids ? g : sb->gid);
+}
+
+/* ---- filesystems inside a sandbox's disk (bucket mounts) --------------- */
+
+/* A thread of the view in a filesystem mounted inside a sandbox's
+ * /workspace (a bucket) waits as long as that filesystem's server, and the
+ * endpoint behind it, make it: an endpoint that stalls or trickles held
+ * every thread of the view, and no sandbox's files answered. At most
+ * FOREIGN_MAX requests are in such filesystems at once, and FOREIGN_WAIT
+ * more wait for one of them to end (FOREIGN_WAIT_S at most; a request
+ * whose caller is interrupted, killed, ends with EINTR); one past those
+ * fails at once with EAGAIN ("Resource temporarily unavailable"). So at
+ * most 48 of the view's threads (64 a CPU) are held there; the others
+ * serve everything else. */
+#define FOREIGN_MAX 16
+#define FOREIGN_WAIT 32
+#define FOREIGN_WAIT_S 30
+static struct {
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  int inside, waiting;
+} fg = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+
+typedef struct {
+  bool held;
+} foreign_slot;
+
+static bool foreign(const vnode *v) { return v && v->sb && v->dev != v->sb->dev && !v->lazy; }
+
+/* 0, or the error the request ends with. */
+static int slot_take(fuse_req_t req, const vnode *a, const vnode *b, foreign_slot *s) {
+  if (!foreign(a) && !foreign(b)) return 0;
+  int err = 0;
+  pthread_mutex_lock(&fg.lock);
+  if (fg.inside >= FOREIGN_MAX && fg.waiting >= FOREIGN_WAIT) err = EAGAIN;
+  else if (fg.inside >= FOREIGN_MAX) {
+    fg.waiting++;
+    for (int waited = 0; fg.inside >= FOREIGN_MAX && !err;) {
+      struct timespec t;
+      clock_gettime(CLOCK_REALTIME, &t);
+      t.tv_sec++;
+      if (pthread_cond_timedwait(&fg.cond, &fg.lock, &t) == ETIMEDOUT && ++waited >= FOREIGN_WAIT_S) err = EAGAIN;
+      if (fuse_req_interrupted(req)) err = EINTR;
+    }
+    fg.waiting--;
+  }
+  if (!err) fg.inside++, s->held = true;
+  pthread_mutex_unlock(&fg.lock);
+  return err;
+}
+
+static void slot_give(foreign_slot *s) {
+  if (!s->held) return;
+  pthread_mutex_lock(&fg.lock);
+  fg.inside--;
+  pthread_cond_signal(&fg.cond);
+  pthread_mutex_unlock(&fg.lock);
+}
+
+/* First in an operation on node a (and b): its slot is given back as the
+ * operation returns, its answer sent. */
+#define FOREIGN_GATE(req, a, b)                                                                                        \
+  __attribute__((cleanup(slot_give))) foreign_slot slot_ = {0};                                                       \
+  int gate_err_ = slot_take((req), (a), (b), &slot_);                                                                 \
+  if (gate_err_) return (void)fuse_reply_err((req), gate_err_)
+
+/* A file of such a filesystem is closed by a thread of its own: its close
+ * waits for the server (a bucket uploads what was written), and a release
+ * cannot fail. */
+static struct {
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  int *fds;
+  size_t n, cap;
+  bool started;
+} closer = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+
+static void *closer_main(void *arg) {
+  (void)arg;
+  pthread_mutex_lock(&closer.lock);
+  for (;;) {
+    while (!closer.n) pthread_cond_wait(&closer.cond, &closer.lock);
+    int fd = closer.fds[--closer.n];
+    pthread_mutex_unlock(&closer.lock);
+    close(fd);
+    pthread_mutex_lock(&closer.lock);
+  }
+  return NULL;
+}
+
+static void close_later(int fd) {
+  pthread_mutex_lock(&closer.lock);
+  if (!closer.started) {
+    pthread_t t;
+    closer.started = pthread_create(&t, NULL, closer_main, NULL) == 0;
+    if (closer.started) pthread_detach(t);
+  }
+  if (closer.started && closer.n == closer.cap) {
+    int *fds = realloc(closer.fds, (closer.cap = closer.cap ? 2 * closer.cap : 64) * sizeof *fds);
+    if (fds) closer.fds = fds;
+    else closer.cap = closer.n;
+  }
+  bool queued = closer.started && closer.n < closer.cap;
+  if (queued) closer.fds[closer.n++] = fd, pthread_cond_signal(&closer.cond);
+  pthread_mutex_unlock(&closer.lock);
+  if (!queued) close(fd);
 }
 
 /* ---- nodes -------------------------------------------------------------- */
@@ -230,6 +338,7 @@ static vnode *node_get(sbox *sb, int fd, const struct stat *st, bool *used_fd) {
 }
 
 static void node_unhash(vnode *v) {
+  if (v->listed) v->listed = false, V.nlisted--;
   if (v->lazy) return;
   for (vnode **pp = &V.hash[hash_of(v->dev, v->ino)]; *pp; pp = &(*pp)->hnext)
     if (*pp == v) {
@@ -474,13 +583,36 @@ static void deep_flush(sbox *sb) {
   free(dirs);
 }
 
+/* The listings the kernel keeps of directories no invalidation reaches
+ * (a bucket's, with opendir answered ENOSYS: see v_opendir) are dropped
+ * every second, as their names' entries and attributes expire: a file a
+ * sandbox adds to its bucket shows in a listing through the view within
+ * a second, as a change to it does. Lock held. */
+static void relist(void) {
+  for (size_t h = 0; h < HASH_SIZE && V.nlisted; h++)
+    for (vnode *v = V.hash[h]; v; v = v->hnext)
+      if (v->listed) {
+        v->listed = false;
+        V.nlisted--;
+        if (!v->dead) queue_inval(0, NULL, (fuse_ino_t)(uintptr_t)v);
+      }
+}
+
 static void *notifier_main(void *arg) {
   (void)arg;
   pthread_mutex_lock(&V.lock);
+  struct timespec due = {0};
   while (!V.stopping) {
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    if (V.nlisted && (now.tv_sec > due.tv_sec || (now.tv_sec == due.tv_sec && now.tv_nsec >= due.tv_nsec))) {
+      relist();
+      due = (struct timespec){now.tv_sec + 1, now.tv_nsec};
+    }
     struct inval *list = V.inval_head;
     if (!list) {
-      pthread_cond_wait(&V.notify_cond, &V.lock);
+      if (V.nlisted) pthread_cond_timedwait(&V.notify_cond, &V.lock, &due);
+      else pthread_cond_wait(&V.notify_cond, &V.lock);
       continue;
     }
     /* all queued so far, sent without the lock: new events for them
@@ -829,6 +961,7 @@ static int entry_at(vnode *parent, int pfd, const char *name, const struct stat 
 }
 
 static void v_lookup(fuse_req_t req, fuse_ino_t parent, const char *name) {
+  FOREIGN_GATE(req, node_of(parent), NULL);
   struct fuse_entry_param e;
   int err = do_lookup(req, node_of(parent), name, &e);
   if (err == ENOENT && !V.rootless && parent != FUSE_ROOT_ID) {
@@ -860,6 +993,7 @@ static void root_attr(struct stat *st) {
 
 static void v_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
   vnode *v = node_of(ino);
+  FOREIGN_GATE(req, v, NULL);
   struct stat st;
   if (v == &V.root) { /* what it says never changes: cached as long as the rest */
     root_attr(&st);
@@ -923,6 +1057,7 @@ static uint32_t own_id(const sbox *sb, uint32_t id, bool gid) {
 
 static void v_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int valid, struct fuse_file_info *fi) {
   vnode *v = node_of(ino);
+  FOREIGN_GATE(req, v, NULL);
   if (v == &V.root) return (void)fuse_reply_err(req, EPERM);
   int ifd = node_fd(v);
   if (ifd < 0) return (void)fuse_reply_err(req, -ifd);
@@ -991,6 +1126,7 @@ static void v_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int val
  * the sandbox's root, so X_OK of a file without an x bit is EACCES. */
 static void v_access(fuse_req_t req, fuse_ino_t ino, int mask) {
   vnode *v = node_of(ino);
+  FOREIGN_GATE(req, v, NULL);
   if (v == &V.root || (v->lazy && !v->dead)) return (void)fuse_reply_err(req, 0); /* wakes nothing */
   int fd = node_fd(v);
   if (fd < 0) return (void)fuse_reply_err(req, -fd);
@@ -1015,6 +1151,7 @@ static bool climbs_or_absolute(const char *t) {
 
 static void v_readlink(fuse_req_t req, fuse_ino_t ino) {
   vnode *v = node_of(ino);
+  FOREIGN_GATE(req, v, NULL);
   int fd = node_fd(v);
   if (fd < 0) return (void)fuse_reply_err(req, -fd);
   act_as(v->sb);
@@ -1068,6 +1205,7 @@ static int parent_fd(vnode *p) {
 
 static void v_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, dev_t rdev) {
   vnode *p = node_of(parent);
+  FOREIGN_GATE(req, p, NULL);
   int fd = parent_fd(p);
   if (fd < 0) return (void)fuse_reply_err(req, -fd);
   if (!S_ISREG(mode) && !S_ISFIFO(mode) && !S_ISSOCK(mode)) return (void)fuse_reply_err(req, EPERM);
@@ -1077,6 +1215,7 @@ static void v_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t 
 
 static void v_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode) {
   vnode *p = node_of(parent);
+  FOREIGN_GATE(req, p, NULL);
   int fd = parent_fd(p);
   if (fd < 0) return (void)fuse_reply_err(req, -fd);
   act_as(p->sb);
@@ -1085,6 +1224,7 @@ static void v_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t 
 
 static void v_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, const char *name) {
   vnode *p = node_of(parent);
+  FOREIGN_GATE(req, p, NULL);
   int fd = parent_fd(p);
   if (fd < 0) return (void)fuse_reply_err(req, -fd);
   act_as(p->sb);
@@ -1093,6 +1233,7 @@ static void v_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, const
 
 static void v_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t parent, const char *name) {
   vnode *v = node_of(ino), *p = node_of(parent);
+  FOREIGN_GATE(req, v, p);
   int fd = node_fd(v), pfd = parent_fd(p);
   if (fd < 0 || pfd < 0) return (void)fuse_reply_err(req, fd < 0 ? -fd : -pfd);
   if (v->sb != p->sb) return (void)fuse_reply_err(req, EXDEV);
@@ -1104,6 +1245,7 @@ static void v_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t parent, const char
 
 static void v_unlink(fuse_req_t req, fuse_ino_t parent, const char *name) {
   vnode *p = node_of(parent);
+  FOREIGN_GATE(req, p, NULL);
   int fd = parent_fd(p);
   if (fd < 0) return (void)fuse_reply_err(req, -fd);
   act_as(p->sb);
@@ -1112,6 +1254,7 @@ static void v_unlink(fuse_req_t req, fuse_ino_t parent, const char *name) {
 
 static void v_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name) {
   vnode *p = node_of(parent);
+  FOREIGN_GATE(req, p, NULL);
   int fd = parent_fd(p);
   if (fd < 0) return (void)fuse_reply_err(req, -fd);
   act_as(p->sb);
@@ -1121,6 +1264,7 @@ static void v_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name) {
 static void v_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent, const char *newname,
                      unsigned int flags) {
   vnode *p = node_of(parent), *np = node_of(newparent);
+  FOREIGN_GATE(req, p, np);
   int fd = parent_fd(p), nfd = parent_fd(np);
   if (fd < 0 || nfd < 0) return (void)fuse_reply_err(req, fd < 0 ? -fd : -nfd);
   if (p->sb != np->sb) return (void)fuse_reply_err(req, EXDEV);
@@ -1194,6 +1338,7 @@ static void file_free(vfile *f) {
   pthread_mutex_unlock(&V.lock);
   sbx_passthrough_close(backing);
   if (f->dir) closedir(f->dir);
+  else if (f->fd >= 0 && foreign(f->vn)) close_later(f->fd);
   else if (f->fd >= 0) close(f->fd);
   free(f);
 }
@@ -1227,6 +1372,7 @@ static int opened_regular(int fd, const struct fuse_file_info *fi, struct stat *
 
 static void v_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
   vnode *v = node_of(ino);
+  FOREIGN_GATE(req, v, NULL);
   int fd = node_fd(v);
   if (fd < 0) return (void)fuse_reply_err(req, -fd);
   act_as_node(v);
@@ -1254,12 +1400,19 @@ static void v_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
    * in passthrough mode the sandbox's own page cache serves */
   fi->keep_cache = !V.rootless && !backing && watched(v->sb, st.st_dev);
   fi->noflush = 1; /* writes are not cached here: a close has nothing to flush */
+  /* a bucket's file is read with requests its caller waits for, each
+   * through the gate (FOREIGN_GATE), not with readahead: the kernel sends
+   * that in the background, at most 12 requests at once for the whole
+   * view, and a stalled bucket held all 12 (no sandbox's file read
+   * anything more); its pages are the bucket server's to cache */
+  fi->direct_io = foreign(v);
   if (backing) sbx_passthrough_reply_open(req, fi, backing);
   else fuse_reply_open(req, fi);
 }
 
 static void v_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, struct fuse_file_info *fi) {
   vnode *p = node_of(parent);
+  FOREIGN_GATE(req, p, NULL);
   int pfd = parent_fd(p);
   if (pfd < 0) return (void)fuse_reply_err(req, -pfd);
   act_as(p->sb);
@@ -1293,6 +1446,7 @@ static void v_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t
   int backing = file_backing(req, f, e.attr.st_dev, true);
   fi->keep_cache = !V.rootless && !backing && watched(p->sb, e.attr.st_dev);
   fi->noflush = 1;
+  fi->direct_io = foreign(p); /* as in v_open */
   if (backing) sbx_passthrough_reply_create(req, &e, fi, backing);
   else fuse_reply_create(req, &e, fi);
 }
@@ -1314,6 +1468,7 @@ static void v_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_fi
   (void)ino;
   vfile *f = file_of(fi);
   if (!file_live(f)) return (void)fuse_reply_err(req, EIO);
+  FOREIGN_GATE(req, f->vn, NULL);
   act_as(f->vn->sb);
   int r = datasync ? fdatasync(f->fd) : fsync(f->fd);
   fuse_reply_err(req, r < 0 ? errno : 0);
@@ -1323,6 +1478,7 @@ static void v_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struc
   (void)ino;
   vfile *f = file_of(fi);
   if (!file_live(f)) return (void)fuse_reply_err(req, EIO);
+  FOREIGN_GATE(req, f->vn, NULL);
   act_as(f->vn->sb);
   /* a plain copy: splicing big reads through a pipe is slower here */
   static __thread char *rbuf;
@@ -1342,6 +1498,7 @@ static void v_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *in, 
   (void)ino;
   vfile *f = file_of(fi);
   if (!file_live(f)) return (void)fuse_reply_err(req, EIO);
+  FOREIGN_GATE(req, f->vn, NULL);
   struct fuse_bufvec out = FUSE_BUFVEC_INIT(fuse_buf_size(in));
   out.buf[0].flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK;
   out.buf[0].fd = f->fd;
@@ -1356,6 +1513,7 @@ static void v_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off
   (void)ino;
   vfile *f = file_of(fi);
   if (!file_live(f)) return (void)fuse_reply_err(req, EIO);
+  FOREIGN_GATE(req, f->vn, NULL);
   act_as(f->vn->sb);
   fuse_reply_err(req, fallocate(f->fd, mode, off, len) < 0 ? errno : 0);
 }
@@ -1364,6 +1522,7 @@ static void v_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, struc
   (void)ino;
   vfile *f = file_of(fi);
   if (!file_live(f)) return (void)fuse_reply_err(req, EIO);
+  FOREIGN_GATE(req, f->vn, NULL);
   act_as(f->vn->sb);
   off_t r = lseek(f->fd, off, whence);
   if (r < 0) fuse_reply_err(req, errno);
@@ -1378,6 +1537,7 @@ static void v_copy_file_range(fuse_req_t req, fuse_ino_t ino_in, off_t off_in, s
   (void)ino_out;
   vfile *a = file_of(fi_in), *b = file_of(fi_out);
   if (!file_live(a) || !file_live(b)) return (void)fuse_reply_err(req, EIO);
+  FOREIGN_GATE(req, a->vn, b->vn);
   act_as(b->vn->sb);
   /* a request at a time holds one of a few threads of its caller's CPU
    * (uring.c): a copy of gigabytes is done a piece a request, as a copy
@@ -1389,6 +1549,7 @@ static void v_copy_file_range(fuse_req_t req, fuse_ino_t ino_in, off_t off_in, s
 
 static void v_statfs(fuse_req_t req, fuse_ino_t ino) {
   vnode *v = node_of(ino);
+  FOREIGN_GATE(req, v, NULL);
   struct statvfs sv = {.f_bsize = 4096, .f_frsize = 4096, .f_namemax = 255};
   if (v != &V.root) {
     int fd = node_fd(v);
@@ -1482,10 +1643,19 @@ full:
 static void readdir_from(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, vfile *f, bool plus);
 
 static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi, bool plus) {
+  FOREIGN_GATE(req, node_of(ino), NULL);
   vfile *f = file_of(fi);
   if (f) return readdir_from(req, ino, size, off, f, plus);
   vnode *v = node_of(ino); /* no opendir: a stream for this request alone */
   if (v == &V.root) return root_readdir(req, size, off, plus);
+  if (!watched(v->sb, v->dev) && !v->listed) { /* what the kernel keeps of it is dropped in a second (relist) */
+    pthread_mutex_lock(&V.lock);
+    if (!v->listed && !v->dead) {
+      v->listed = true;
+      if (V.nlisted++ == 0) pthread_cond_signal(&V.notify_cond);
+    }
+    pthread_mutex_unlock(&V.lock);
+  }
   int e = dir_open(v, &f);
   if (e) return (void)fuse_reply_err(req, e);
   readdir_from(req, ino, size, off, f, plus);

@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 
 from sbxtest import Env, Fail, children, comm_of, gone, hostname_of, run_tests, wait_until
 from s3server import AK, SK, S3
@@ -807,8 +808,74 @@ def test_view_shows_bucket(t, x):
             f.write('from-host\n')
         x.s3.wait_object('test', 'view/h.txt', b'from-host\n')
         t.ok(True, 'a file written through the view goes to the bucket')
+        d = os.path.join(mnt, 'b1', 'bk')
+        t.ok('fresh.txt' not in os.listdir(d), 'a listing of the bucket directory through the view')
+        x.c.sh('echo new > /workspace/bk/fresh.txt')
+        t.ok(wait_until(lambda: 'fresh.txt' in os.listdir(d), 10, 'the new name in the listing'),
+             'a file the sandbox adds to its bucket shows in the next listings through the view (the kernel keeps none '
+             'for long)')
     finally:
         x.env.run(['umount', mnt])
+
+
+def test_view_stalled_endpoint(t, x):
+    """An endpoint that stops answering while host programs read a bucket
+    through the view holds a few of the view's threads: the sandboxes' own
+    files keep answering, reads past those few fail at once (EAGAIN), and
+    the reads that waited get their data once the endpoint answers again."""
+    N = 140  # more readers than the view has threads
+    mnt = os.path.join(x.env.root, 'view-stall')
+    os.makedirs(mnt)
+    r = x.env.run(['mount', mnt])
+    t.eq(r.returncode, 0, 'sbx mount', r.stderr)
+    node = x.s3.node
+    readers, got = [], {}
+    try:
+        x.c.ok('createSandbox', {'sandboxId': 'st1'})
+        x.mount('/workspace/st', sandbox='st1', prefix='stall')
+        # past the size a listing fetches ahead: each read needs the bucket
+        x.c.sh('for i in $(seq %d); do { echo $i; head -c 600000 /dev/zero; } > /workspace/st/f$i; done; '
+               'echo mine > /workspace/own.txt' % N, sandbox='st1', wait=300)
+        x.s3.wait_object('test', 'stall/f%d' % N, b'%d\n' % N + bytes(600000), timeout=120, aws=False)
+        x.c.ok('createSandbox', {'sandboxId': 'st2'})
+        x.mount('/workspace/st', sandbox='st2', prefix='stall')  # a cache of its own, empty
+        d = os.path.join(mnt, 'st2', 'st')
+        t.eq(len(os.listdir(d)), N, 'another sandbox sees the files through its own mount')
+
+        def read(i):
+            try:
+                fd = os.open(os.path.join(d, 'f%d' % i), os.O_RDONLY)
+                try:
+                    got[i] = os.read(fd, 8).split(b'\n')[0]
+                finally:
+                    os.close(fd)
+            except OSError as e:
+                got[i] = e.errno
+        os.kill(node.pid, signal.SIGSTOP)  # the endpoint answers nothing
+        readers = [threading.Thread(target=read, args=(i,), daemon=True) for i in range(1, N + 1)]
+        for th in readers:
+            th.start()
+        t.ok(wait_until(lambda: list(got.values()).count(errno.EAGAIN) >= N // 2, 30, 'reads past the few to fail'),
+             'most reads of a stalled bucket fail at once with EAGAIN', sorted(set(map(str, got.values()))))
+        own = {}
+        th = threading.Thread(target=lambda: own.setdefault('r', open(os.path.join(mnt, 'st1', 'own.txt')).read()),
+                              daemon=True)
+        th.start()
+        th.join(20)
+        t.eq(own.get('r'), 'mine\n', 'meanwhile a sandbox\'s own file reads through the view')
+        waiting = [i for i in range(1, N + 1) if i not in got]
+        t.ok(waiting, 'a few reads wait for the bucket (%d)' % len(waiting))
+    finally:
+        os.kill(node.pid, signal.SIGCONT)
+        for th in readers:
+            th.join(120)
+        x.env.run(['umount', mnt])
+    t.ok(all(got.get(i) == b'%d' % i for i in waiting),
+         'the endpoint back, the reads that waited get their data', [(i, got.get(i)) for i in waiting][:10])
+    t.ok(all(got.get(i) in (b'%d' % i, errno.EAGAIN) for i in range(1, N + 1)), 'no read got anything else',
+         sorted(set(map(str, got.values())))[:10])
+    for sid in ('st1', 'st2'):
+        x.c.ok('destroySandbox', {'sandboxId': sid})
 
 
 def test_unmount(t, x):
@@ -1465,6 +1532,6 @@ if __name__ == '__main__':
     sys.exit(run_tests([test_mount_write_read, test_names_not_utf8, test_object_grows_while_open, test_signatures, test_fsync_means_in_bucket, test_secrets_never_shown,
                         test_errors, test_read_only, test_server_cpu_bounded, test_fsyncs_hold_no_thread, test_hung_bucket_stalls_nobody, test_local_bucket, test_local_bucket_prefix, test_local_bucket_quota, test_reset_keeps_bucket, test_no_reset_while_checked, test_restart_kill9, test_restart_stop,
                         test_crash_of_bucket_server, test_daemon_killed_during_writes, test_outage, test_outage_names_bounded, test_removed_stays_removed, test_open_unlinked_files, test_crash_during_outage, test_syscall_suite,
-                        test_view_shows_bucket, test_unmount, test_cache_cap, test_forgotten_files_stay_cached, test_mounts_by_identity, test_mounts_bounded, test_more_files_than_fds, test_big_directory, test_dir_handles_bounded, test_cold_directory, test_tree_listing, test_listing_that_never_ends,
+                        test_view_shows_bucket, test_view_stalled_endpoint, test_unmount, test_cache_cap, test_forgotten_files_stay_cached, test_mounts_by_identity, test_mounts_bounded, test_more_files_than_fds, test_big_directory, test_dir_handles_bounded, test_cold_directory, test_tree_listing, test_listing_that_never_ends,
                         test_hostile_keys_and_bodies, test_listings_bounded,
                         test_destroy_cleans_up], Ctx))
