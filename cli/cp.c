@@ -140,19 +140,19 @@ static int parent_of(const extract *e, char *rel, const char **last) {
 /* A file's data, with its holes kept: blocks of zeros are skipped, not
  * written, so a sparse file (a sandbox's 300 MB of nothing) takes no more
  * of the host's disk than of the sandbox's. */
-static int write_data(reader *r, int fd, uint64_t size) {
+static int write_data(reader *r, int fd, uint64_t size, bool sparse) {
   char buf[65536];
   int rc = 0;
   uint64_t left = size;
   while (left > 0) {
     size_t k = left < sizeof buf ? left : sizeof buf;
     if (read_full(r, buf, k) < 0) return -1;
-    bool hole = k == sizeof buf && !buf[0] && !memcmp(buf, buf + 1, k - 1);
+    bool hole = sparse && k == sizeof buf && !buf[0] && !memcmp(buf, buf + 1, k - 1);
     if (rc == 0 && (hole ? lseek(fd, (off_t)k, SEEK_CUR) < 0 : sbx_write_all(fd, buf, k) < 0))
       rc = -2; /* keep reading the archive */
     left -= k;
   }
-  if (rc == 0 && ftruncate(fd, (off_t)size) < 0) rc = -2; /* a hole at the end */
+  if (rc == 0 && sparse && ftruncate(fd, (off_t)size) < 0) rc = -2; /* a hole at the end */
   if (skip(r, ((size + 511) & ~511ull) - size) < 0) return -1;
   return rc;
 }
@@ -207,9 +207,14 @@ static int entry(extract *e, reader *r, char type, const char *name, const char 
     } else if (data) {
       int fd = open(e->dest, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
       if (fd < 0) rc = fail("writing", e->dest);
-      int w = write_data(r, fd, size);
+      /* a destination that is not a regular file (/dev/null, a FIFO) gets
+       * the data alone: neither the sandbox's mode, nor its mtime, nor holes */
+      struct stat ds;
+      bool regular = fd >= 0 && fstat(fd, &ds) == 0 && S_ISREG(ds.st_mode);
+      int w = write_data(r, fd, size, regular);
       if (w == -1) rc = -1;
-      else if (fd >= 0 && (w < 0 || fchmod(fd, mode) < 0 || futimens(fd, ts) < 0)) rc = fail("writing", e->dest);
+      else if (fd >= 0 && (w < 0 || (regular && (fchmod(fd, mode) < 0 || futimens(fd, ts) < 0))))
+        rc = fail("writing", e->dest);
       if (fd >= 0) close(fd);
     } else if (type == '2') {
       unlink(e->dest);
@@ -252,7 +257,7 @@ static int entry(extract *e, reader *r, char type, const char *name, const char 
   } else if (data) {
     int fd = openat(dir, last, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0) rc = fail("writing", name);
-    int w = write_data(r, fd, size);
+    int w = write_data(r, fd, size, true); /* made here: a regular file */
     if (w == -1) rc = -1;
     else if (fd >= 0 && (w < 0 || fchmod(fd, mode) < 0 || futimens(fd, ts) < 0)) rc = fail("writing", name);
     if (fd >= 0) close(fd);

@@ -4,6 +4,7 @@ detached, and two starters race for one daemon."""
 import hashlib
 import os
 import re
+import stat
 import subprocess
 import sys
 import threading
@@ -171,6 +172,11 @@ def test_cp(t, x):
         f.seek(300 << 20)
         t.eq(f.read(), b'end', 'with its data where it was')
     os.unlink(os.path.join(x.env.root, 'sparse.bin'))
+    null = os.path.join(x.env.root, 'null')  # a /dev/null of the test's own: a failure must not change the real one
+    os.mknod(null, stat.S_IFCHR | 0o600, os.makedev(1, 3))
+    r = x.env.run(['cp', 'cp1:proj/a.txt', null])
+    t.eq((r.returncode, r.stderr, oct(os.stat(null).st_mode & 0o7777)), (0, b'', '0o600'),
+         'cp onto a device (as onto /dev/null) writes to it and changes nothing of it')
     into = os.path.join(x.env.root, 'into')
     os.makedirs(into)
     x.env.run(['cp', 'cp1:proj/sub', into])

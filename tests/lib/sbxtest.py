@@ -181,10 +181,13 @@ class Env:
         if self.root is None:
             return
         # a view (sbx mount) left inside the root by a test that failed goes
-        # first: removing the root through it would start a daemon again
+        # first: removing the root through it would start a daemon again.
+        # Views only: the daemon's own mounts there are its to undo (a lazy
+        # unmount of a shared one would reach its peers, other tests' too)
         with open('/proc/self/mountinfo') as f:
-            inside = [l.split()[4] for l in f if l.split()[4].startswith(self.root + '/')]
-        for m in sorted(inside, key=len, reverse=True):
+            views = [l.split()[4] for l in f
+                     if l.split()[4].startswith(self.root + '/') and l.split(' - ')[1].split()[0] == 'fuse.sbx-view']
+        for m in sorted(views, key=len, reverse=True):
             subprocess.run(['umount', '-l', m], capture_output=True)
         for c in self.clients:
             try:
