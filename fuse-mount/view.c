@@ -186,55 +186,91 @@ static void act_as_node(const vnode *v) {
 /* A thread of the view in a filesystem mounted inside a sandbox's
  * /workspace (a bucket) waits as long as that filesystem's server, and the
  * endpoint behind it, make it: an endpoint that stalls or trickles held
- * every thread of the view, and no sandbox's files answered. At most
- * FOREIGN_MAX requests are in such filesystems at once, and FOREIGN_WAIT
- * more wait for one of them to end (FOREIGN_WAIT_S at most; a request
- * whose caller is interrupted, killed, ends with EINTR); one past those
- * fails at once with EAGAIN ("Resource temporarily unavailable"). So at
- * most 48 of the view's threads (64 a CPU) are held there; the others
- * serve everything else. */
+ * every thread of the view, and no sandbox's files answered. So requests
+ * into such filesystems take a slot of their filesystem's: FOREIGN_MAX at
+ * once in one, FOREIGN_WAIT more waiting for one of those to end (until
+ * FOREIGN_WAIT_S; one whose caller is interrupted, killed, ends with
+ * EINTR), and FOREIGN_ALL held or waiting in all of them together; a
+ * request past those fails at once with EAGAIN ("Resource temporarily
+ * unavailable"). A stalled bucket holds 48 of the view's threads at most
+ * (64 a CPU), and the other buckets and every sandbox's own files go on
+ * answering. */
 #define FOREIGN_MAX 16
 #define FOREIGN_WAIT 32
+#define FOREIGN_ALL 64
 #define FOREIGN_WAIT_S 30
 static struct {
   pthread_mutex_t lock;
   pthread_cond_t cond;
-  int inside, waiting;
+  int all; /* held or waiting, in every filesystem */
+  struct fslots {
+    dev_t dev;
+    int inside, waiting;
+  } fs[FOREIGN_ALL]; /* the filesystems with a slot held or waited for */
 } fg = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
 
 typedef struct {
-  bool held;
+  struct fslots *fs; /* the slot held, or NULL */
 } foreign_slot;
 
 static bool foreign(const vnode *v) { return v && v->sb && v->dev != v->sb->dev && !v->lazy; }
 
+/* Lock held. There is always room: each entry in use has a request (and
+ * FOREIGN_ALL requests at most). */
+static struct fslots *slots_of(dev_t dev) {
+  struct fslots *free_one = NULL;
+  for (int i = 0; i < FOREIGN_ALL; i++) {
+    struct fslots *f = &fg.fs[i];
+    if ((f->inside || f->waiting) && f->dev == dev) return f;
+    if (!f->inside && !f->waiting && !free_one) free_one = f;
+  }
+  free_one->dev = dev;
+  return free_one;
+}
+
+static uint64_t mono_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec;
+}
+
 /* 0, or the error the request ends with. */
 static int slot_take(fuse_req_t req, const vnode *a, const vnode *b, foreign_slot *s) {
-  if (!foreign(a) && !foreign(b)) return 0;
+  const vnode *v = foreign(a) ? a : foreign(b) ? b : NULL;
+  if (!v) return 0;
   int err = 0;
   pthread_mutex_lock(&fg.lock);
-  if (fg.inside >= FOREIGN_MAX && fg.waiting >= FOREIGN_WAIT) err = EAGAIN;
-  else if (fg.inside >= FOREIGN_MAX) {
-    fg.waiting++;
-    for (int waited = 0; fg.inside >= FOREIGN_MAX && !err;) {
+  if (fg.all >= FOREIGN_ALL) {
+    pthread_mutex_unlock(&fg.lock);
+    return EAGAIN;
+  }
+  struct fslots *f = slots_of(v->dev);
+  if (f->inside >= FOREIGN_MAX && f->waiting >= FOREIGN_WAIT) err = EAGAIN;
+  else {
+    fg.all++;
+    f->waiting++;
+    for (uint64_t until = mono_s() + FOREIGN_WAIT_S; f->inside >= FOREIGN_MAX && !err;) {
       struct timespec t;
       clock_gettime(CLOCK_REALTIME, &t);
       t.tv_sec++;
-      if (pthread_cond_timedwait(&fg.cond, &fg.lock, &t) == ETIMEDOUT && ++waited >= FOREIGN_WAIT_S) err = EAGAIN;
+      pthread_cond_timedwait(&fg.cond, &fg.lock, &t);
       if (fuse_req_interrupted(req)) err = EINTR;
+      else if (f->inside >= FOREIGN_MAX && mono_s() >= until) err = EAGAIN;
     }
-    fg.waiting--;
+    f->waiting--;
+    if (err) fg.all--;
+    else f->inside++, s->fs = f;
   }
-  if (!err) fg.inside++, s->held = true;
   pthread_mutex_unlock(&fg.lock);
   return err;
 }
 
 static void slot_give(foreign_slot *s) {
-  if (!s->held) return;
+  if (!s->fs) return;
   pthread_mutex_lock(&fg.lock);
-  fg.inside--;
-  pthread_cond_signal(&fg.cond);
+  s->fs->inside--;
+  fg.all--;
+  pthread_cond_broadcast(&fg.cond); /* the waiters of this filesystem among others */
   pthread_mutex_unlock(&fg.lock);
 }
 
@@ -244,48 +280,6 @@ static void slot_give(foreign_slot *s) {
   __attribute__((cleanup(slot_give))) foreign_slot slot_ = {0};                                                       \
   int gate_err_ = slot_take((req), (a), (b), &slot_);                                                                 \
   if (gate_err_) return (void)fuse_reply_err((req), gate_err_)
-
-/* A file of such a filesystem is closed by a thread of its own: its close
- * waits for the server (a bucket uploads what was written), and a release
- * cannot fail. */
-static struct {
-  pthread_mutex_t lock;
-  pthread_cond_t cond;
-  int *fds;
-  size_t n, cap;
-  bool started;
-} closer = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
-
-static void *closer_main(void *arg) {
-  (void)arg;
-  pthread_mutex_lock(&closer.lock);
-  for (;;) {
-    while (!closer.n) pthread_cond_wait(&closer.cond, &closer.lock);
-    int fd = closer.fds[--closer.n];
-    pthread_mutex_unlock(&closer.lock);
-    close(fd);
-    pthread_mutex_lock(&closer.lock);
-  }
-  return NULL;
-}
-
-static void close_later(int fd) {
-  pthread_mutex_lock(&closer.lock);
-  if (!closer.started) {
-    pthread_t t;
-    closer.started = pthread_create(&t, NULL, closer_main, NULL) == 0;
-    if (closer.started) pthread_detach(t);
-  }
-  if (closer.started && closer.n == closer.cap) {
-    int *fds = realloc(closer.fds, (closer.cap = closer.cap ? 2 * closer.cap : 64) * sizeof *fds);
-    if (fds) closer.fds = fds;
-    else closer.cap = closer.n;
-  }
-  bool queued = closer.started && closer.n < closer.cap;
-  if (queued) closer.fds[closer.n++] = fd, pthread_cond_signal(&closer.cond);
-  pthread_mutex_unlock(&closer.lock);
-  if (!queued) close(fd);
-}
 
 /* ---- nodes -------------------------------------------------------------- */
 
@@ -602,10 +596,13 @@ static void *notifier_main(void *arg) {
   (void)arg;
   pthread_mutex_lock(&V.lock);
   struct timespec due = {0};
+  bool armed = false; /* due is a second after the first listing of those */
   while (!V.stopping) {
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
-    if (V.nlisted && (now.tv_sec > due.tv_sec || (now.tv_sec == due.tv_sec && now.tv_nsec >= due.tv_nsec))) {
+    if (!V.nlisted) armed = false;
+    else if (!armed) armed = true, due = (struct timespec){now.tv_sec + 1, now.tv_nsec};
+    else if (now.tv_sec > due.tv_sec || (now.tv_sec == due.tv_sec && now.tv_nsec >= due.tv_nsec)) {
       relist();
       due = (struct timespec){now.tv_sec + 1, now.tv_nsec};
     }
@@ -1338,7 +1335,6 @@ static void file_free(vfile *f) {
   pthread_mutex_unlock(&V.lock);
   sbx_passthrough_close(backing);
   if (f->dir) closedir(f->dir);
-  else if (f->fd >= 0 && foreign(f->vn)) close_later(f->fd);
   else if (f->fd >= 0) close(f->fd);
   free(f);
 }
@@ -1400,12 +1396,6 @@ static void v_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
    * in passthrough mode the sandbox's own page cache serves */
   fi->keep_cache = !V.rootless && !backing && watched(v->sb, st.st_dev);
   fi->noflush = 1; /* writes are not cached here: a close has nothing to flush */
-  /* a bucket's file is read with requests its caller waits for, each
-   * through the gate (FOREIGN_GATE), not with readahead: the kernel sends
-   * that in the background, at most 12 requests at once for the whole
-   * view, and a stalled bucket held all 12 (no sandbox's file read
-   * anything more); its pages are the bucket server's to cache */
-  fi->direct_io = foreign(v);
   if (backing) sbx_passthrough_reply_open(req, fi, backing);
   else fuse_reply_open(req, fi);
 }
@@ -1446,7 +1436,6 @@ static void v_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t
   int backing = file_backing(req, f, e.attr.st_dev, true);
   fi->keep_cache = !V.rootless && !backing && watched(p->sb, e.attr.st_dev);
   fi->noflush = 1;
-  fi->direct_io = foreign(p); /* as in v_open */
   if (backing) sbx_passthrough_reply_create(req, &e, fi, backing);
   else fuse_reply_create(req, &e, fi);
 }
@@ -1588,6 +1577,7 @@ static int dir_open(vnode *v, vfile **out) {
 static void v_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
   if (V.stateless_dirs) return (void)fuse_reply_err(req, ENOSYS);
   vnode *v = node_of(ino);
+  FOREIGN_GATE(req, v, NULL);
   vfile *f = NULL;
   if (v == &V.root) {
     if (!(f = file_new(NULL, -1))) return (void)fuse_reply_err(req, ENOMEM);
@@ -1731,6 +1721,7 @@ static void v_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *
 }
 
 static void v_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi) {
+  FOREIGN_GATE(req, node_of(ino), NULL);
   vfile *f = file_of(fi), *tmp = NULL;
   if (!f && node_of(ino) != &V.root) {
     int e = dir_open(node_of(ino), &tmp);
@@ -1815,6 +1806,7 @@ static ssize_t list_fn(const char *p, const char *name, void *buf, size_t size) 
 }
 
 static void v_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size) {
+  FOREIGN_GATE(req, node_of(ino), NULL);
   if (not_here(name)) return (void)fuse_reply_err(req, EOPNOTSUPP);
   char pp[64];
   int r = xattr_path(req, ino, pp);
@@ -1823,6 +1815,7 @@ static void v_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t 
 }
 
 static void v_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
+  FOREIGN_GATE(req, node_of(ino), NULL);
   char pp[64];
   int r = xattr_path(req, ino, pp);
   if (r < 0) return (void)fuse_reply_err(req, -r);
@@ -1830,6 +1823,7 @@ static void v_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
 }
 
 static void v_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value, size_t size, int flags) {
+  FOREIGN_GATE(req, node_of(ino), NULL);
   if (not_here(name)) return (void)fuse_reply_err(req, EOPNOTSUPP);
   char pp[64];
   int r = xattr_path(req, ino, pp);
@@ -1838,6 +1832,7 @@ static void v_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const c
 }
 
 static void v_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name) {
+  FOREIGN_GATE(req, node_of(ino), NULL);
   if (not_here(name)) return (void)fuse_reply_err(req, EOPNOTSUPP);
   char pp[64];
   int r = xattr_path(req, ino, pp);
@@ -1855,6 +1850,12 @@ static void v_init(void *ud, struct fuse_conn_info *conn) {
   /* no splicing: through a pipe it costs more than a copy on the sizes
    * seen here (measured: bench/bench.py view) */
   conn->want &= ~(FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE | FUSE_CAP_SPLICE_READ);
+  /* the kernel's readahead goes out in the background, 12 requests at
+   * once for the whole view by default: readers of a stalled bucket held
+   * all 12, and no sandbox's file read anything more. Those into buckets
+   * are bounded by their slots (FOREIGN_GATE), far below this. */
+  conn->max_background = 256;
+  conn->congestion_threshold = 192;
   if (conn->capable & FUSE_CAP_READDIRPLUS) conn->want |= FUSE_CAP_READDIRPLUS | FUSE_CAP_READDIRPLUS_AUTO;
   if (conn->capable & FUSE_CAP_PARALLEL_DIROPS) conn->want |= FUSE_CAP_PARALLEL_DIROPS;
   if (!V.rootless && (conn->capable & FUSE_CAP_EXPLICIT_INVAL_DATA)) {
