@@ -328,7 +328,7 @@ void mcp_call_fail(mcp_call *call, const sbx_error *err) {
 
 void mcp_call_progress(mcp_call *call, const char *stream, const char *text, size_t len) {
   if (!call->conn || call->cancelled || !call->progress_token) return;
-  call->progress += (double)len;
+  call->progress += len ? (double)len : 1; /* it must grow with each notification, a heartbeat's too */
   call->noted_us = sbx_now_us();
   if (call->raw) { /* the bytes as they came (sbx exec's output may be binary) */
     size_t n;
@@ -349,16 +349,9 @@ void mcp_call_progress(mcp_call *call, const char *stream, const char *text, siz
 void mcp_heartbeat(void) {
   uint64_t now = sbx_now_us();
   for (mcp_conn *c = live; c; c = c->next_live)
-    for (mcp_call *call = c->closed ? NULL : c->calls; call; call = call->next) {
+    for (mcp_call *call = c->closed ? NULL : c->calls; call; call = call->next)
       /* sbx exec (raw) has no timeout to keep off: it wants output only */
-      if (!call->progress_token || call->cancelled || call->raw || now - call->noted_us < MCP_HEARTBEAT_MS * 1000ULL)
-        continue;
-      call->noted_us = now;
-      call->progress += 1; /* it must grow with each notification */
-      send_json(c, json_pack("{s:s, s:s, s:{s:O, s:f, s:s, s:{s:s}}}", "jsonrpc", "2.0", "method",
-                             "notifications/progress", "params", "progressToken", call->progress_token, "progress",
-                             call->progress, "message", "", "_meta", "sbx/stream", "heartbeat"));
-    }
+      if (!call->raw && now - call->noted_us >= MCP_HEARTBEAT_MS * 1000ULL) mcp_call_progress(call, "heartbeat", "", 0);
 }
 
 void mcp_call_log(mcp_call *call, const char *level, const char *fmt, ...) {

@@ -30,6 +30,7 @@ enum { SP_INIT = 1, SP_WRITE = 2, SP_EXEC = 3 };
 #define SP_MAX (64u << 10)
 #define SP_ARGS_MAX 64
 #define SP_ENV_MAX (SBX_MAX_ENV + 64)
+#define SP_CMD_FDS 8 /* a command's own descriptors, at most */
 struct sp_req {
   int op;
   unsigned long flags;
@@ -172,7 +173,7 @@ static pid_t exec_request(struct sp_req *q, int *fds, int nfds) {
   static char *argv[SP_ARGS_MAX + 1], *envp[SP_ENV_MAX + 1];
   unsigned off = q->args;
   if (q->argc < 1 || q->argc > SP_ARGS_MAX || q->envc > SP_ENV_MAX || q->c.ncg < 0 || q->c.ncg > SBX_CG_MAX ||
-      q->nfds < 0 || q->nfds > 8 || nfds != 1 + q->c.ncg + q->nfds || !strings_at(q, &off, q->argc, argv) ||
+      q->nfds < 0 || q->nfds > SP_CMD_FDS || nfds != 1 + q->c.ncg + q->nfds || !strings_at(q, &off, q->argc, argv) ||
       !strings_at(q, &off, q->envc, envp)) {
     errno = EINVAL;
     return -1;
@@ -525,7 +526,7 @@ pid_t sbx_spawn_command(const sbx_command *c, int *pidfd) {
   unsigned argc = 0, envc = 0;
   for (; spn->argv[argc]; argc++) strs += len0(spn->argv[argc]);
   for (; spn->envp && spn->envp[envc]; envc++) strs += len0(spn->envp[envc]);
-  struct sp_req *q = sp && argc <= SP_ARGS_MAX && envc <= SP_ENV_MAX && c->ncg <= SBX_CG_MAX && spn->nfds <= 8
+  struct sp_req *q = sp && argc <= SP_ARGS_MAX && envc <= SP_ENV_MAX && c->ncg <= SBX_CG_MAX && spn->nfds <= SP_CMD_FDS
                          ? new_req(SP_EXEC, strs)
                          : NULL;
   if (q) {
@@ -538,7 +539,7 @@ pid_t sbx_spawn_command(const sbx_command *c, int *pidfd) {
     q->cwd = pack(q, spn->cwd);
     q->strict_cwd = spn->strict_cwd;
     q->nfds = spn->nfds;
-    int fds[1 + SBX_CG_MAX + 8], nfds = 0;
+    int fds[1 + SBX_CG_MAX + SP_CMD_FDS], nfds = 0;
     fds[nfds++] = c->init_pidfd;
     for (int i = 0; i < c->ncg; i++) fds[nfds++] = c->cgfds[i];
     for (int i = 0; i < spn->nfds; i++) fds[nfds++] = spn->fds[i];
